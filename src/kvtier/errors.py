@@ -1,0 +1,42 @@
+"""Errors raised by kvtier.
+
+A miss is a return value, never an exception. Exceptions are for misuse, bad configuration and
+tiers that cannot start. The hierarchy::
+
+    KVTierError                 base of everything kvtier raises
+    ├── ConfigError             a configuration key is unknown, mistyped or impossible
+    ├── TierError               a secondary tier failed (foreign errors are wrapped with ``from``)
+    │   └── TierUnavailable     the tier cannot be reached right now (endpoint down, peer gone)
+    ├── IntegrityError          bytes from a tier failed verification (header, key, checksum)
+    └── CapacityError           a region or tier cannot hold what was asked of it
+"""
+
+from __future__ import annotations
+
+
+class KVTierError(Exception):
+    """Base class of every error kvtier raises."""
+
+
+class ConfigError(KVTierError, ValueError):
+    """A configuration value is unknown, of the wrong type, or impossible.
+
+    The message names the key (as a dotted path, e.g. ``secondary_tiers[0].root_dir``) and what
+    was expected.
+    """
+
+
+class TierError(KVTierError):
+    """A secondary tier failed an operation."""
+
+
+class TierUnavailable(TierError):
+    """A secondary tier cannot be reached right now."""
+
+
+class IntegrityError(KVTierError):
+    """Bytes read back from a tier do not match what was stored."""
+
+
+class CapacityError(KVTierError):
+    """A host region or tier is too small for what was asked of it."""

@@ -1,0 +1,136 @@
+"""HostTier: which chunk lives in which host slot, slot states, and eviction through a policy.
+
+Each resident key has a slot and one integer state:
+
+* ``WRITING`` (-1): bytes are being written (an engine store or a promotion); not readable and
+  not evictable;
+* ``0``: ready and evictable;
+* ``n > 0``: ready and held by ``n`` holders (readers copying out, or secondary tiers copying the
+  slot during write-through); not evictable.
+
+Thread safety: none; the host tier belongs to the manager's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from kvtier.keys import ChunkKey
+from kvtier.policies import EvictionPolicy, make_policy
+
+WRITING = -1
+
+
+class _Held:
+    """The ``protected`` set handed to policies: keys whose state is not 0."""
+
+    __slots__ = ("_states",)
+
+    def __init__(self, states: dict[ChunkKey, list[int]]) -> None:
+        self._states = states
+
+    def __contains__(self, key: object) -> bool:
+        entry = self._states.get(key)  # type: ignore[call-overload]
+        return entry is not None and entry[1] != 0
+
+
+class HostTier:
+    """Slot bookkeeping for ``num_slots`` host slots with an ``lru`` or ``arc`` policy."""
+
+    def __init__(self, num_slots: int, policy: str = "lru") -> None:
+        self.num_slots = num_slots
+        self._policy: EvictionPolicy[ChunkKey] = make_policy(policy, num_slots)
+        self._entries: dict[ChunkKey, list[int]] = {}  # key -> [slot, state]
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self._held = _Held(self._entries)
+        self._num_pinned = 0  # ready entries with state > 0
+
+    # -- queries ---------------------------------------------------------------------------
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def is_ready(self, key: ChunkKey) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry[1] >= 0
+
+    def slot_of(self, key: ChunkKey) -> int:
+        return self._entries[key][0]
+
+    def state_of(self, key: ChunkKey) -> int | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry[1]
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_held(self) -> int:
+        """Slots not evictable now: being written, or ready and held."""
+        return len(self._entries) - len(self._policy) + self._num_pinned
+
+    @property
+    def num_allocatable(self) -> int:
+        """How many slots ``allocate`` can hand out now (free, or held by evictable chunks)."""
+        return len(self._free) + len(self._policy) - self._num_pinned
+
+    # -- allocation ------------------------------------------------------------------------
+    def allocate(self, keys: Sequence[ChunkKey]) -> tuple[list[int], list[ChunkKey]] | None:
+        """Reserve a slot in state ``WRITING`` for each key (none may be resident).
+
+        Evicts through the policy when free slots run out. Returns ``(slots, evicted_keys)``, or
+        ``None`` with nothing changed when not enough slots can be freed.
+        """
+        shortfall = len(keys) - len(self._free)
+        evicted: list[ChunkKey] = []
+        if shortfall > 0:
+            victims = self._policy.evict(shortfall, self._held)
+            if victims is None:
+                return None
+            for victim in victims:
+                self._free.append(self._entries.pop(victim)[0])
+            evicted = victims
+        slots = [self._free.pop() for _ in keys]
+        for key, slot in zip(keys, slots, strict=True):
+            self._entries[key] = [slot, WRITING]
+        return slots, evicted
+
+    def complete_write(self, keys: Iterable[ChunkKey], success: bool) -> None:
+        """Writing finished: make the keys ready, or on failure release their slots."""
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is None or entry[1] != WRITING:
+                continue
+            if success:
+                entry[1] = 0
+                self._policy.add(key)
+            else:
+                self._free.append(self._entries.pop(key)[0])
+
+    # -- holding ---------------------------------------------------------------------------
+    def hold(self, keys: Iterable[ChunkKey]) -> list[int]:
+        """Protect ready keys from eviction (one more holder each); returns their slots."""
+        slots = []
+        for key in keys:
+            entry = self._entries[key]
+            assert entry[1] >= 0, "only ready chunks can be held"
+            self._num_pinned += entry[1] == 0
+            entry[1] += 1
+            slots.append(entry[0])
+        return slots
+
+    def release(self, keys: Iterable[ChunkKey]) -> None:
+        """Drop one holder from each key; keys no longer resident are ignored."""
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is not None and entry[1] > 0:
+                entry[1] -= 1
+                self._num_pinned -= entry[1] == 0
+
+    def touch(self, keys: Iterable[ChunkKey]) -> None:
+        for key in keys:
+            if key in self._entries:
+                self._policy.touch(key)

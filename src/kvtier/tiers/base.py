@@ -1,0 +1,152 @@
+"""The SecondaryTier contract: four non-blocking methods and the job types they exchange.
+
+A tier moves chunks between host slots and its own medium. Every method returns at once:
+
+* ``lookup(key) -> Lookup``: ``HIT``, ``MISS``, or ``RETRY`` when the answer is not known yet
+  (a background probe is under way; ask again later);
+* ``submit_store(job)``: write ``job.keys`` from ``job.slots`` of the region;
+* ``submit_load(job)``: read ``job.keys`` into ``job.slots``, verified before success is reported;
+* ``get_finished_jobs()``: results of finished jobs, each handed out exactly once;
+
+plus ``close()``, which drains or cancels outstanding work and joins every thread the tier owns.
+
+Error granularity: a store succeeds or fails as a whole job (``JobResult.succeeded`` is every key
+or none); a load reports exactly which keys arrived intact. A key that is absent from
+``succeeded`` holds undefined bytes in its slot and must never be served. A tier should not raise
+from these methods; the manager still treats an exception as a failed job or a miss.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvtier.keys import ChunkKey
+
+log = logging.getLogger(__name__)
+
+
+class Lookup(enum.Enum):
+    """Answer of a lookup."""
+
+    HIT = "hit"
+    MISS = "miss"
+    RETRY = "retry"
+
+
+HIT, MISS, RETRY = Lookup.HIT, Lookup.MISS, Lookup.RETRY
+
+Op = Literal["store", "load"]
+
+
+@dataclass(frozen=True)
+class TransferJob:
+    """Move ``keys[i]`` to or from host slot ``slots[i]``."""
+
+    job_id: int
+    keys: tuple[ChunkKey, ...]
+    slots: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.keys) != len(self.slots):
+            raise ValueError("a job needs exactly one slot per key")
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """Outcome of a job: the keys that succeeded; ``error`` says why the others did not."""
+
+    job_id: int
+    op: Op
+    succeeded: frozenset[ChunkKey]
+    failed: frozenset[ChunkKey] = field(default_factory=frozenset)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+class SecondaryTier(ABC):
+    """A storage tier below host memory. See the module docstring for the contract."""
+
+    #: Name used in stats, metrics and events; the manager makes it unique per instance.
+    name: str = "tier"
+
+    @abstractmethod
+    def lookup(self, key: ChunkKey) -> Lookup: ...
+
+    @abstractmethod
+    def submit_store(self, job: TransferJob) -> None: ...
+
+    @abstractmethod
+    def submit_load(self, job: TransferJob) -> None: ...
+
+    @abstractmethod
+    def get_finished_jobs(self) -> list[JobResult]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def stats(self) -> dict[str, int]:
+        """Counters of this tier (failures by reason, bytes moved, ...)."""
+        return {}
+
+
+class JobRunner:
+    """Runs job functions on separate read and write thread pools; collects their results.
+
+    A job function returns the set of keys that succeeded; an exception fails every key of the
+    job. Thread safety: ``submit`` and ``finished`` may be called from any thread.
+    """
+
+    def __init__(self, name: str, n_read_threads: int, n_write_threads: int) -> None:
+        self._readers = ThreadPoolExecutor(n_read_threads, thread_name_prefix=f"{name}-read")
+        self._writers = ThreadPoolExecutor(n_write_threads, thread_name_prefix=f"{name}-write")
+        self._results: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
+        self._closed = threading.Event()
+
+    def submit(self, op: Op, job: TransferJob, fn: Callable[[], Iterable[ChunkKey]]) -> None:
+        if self._closed.is_set():
+            self._results.put(self._result(op, job, (), "tier is closed"))
+            return
+        pool = self._readers if op == "load" else self._writers
+        pool.submit(self._run, op, job, fn)
+
+    def _run(self, op: Op, job: TransferJob, fn: Callable[[], Iterable[ChunkKey]]) -> None:
+        try:
+            succeeded, error = frozenset(fn()), None
+        except Exception as exc:  # a worker must report, never die silently
+            log.warning("%s job %d failed: %s", op, job.job_id, exc)
+            succeeded, error = frozenset(), f"{type(exc).__name__}: {exc}"
+        if error is None and len(succeeded) < len(job.keys):
+            error = "some keys failed"
+        self._results.put(self._result(op, job, succeeded, error))
+
+    @staticmethod
+    def _result(op: Op, job: TransferJob, ok: Iterable[ChunkKey], error: str | None) -> JobResult:
+        succeeded = frozenset(ok)
+        if op == "store" and len(succeeded) < len(job.keys):
+            succeeded = frozenset()
+        return JobResult(job.job_id, op, succeeded, frozenset(job.keys) - succeeded, error)
+
+    def finished(self) -> list[JobResult]:
+        results = []
+        while True:
+            try:
+                results.append(self._results.get_nowait())
+            except queue.Empty:
+                return results
+
+    def close(self, cancel: bool = False) -> None:
+        """Stop accepting jobs; finish (or cancel queued) jobs and join the threads."""
+        self._closed.set()
+        self._readers.shutdown(wait=True, cancel_futures=cancel)
+        self._writers.shutdown(wait=True, cancel_futures=cancel)

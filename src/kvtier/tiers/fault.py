@@ -1,0 +1,87 @@
+"""FaultInjectingTier: wraps a real tier and fails chosen keys or operations.
+
+Shipped beside the real tiers so every failure path is tested against the code users run.
+Faults: fail every store or load, fail chosen keys (their loads report them as failed; a store
+touching one fails as a whole job), delay each job, or raise inside ``submit_*`` and ``lookup``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+
+from kvtier.errors import TierError
+from kvtier.keys import ChunkKey
+from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TransferJob
+
+
+class FaultInjectingTier(SecondaryTier):
+    """Wraps ``inner``; the fault settings are plain attributes, changeable at any time."""
+
+    def __init__(
+        self,
+        inner: SecondaryTier,
+        *,
+        fail_store: bool = False,
+        fail_load: bool = False,
+        fail_keys: Iterable[ChunkKey] = (),
+        delay_s: float = 0.0,
+        raise_in_submit: bool = False,
+        raise_in_lookup: bool = False,
+        name: str | None = None,
+    ) -> None:
+        self.inner = inner
+        self.name = name or f"fault({inner.name})"
+        self.fail_store, self.fail_load = fail_store, fail_load
+        self.fail_keys: set[ChunkKey] = set(fail_keys)
+        self.delay_s = delay_s
+        self.raise_in_submit, self.raise_in_lookup = raise_in_submit, raise_in_lookup
+        self.calls: dict[str, int] = {"lookup": 0, "store": 0, "load": 0}
+        self._delayed: list[tuple[float, JobResult]] = []
+        self._lock = threading.Lock()
+
+    def lookup(self, key: ChunkKey) -> Lookup:
+        self.calls["lookup"] += 1
+        if self.raise_in_lookup:
+            raise TierError("injected lookup fault")
+        return self.inner.lookup(key)
+
+    def submit_store(self, job: TransferJob) -> None:
+        self._submit("store", job)
+        self.inner.submit_store(job)
+
+    def submit_load(self, job: TransferJob) -> None:
+        self._submit("load", job)
+        self.inner.submit_load(job)
+
+    def _submit(self, op: str, job: TransferJob) -> None:
+        self.calls[op] += 1
+        if self.raise_in_submit:
+            raise TierError(f"injected {op} submit fault")
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        now = time.monotonic()
+        with self._lock:
+            for result in self.inner.get_finished_jobs():
+                self._delayed.append((now + self.delay_s, self._inject(result)))
+            ready = [r for t, r in self._delayed if t <= now]
+            self._delayed = [(t, r) for t, r in self._delayed if t > now]
+        return ready
+
+    def _inject(self, result: JobResult) -> JobResult:
+        failing = self.fail_store if result.op == "store" else self.fail_load
+        bad = result.succeeded if failing else result.succeeded & self.fail_keys
+        if not bad:
+            return result
+        if result.op == "store":
+            bad = result.succeeded
+        return JobResult(
+            result.job_id, result.op, result.succeeded - bad, result.failed | bad, "injected fault"
+        )
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def stats(self) -> dict[str, int]:
+        return self.inner.stats()

@@ -1,0 +1,70 @@
+"""MemoryTier: chunks copied into process memory, with a capacity bound (LRU).
+
+The reference tier: simple enough to trust, real enough (it copies every byte, on its own
+threads) to exercise the manager's asynchronous paths.
+
+Thread safety: ``_chunks`` is guarded by ``_lock``; jobs run on the tier's threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from kvtier.config import MemoryTierConfig
+from kvtier.identity import CacheIdentity
+from kvtier.keys import ChunkKey
+from kvtier.region import HostRegion
+from kvtier.tiers.base import HIT, MISS, JobResult, JobRunner, Lookup, SecondaryTier, TransferJob
+
+
+class MemoryTier(SecondaryTier):
+    """Keeps up to ``capacity_bytes`` of chunks as ``bytes`` objects, evicting the oldest."""
+
+    def __init__(
+        self, config: MemoryTierConfig, region: HostRegion, identity: CacheIdentity
+    ) -> None:
+        self.name = config.name or "memory"
+        self._region = region
+        self._capacity = config.capacity_bytes // max(1, region.slot_bytes)
+        self._chunks: OrderedDict[ChunkKey, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+        self._runner = JobRunner(self.name, config.n_threads, config.n_threads)
+
+    def lookup(self, key: ChunkKey) -> Lookup:
+        with self._lock:
+            return HIT if key in self._chunks else MISS
+
+    def submit_store(self, job: TransferJob) -> None:
+        self._runner.submit("store", job, lambda: self._store(job))
+
+    def submit_load(self, job: TransferJob) -> None:
+        self._runner.submit("load", job, lambda: self._load(job))
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        return self._runner.finished()
+
+    def close(self) -> None:
+        self._runner.close()
+
+    def _store(self, job: TransferJob) -> list[ChunkKey]:
+        copies = [bytes(self._region.view(slot)) for slot in job.slots]
+        with self._lock:
+            for key, data in zip(job.keys, copies, strict=True):
+                self._chunks[key] = data
+                self._chunks.move_to_end(key)
+            while len(self._chunks) > self._capacity:
+                self._chunks.popitem(last=False)
+        return list(job.keys)
+
+    def _load(self, job: TransferJob) -> list[ChunkKey]:
+        loaded = []
+        for key, slot in zip(job.keys, job.slots, strict=True):
+            with self._lock:
+                data = self._chunks.get(key)
+                if data is not None:
+                    self._chunks.move_to_end(key)
+            if data is not None:
+                self._region.view(slot)[:] = data
+                loaded.append(key)
+        return loaded

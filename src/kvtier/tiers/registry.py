@@ -1,0 +1,84 @@
+"""Builds secondary tiers from their configuration: built-in types, or ``module_path`` + class.
+
+Built-in types are imported lazily so that a tier's heavy dependencies (an S3 client, ZeroMQ)
+are only needed when that tier is configured. A tier class outside the package is built as
+``cls(options, region, identity)``; when it declares a dataclass ``config_class``, the options
+are validated into it first, with the same errors as built-in tiers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from kvtier.config import ExternalTierConfig, FaultTierConfig, TierConfig, parse_dataclass
+from kvtier.errors import ConfigError
+from kvtier.identity import CacheIdentity
+from kvtier.keys import ChunkKey
+from kvtier.region import HostRegion
+from kvtier.tiers.base import SecondaryTier
+
+BUILTIN_TIERS: dict[str, str] = {
+    "memory": "kvtier.tiers.memory:MemoryTier",
+    "fs": "kvtier.tiers.filesystem:FilesystemTier",
+    "obj": "kvtier.tiers.s3:ObjectStoreTier",
+    "p2p": "kvtier.tiers.peer:PeerTier",
+}
+
+
+def build_tier(config: TierConfig, region: HostRegion, identity: CacheIdentity) -> SecondaryTier:
+    """A started tier for ``config``; raises ``ConfigError`` or ``TierError`` if it cannot be."""
+    if isinstance(config, FaultTierConfig):
+        return _build_fault(config, region, identity)
+    if isinstance(config, ExternalTierConfig):
+        cls = load_tier_class(config.module_path, config.class_name)
+        options: Any = config.options
+        config_class = getattr(cls, "config_class", None)
+        if config_class is not None:
+            options = parse_dataclass(config_class, options, config.class_name)
+        tier = cls(options, region, identity)
+    else:
+        module_path, class_name = BUILTIN_TIERS[config.type_name].split(":")
+        tier = load_tier_class(module_path, class_name)(config, region, identity)
+    if config.name:
+        tier.name = config.name
+    return tier
+
+
+def _build_fault(
+    config: FaultTierConfig, region: HostRegion, identity: CacheIdentity
+) -> SecondaryTier:
+    from kvtier.tiers.fault import FaultInjectingTier
+
+    try:
+        keys = [ChunkKey(bytes.fromhex(k)) for k in config.fail_keys]
+    except ValueError as exc:
+        raise ConfigError(f"fail_keys: expected hex chunk keys ({exc})") from exc
+    return FaultInjectingTier(
+        build_tier(config.inner, region, identity),
+        fail_store=config.fail_store,
+        fail_load=config.fail_load,
+        fail_keys=keys,
+        delay_s=config.delay_s,
+        raise_in_submit=config.raise_in_submit,
+        raise_in_lookup=config.raise_in_lookup,
+        name=config.name,
+    )
+
+
+def load_tier_class(module_path: str, class_name: str) -> Callable[..., SecondaryTier]:
+    """Import ``module_path`` and return its ``class_name``, which must be a SecondaryTier."""
+    try:
+        module = importlib.import_module(module_path)
+    except ImportError as exc:
+        raise ConfigError(f"module_path: cannot import {module_path!r} ({exc})") from exc
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ConfigError(f"type: module {module_path!r} has no class {class_name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, SecondaryTier)):
+        raise ConfigError(
+            f"type: {module_path}.{class_name} is not a tier "
+            "(expected a subclass of kvtier.tiers.base.SecondaryTier)"
+        )
+    return cls

@@ -1,0 +1,43 @@
+"""Tier factories for the conformance suite.
+
+Each tier under test provides a fixture named ``<tier>_tier_factory`` returning a callable
+``(region, identity) -> SecondaryTier``; add its name to ``CONFORMING_TIERS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from kvtier.config import MemoryTierConfig
+from kvtier.identity import CacheIdentity
+from kvtier.region import HostRegion
+from kvtier.tiers.base import SecondaryTier
+from kvtier.tiers.fault import FaultInjectingTier
+from kvtier.tiers.memory import MemoryTier
+
+TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
+
+CONFORMING_TIERS = ["memory", "fault"]
+
+
+@pytest.fixture
+def memory_tier_factory() -> TierFactory:
+    return lambda region, identity: MemoryTier(MemoryTierConfig(), region, identity)
+
+
+@pytest.fixture
+def fault_tier_factory() -> TierFactory:
+    """A fault-injecting wrapper with no faults set must behave exactly like its inner tier."""
+
+    def make(region: HostRegion, identity: CacheIdentity) -> SecondaryTier:
+        return FaultInjectingTier(MemoryTier(MemoryTierConfig(), region, identity))
+
+    return make
+
+
+@pytest.fixture(params=CONFORMING_TIERS)
+def tier_factory(request: pytest.FixtureRequest) -> TierFactory:
+    factory: TierFactory = request.getfixturevalue(f"{request.param}_tier_factory")
+    return factory
