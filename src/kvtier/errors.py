@@ -35,7 +35,15 @@ class TierUnavailable(TierError):
 
 
 class IntegrityError(KVTierError):
-    """Bytes read back from a tier do not match what was stored."""
+    """Bytes read back from a tier do not match what was stored.
+
+    ``reason`` is a short, stable word for counters: ``magic``, ``version``, ``header``,
+    ``identity``, ``key``, ``length``, ``checksum``, ``short``.
+    """
+
+    def __init__(self, message: str, reason: str = "unknown") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class CapacityError(KVTierError):

@@ -1,0 +1,94 @@
+"""The on-media chunk format shared by every tier that stores bytes outside the process.
+
+A stored chunk is a header block of ``HEADER_BYTES`` (4096, so the payload starts aligned and
+O_DIRECT reads can land straight in a host slot) followed by the payload::
+
+    offset  size  field
+    0       8     magic b"KVTCHUNK"
+    8       2     format version (1)
+    10      2     checksum algorithm (1 = xxh3-128)
+    12      4     header block length (4096)
+    16      32    cache identity digest
+    48      32    chunk key
+    80      8     payload length
+    88      16    payload checksum (xxh3-128)
+    104     8     header checksum (xxh3-64 of bytes 0..104)
+    112     ...   zero padding up to 4096
+
+Everything is little-endian. ``verify`` checks a header against what the reader expects and the
+payload against its checksum; any mismatch raises ``IntegrityError`` with a ``reason``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from kvtier.errors import IntegrityError
+
+MAGIC = b"KVTCHUNK"
+FORMAT_VERSION = 1
+CHECKSUM_XXH3_128 = 1
+HEADER_BYTES = 4096
+_FIELDS = struct.Struct("<8sHHI32s32sQ16s")
+_HEADER_CHECK = struct.Struct("<Q")
+_USED = _FIELDS.size + _HEADER_CHECK.size
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    identity_digest: bytes
+    key: bytes
+    payload_len: int
+    checksum: bytes
+
+
+def checksum(payload: bytes | memoryview) -> bytes:
+    """xxh3-128 of the payload (16 bytes)."""
+    return xxhash.xxh3_128_digest(payload)
+
+
+def encode_header(identity_digest: bytes, key: bytes, payload: bytes | memoryview) -> bytes:
+    """The ``HEADER_BYTES`` header block for ``payload``."""
+    fields = _FIELDS.pack(
+        MAGIC, FORMAT_VERSION, CHECKSUM_XXH3_128, HEADER_BYTES,
+        identity_digest, key, len(payload), checksum(payload),
+    )  # fmt: skip
+    check = _HEADER_CHECK.pack(xxhash.xxh3_64_intdigest(fields))
+    return fields + check + bytes(HEADER_BYTES - _USED)
+
+
+def decode_header(block: bytes | memoryview) -> ChunkHeader:
+    """Parse a header block; raises ``IntegrityError`` when it is not a valid kvtier header."""
+    if len(block) < _USED:
+        raise IntegrityError(f"header is {len(block)} bytes, expected {HEADER_BYTES}", "short")
+    magic, version, algorithm, length, identity, key, payload_len, digest = _FIELDS.unpack_from(
+        block
+    )
+    if magic != MAGIC:
+        raise IntegrityError("not a kvtier chunk (bad magic)", "magic")
+    if version != FORMAT_VERSION or algorithm != CHECKSUM_XXH3_128 or length != HEADER_BYTES:
+        raise IntegrityError(f"unsupported chunk format version {version}", "version")
+    (stored_check,) = _HEADER_CHECK.unpack_from(block, _FIELDS.size)
+    if stored_check != xxhash.xxh3_64_intdigest(bytes(block[: _FIELDS.size])):
+        raise IntegrityError("header checksum mismatch", "header")
+    return ChunkHeader(identity, key, payload_len, digest)
+
+
+def verify(
+    block: bytes | memoryview, payload: bytes | memoryview, identity_digest: bytes, key: bytes
+) -> None:
+    """Raise ``IntegrityError`` unless ``block`` + ``payload`` is chunk ``key`` of the identity."""
+    header = decode_header(block)
+    if header.identity_digest != identity_digest:
+        raise IntegrityError("chunk belongs to another cache identity", "identity")
+    if header.key != key:
+        raise IntegrityError("chunk holds another key", "key")
+    if header.payload_len != len(payload):
+        raise IntegrityError(
+            f"payload is {len(payload)} bytes, header says {header.payload_len}", "length"
+        )
+    if checksum(payload) != header.checksum:
+        raise IntegrityError("payload checksum mismatch", "checksum")
