@@ -70,7 +70,9 @@ def settle_lookup(tier: SecondaryTier, key: ChunkKey, timeout: float = 10.0) -> 
     return answer
 
 
-def collect(tier: SecondaryTier, job_ids: Iterable[int], timeout: float = 20.0) -> dict[int, JobResult]:
+def collect(
+    tier: SecondaryTier, job_ids: Iterable[int], timeout: float = 20.0
+) -> dict[int, JobResult]:
     """Poll ``tier`` until every job in ``job_ids`` has reported; fails on a duplicate result."""
     wanted, results = set(job_ids), {}
     deadline = time.monotonic() + timeout

@@ -70,6 +70,9 @@ class ObjTierConfig:
     io_threads: int = 16
     timeout_s: float = 5.0
     negative_ttl_s: float = 1.0
+    circuit_failures: int = 3
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
     name: str | None = None
 
 
@@ -199,7 +202,7 @@ def _parse_top(data: Mapping[str, Any]) -> TieringConfig:
         if unknown:
             raise ConfigError(f"{unknown[0]}: unknown key of the vLLM kv-transfer-config")
         outer = {k: data[k] for k in ("kv_connector", "kv_role") if k in data}
-        data = data.get("kv_connector_extra_config") or {}
+        data = data.get("kv_connector_extra_config", {})
         if not isinstance(data, Mapping):
             raise ConfigError("kv_connector_extra_config: expected a JSON object")
     if "cpu_bytes_to_use" not in data:

@@ -22,13 +22,17 @@ def region(identity: CacheIdentity) -> HostRegion:
 
 
 @pytest.fixture
-def tier(tier_factory: TierFactory, region: HostRegion, identity: CacheIdentity) -> Iterator[SecondaryTier]:
+def tier(
+    tier_factory: TierFactory, region: HostRegion, identity: CacheIdentity
+) -> Iterator[SecondaryTier]:
     tier = tier_factory(region, identity)
     yield tier
     tier.close()
 
 
-def store(tier: SecondaryTier, region: HostRegion, keys: list, first_slot: int, job_id: int) -> None:
+def store(
+    tier: SecondaryTier, region: HostRegion, keys: list, first_slot: int, job_id: int
+) -> None:
     slots = tuple(range(first_slot, first_slot + len(keys)))
     for key, slot in zip(keys, slots):
         fill(region, slot, key)

@@ -1,8 +1,9 @@
 """FaultInjectingTier: wraps a real tier and fails chosen keys or operations.
 
 Shipped beside the real tiers so every failure path is tested against the code users run.
-Faults: fail every store or load, fail chosen keys (their loads report them as failed; a store
-touching one fails as a whole job), delay each job, or raise inside ``submit_*`` and ``lookup``.
+Faults: fail every store (the job never reaches the inner tier), fail every load, fail the loads
+of chosen keys (reported as failed although the inner tier read them), delay each job's result,
+or raise inside ``submit_*`` and ``lookup``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class FaultInjectingTier(SecondaryTier):
 
     def submit_store(self, job: TransferJob) -> None:
         self._submit("store", job)
+        if self.fail_store:
+            failed = JobResult(job.job_id, "store", frozenset(), frozenset(job.keys), "injected")
+            with self._lock:
+                self._delayed.append((time.monotonic() + self.delay_s, failed))
+            return
         self.inner.submit_store(job)
 
     def submit_load(self, job: TransferJob) -> None:
@@ -70,12 +76,11 @@ class FaultInjectingTier(SecondaryTier):
         return ready
 
     def _inject(self, result: JobResult) -> JobResult:
-        failing = self.fail_store if result.op == "store" else self.fail_load
-        bad = result.succeeded if failing else result.succeeded & self.fail_keys
+        if result.op == "store":
+            return result
+        bad = result.succeeded if self.fail_load else result.succeeded & self.fail_keys
         if not bad:
             return result
-        if result.op == "store":
-            bad = result.succeeded
         return JobResult(
             result.job_id, result.op, result.succeeded - bad, result.failed | bad, "injected fault"
         )

@@ -1,0 +1,46 @@
+"""A tier defined outside the kvtier package, loaded by ``module_path`` in the tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.config import MemoryTierConfig
+from kvtier.identity import CacheIdentity
+from kvtier.region import HostRegion
+from kvtier.tiers.memory import MemoryTier
+
+
+@dataclass(frozen=True)
+class PrefixedOptions:
+    label: str
+    capacity_bytes: int = 1 << 20
+
+
+class PrefixedMemoryTier(MemoryTier):
+    """A memory tier whose options are validated through ``config_class``."""
+
+    config_class = PrefixedOptions
+
+    def __init__(
+        self, options: PrefixedOptions, region: HostRegion, identity: CacheIdentity
+    ) -> None:
+        super().__init__(MemoryTierConfig(capacity_bytes=options.capacity_bytes), region, identity)
+        self.label = options.label
+
+
+class UntypedTier(MemoryTier):
+    """Takes its options as a plain mapping."""
+
+    def __init__(self, options: Any, region: HostRegion, identity: CacheIdentity) -> None:
+        super().__init__(MemoryTierConfig(), region, identity)
+        self.options = dict(options)
+
+
+class NotATier:
+    pass
+
+
+class BrokenTier(MemoryTier):
+    def __init__(self, options: Any, region: HostRegion, identity: CacheIdentity) -> None:
+        raise RuntimeError("cannot start")

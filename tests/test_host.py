@@ -1,0 +1,62 @@
+"""HostTier: slot states, and eviction that never takes a slot being written or held."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier.host import WRITING, HostTier
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_never_evicts_a_slot_being_written_or_held(policy):
+    """Two slots: one being written, one held by a reader. Nothing can be allocated."""
+    host = HostTier(2, policy)
+    assert host.allocate(["w"]) is not None
+    host.allocate(["r"])
+    host.complete_write(["r"], success=True)
+    host.hold(["r"])
+    assert host.allocate(["new"]) is None
+    assert host.state_of("w") == WRITING and host.state_of("r") == 1
+    host.release(["r"])
+    slots, evicted = host.allocate(["new"])
+    assert evicted == ["r"] and slots == [host.slot_of("new")]
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_hold_is_counted_per_holder(policy):
+    host = HostTier(1, policy)
+    host.allocate(["a"])
+    host.complete_write(["a"], success=True)
+    host.hold(["a"])
+    host.hold(["a"])
+    host.release(["a"])
+    assert host.allocate(["b"]) is None
+    host.release(["a"])
+    assert host.allocate(["b"]) is not None
+
+
+def test_failed_write_frees_the_slot():
+    host = HostTier(1)
+    (slot,), _ = host.allocate(["a"])
+    host.complete_write(["a"], success=False)
+    assert "a" not in host and host.num_free == 1
+    assert host.allocate(["b"]) == ([slot], [])
+
+
+def test_counts_follow_the_states():
+    host = HostTier(4)
+    host.allocate(["a", "b", "c"])
+    host.complete_write(["a", "b"], success=True)
+    host.hold(["a"])
+    assert (len(host), host.num_free, host.num_held, host.num_allocatable) == (3, 1, 2, 2)
+    host.release(["a"])
+    assert host.num_held == 1 and host.num_allocatable == 3
+
+
+def test_allocation_failure_changes_nothing():
+    host = HostTier(2)
+    host.allocate(["a", "b"])
+    host.complete_write(["a", "b"], success=True)
+    host.hold(["a"])
+    assert host.allocate(["c", "d"]) is None
+    assert host.is_ready("a") and host.is_ready("b") and host.num_free == 0

@@ -1,0 +1,284 @@
+"""TieringManager scenarios: write-through, promotion, failures, and shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kvtier import RETRY, ConfigError, KVTierError, TieringConfig, TieringManager
+from kvtier.config import MemoryTierConfig
+from kvtier.events import EventKind
+from kvtier.tiers.fault import FaultInjectingTier
+from kvtier.tiers.memory import MemoryTier
+from tests.conftest import config, fill, holds, make_keys
+
+
+@pytest.fixture
+def build(identity):
+    """``build(slots, *tiers)``: a manager whose tiers are built lazily from factories."""
+    managers = []
+
+    def make(num_slots, *wrappers, policy="lru"):
+        manager = TieringManager(config(num_slots, eviction_policy=policy), identity, tiers=[])
+        tiers = [w(MemoryTier(MemoryTierConfig(), manager.region, identity)) for w in wrappers]
+        manager.tiers.extend(tiers)
+        managers.append(manager)
+        return manager
+
+    yield make
+    for manager in managers:
+        manager.close()
+
+
+def plain(tier):
+    return tier
+
+
+def faulty(**faults):
+    return lambda tier: FaultInjectingTier(tier, **faults)
+
+
+def store(m, keys, success=True):
+    plan = m.prepare_store(keys)
+    assert plan is not None
+    for key, slot in zip(plan.keys, plan.slots):
+        fill(m.region, slot, key)
+    m.complete_store(plan.keys, success=success)
+    return plan
+
+
+def settle(m, keys, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while (n := m.lookup(keys)) is RETRY:
+        assert time.monotonic() < deadline, "lookup kept answering RETRY"
+        time.sleep(0.002)
+    return n
+
+
+def read(m, keys):
+    slots = m.prepare_load(keys)
+    ok = all(holds(m.region, slot, key) for key, slot in zip(keys, slots))
+    m.complete_load(keys)
+    return ok
+
+
+def push_out(m, identity, n, seed=1000):
+    """Store n unrelated chunks so older ones leave host memory."""
+    assert m.wait_idle(10)
+    store(m, make_keys(identity, n, seed=seed))
+    assert m.wait_idle(10)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_host_round_trip(build, identity, policy):
+    m = build(8, policy=policy)
+    keys = make_keys(identity, 4)
+    store(m, keys)
+    assert m.lookup(keys) == 4 and read(m, keys)
+    assert m.prepare_store(keys).keys == []
+
+
+def test_prepare_store_returns_none_when_every_slot_is_held(build, identity):
+    m = build(2)
+    keys = make_keys(identity, 2)
+    store(m, keys)
+    m.prepare_load(keys)
+    assert m.prepare_store(make_keys(identity, 1, seed=5)) is None
+    assert m.stats()["counters"]["store_rejected_host_full"] == 1
+    m.complete_load(keys)
+    assert m.prepare_store(make_keys(identity, 1, seed=5)) is not None
+
+
+def test_write_through_reaches_every_tier_and_holds_the_slot_meanwhile(build, identity):
+    """A slow tier keeps the host slot from eviction until its copy is done."""
+    m = build(2, plain, faulty(delay_s=0.3))
+    keys = make_keys(identity, 2)
+    store(m, keys)
+    assert m.prepare_store(make_keys(identity, 1, seed=9)) is None
+    assert m.wait_idle(10)
+    assert all(t.lookup(k).value == "hit" for t in m.tiers for k in keys)
+    assert m.prepare_store(make_keys(identity, 1, seed=9)) is not None
+
+
+def test_failed_host_store_cascades_nothing(build, identity):
+    m = build(4, faulty())
+    keys = make_keys(identity, 2)
+    store(m, keys, success=False)
+    assert m.wait_idle(5)
+    assert m.tiers[0].calls["store"] == 0 and m.lookup(keys) == 0
+    assert m.host.num_free == 4
+
+
+def test_failed_cascade_to_one_tier_does_not_affect_the_others(build, identity):
+    m = build(2, faulty(fail_store=True), plain)
+    keys = make_keys(identity, 2)
+    store(m, keys)
+    push_out(m, identity, 2)
+    assert settle(m, keys) == 2 and read(m, keys)
+    promoted = [e for e in m.take_events() if e.kind is EventKind.PROMOTED]
+    assert {e.source for e in promoted} == {m.tiers[1].name}
+
+
+def test_promotion_answers_retry_then_serves_identical_bytes(build, identity):
+    m = build(4, faulty(delay_s=0.05))
+    keys = make_keys(identity, 4)
+    store(m, keys)
+    push_out(m, identity, 4)
+    assert m.lookup(keys) is RETRY
+    assert settle(m, keys) == 4 and read(m, keys)
+
+
+def test_two_requests_for_the_same_chunk_cause_one_promotion(build, identity):
+    m = build(4, faulty(delay_s=0.05))
+    keys = make_keys(identity, 2)
+    store(m, keys)
+    push_out(m, identity, 4)
+    assert m.lookup(keys) is RETRY
+    assert m.lookup(keys[:1]) is RETRY
+    assert settle(m, keys) == 2 and settle(m, keys[:1]) == 1
+    assert m.tiers[0].calls["load"] == 1
+
+
+def test_partly_failed_promotion_keeps_successes_and_does_not_loop(build, identity):
+    keys = make_keys(identity, 4)
+    m = build(4, faulty(fail_keys=[keys[2]]))
+    store(m, keys)
+    push_out(m, identity, 4)
+    assert settle(m, keys) == 2 and read(m, keys[:2])
+    loads = m.tiers[0].calls["load"]
+    for _ in range(5):
+        assert settle(m, keys) == 2
+    assert m.tiers[0].calls["load"] == loads
+    assert m.stats()["counters"][f"tier.{m.tiers[0].name}.load_chunks_failed"] == 1
+
+
+def test_a_chunk_stored_anew_may_be_promoted_again(build, identity):
+    keys = make_keys(identity, 1)
+    fault = faulty(fail_load=True)
+    m = build(1, fault)
+    store(m, keys)
+    push_out(m, identity, 1)
+    assert settle(m, keys) == 0
+    m.tiers[0].fail_load = False
+    store(m, keys)
+    push_out(m, identity, 1, seed=2000)
+    assert settle(m, keys) == 1 and read(m, keys)
+
+
+def test_chunks_of_one_request_come_from_different_tiers(build, identity):
+    keys = make_keys(identity, 4)
+    m = build(4, faulty(fail_keys=keys[2:]), plain)
+    store(m, keys)
+    push_out(m, identity, 4)
+    assert settle(m, keys) == 4 and read(m, keys)
+    sources = {e.key: e.source for e in m.take_events() if e.kind is EventKind.PROMOTED}
+    first, second = m.tiers[0].name, m.tiers[1].name
+    assert [sources[k] for k in keys] == [first, first, second, second]
+
+
+def test_first_tier_in_configured_order_serves(build, identity):
+    m = build(2, faulty(), faulty())
+    keys = make_keys(identity, 2)
+    store(m, keys)
+    push_out(m, identity, 2)
+    assert settle(m, keys) == 2
+    assert (m.tiers[0].calls["load"], m.tiers[1].calls["load"]) == (1, 0)
+
+
+@pytest.mark.parametrize("where", ["submit", "lookup"])
+def test_a_tier_that_raises_is_a_failed_job_or_a_miss(build, identity, where):
+    m = build(2, faulty(), plain)
+    keys = make_keys(identity, 2)
+    setattr(m.tiers[0], f"raise_in_{where}", True)
+    store(m, keys)
+    assert m.wait_idle(5)
+    name = m.tiers[0].name
+    if where == "submit":
+        assert m.stats()["counters"][f"tier.{name}.store_chunks_failed"] == 2
+    push_out(m, identity, 2)
+    assert settle(m, keys) == 2 and read(m, keys)
+    if where == "lookup":
+        assert m.stats()["counters"][f"tier.{name}.lookup_errors"] >= 1
+
+
+def test_every_tier_failing_means_recompute_not_an_exception(build, identity):
+    m = build(2, faulty(raise_in_submit=True, raise_in_lookup=True))
+    keys = make_keys(identity, 2)
+    store(m, keys)
+    push_out(m, identity, 2)
+    assert settle(m, keys) == 0
+
+
+def test_lookup_answers_what_is_ready_when_every_slot_is_pinned(build, identity):
+    m = build(2, plain)
+    keys = make_keys(identity, 3)
+    store(m, keys[:2])
+    assert m.wait_idle(5)
+    store(m, keys[2:])
+    assert m.wait_idle(5)
+    pinned = make_keys(identity, 2, seed=77)
+    store(m, pinned)
+    m.prepare_load(pinned)
+    assert m.lookup(keys) == 0
+    assert m.stats()["counters"]["lookup_host_full"] == 1
+    m.complete_load(pinned)
+    assert m.wait_idle(5)
+    assert settle(m, keys) == 2
+
+
+def test_an_engine_store_in_flight_is_not_ready(build, identity):
+    m = build(4)
+    keys = make_keys(identity, 2)
+    store(m, keys[:1])
+    m.prepare_store(keys[1:])
+    assert m.lookup(keys) == 1
+
+
+def test_prepare_load_rejects_chunks_not_in_host(build, identity):
+    m = build(2)
+    with pytest.raises(KVTierError, match="not ready"):
+        m.prepare_load(make_keys(identity, 1))
+
+
+def test_events_follow_the_chunk(build, identity):
+    m = build(1, plain)
+    (key,) = make_keys(identity, 1)
+    store(m, [key])
+    assert m.wait_idle(5)
+    push_out(m, identity, 1)
+    settle(m, [key])
+    mine = [(e.kind, e.source, e.destination) for e in m.take_events() if e.key == key]
+    tier = m.tiers[0].name
+    assert mine == [
+        (EventKind.STORED, "accelerator", "host"),
+        (EventKind.WRITTEN, "host", tier),
+        (EventKind.EVICTED, "host", None),
+        (EventKind.PROMOTED, tier, "host"),
+    ]
+    assert m.take_events() == []
+
+
+def test_close_drains_and_joins_every_thread(identity):
+    before = set(threading.enumerate())
+    m = TieringManager(
+        config(4, secondary_tiers=[{"type": "memory"}, {"type": "memory"}]), identity
+    )
+    assert [t.name for t in m.tiers] == ["memory#0", "memory#1"]
+    store(m, make_keys(identity, 3))
+    m.close()
+    assert m.num_pending_jobs == 0
+    assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
+    m.close()
+
+
+def test_configuration_must_fit_the_layout(identity):
+    too_small = TieringConfig.from_dict({"cpu_bytes_to_use": 100})
+    with pytest.raises(ConfigError, match="cpu_bytes_to_use: 100 bytes cannot hold one chunk"):
+        TieringManager(too_small, identity)
+    with pytest.raises(ConfigError, match="blocks_per_chunk"):
+        TieringManager(config(2, blocks_per_chunk=3), identity)
+    with pytest.raises(ConfigError, match="block_size"):
+        TieringManager(config(2, block_size=4 * 3), identity)
+    TieringManager(config(2, block_size=identity.layout.tokens_per_chunk), identity).close()

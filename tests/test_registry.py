@@ -1,0 +1,74 @@
+"""Tiers built from configuration: built-in types and classes loaded by module_path."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kvtier import ConfigError, TieringManager
+from kvtier.tiers.fault import FaultInjectingTier
+from kvtier.tiers.memory import MemoryTier
+from tests.conftest import config
+
+PLUGIN = "tests.plugins.outside_tier"
+
+
+def manager_with(identity, *tiers):
+    return TieringManager(config(4, secondary_tiers=list(tiers)), identity)
+
+
+def test_builtin_and_fault_types(identity):
+    with manager_with(
+        identity,
+        {"type": "memory", "name": "ram"},
+        {"type": "fault", "inner": {"type": "memory"}, "fail_load": True},
+    ) as m:
+        ram, fault = m.tiers
+        assert isinstance(ram, MemoryTier) and ram.name == "ram"
+        assert isinstance(fault, FaultInjectingTier) and fault.fail_load
+        assert isinstance(fault.inner, MemoryTier)
+
+
+def test_module_path_with_validated_options(identity):
+    with manager_with(
+        identity,
+        {"module_path": PLUGIN, "type": "PrefixedMemoryTier", "label": "x", "name": "outside"},
+    ) as m:
+        (tier,) = m.tiers
+        assert type(tier).__name__ == "PrefixedMemoryTier" and tier.label == "x"
+        assert tier.name == "outside"
+
+
+def test_module_path_with_plain_options(identity):
+    with manager_with(identity, {"module_path": PLUGIN, "type": "UntypedTier", "a": 1}) as m:
+        assert m.tiers[0].options == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"module_path": "no.such.module", "type": "X"}, "cannot import 'no.such.module'"),
+        ({"module_path": PLUGIN, "type": "Missing"}, "has no class 'Missing'"),
+        ({"module_path": PLUGIN, "type": "NotATier"}, "is not a tier"),
+        (
+            {"module_path": PLUGIN, "type": "PrefixedMemoryTier"},
+            "PrefixedMemoryTier.label: required",
+        ),
+        (
+            {"module_path": PLUGIN, "type": "PrefixedMemoryTier", "label": 3},
+            "label: expected a string",
+        ),
+        ({"type": "fault", "inner": {"type": "memory"}, "fail_keys": ["zz"]}, "fail_keys"),
+    ],
+)
+def test_clear_errors(identity, entry, message):
+    with pytest.raises(ConfigError, match=message):
+        manager_with(identity, entry)
+
+
+def test_a_tier_failing_to_start_closes_the_ones_already_built(identity):
+    before = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="cannot start"):
+        manager_with(identity, {"type": "memory"}, {"module_path": PLUGIN, "type": "BrokenTier"})
+    assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
