@@ -282,3 +282,26 @@ def test_configuration_must_fit_the_layout(identity):
     with pytest.raises(ConfigError, match="block_size"):
         TieringManager(config(2, block_size=4 * 3), identity)
     TieringManager(config(2, block_size=identity.layout.tokens_per_chunk), identity).close()
+
+
+class CountingService:
+    def __init__(self):
+        self.steps, self.closed = 0, False
+
+    def step(self, manager):
+        assert isinstance(manager, TieringManager)
+        self.steps += 1
+
+    def close(self):
+        self.closed = True
+
+
+def test_services_step_on_every_poll_and_close_with_the_manager(build):
+    m = build(2)
+    service = CountingService()
+    m.add_service(service)
+    m.poll()
+    m.lookup([])
+    assert service.steps == 2
+    m.close()
+    assert service.closed

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from kvtier.config import TieringConfig
 from kvtier.errors import ConfigError, KVTierError
@@ -46,6 +46,17 @@ class StorePlan:
 
     keys: list[ChunkKey]
     slots: list[int]
+
+
+class ManagerService(Protocol):
+    """Work that must run on the manager's thread, e.g. a peer server reading host slots.
+
+    ``step`` is called at every ``poll`` and must not block; ``close`` when the manager closes.
+    """
+
+    def step(self, manager: TieringManager) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,7 @@ class TieringManager:
         self._failed: OrderedDict[tuple[int, ChunkKey], None] = OrderedDict()
         self._counters: Counter[str] = Counter()
         self._events = EventLog()
+        self._services: list[ManagerService] = []
         self._closed = False
 
     def _build(self) -> list[SecondaryTier]:
@@ -257,8 +269,18 @@ class TieringManager:
         self.host.touch(keys)
 
     # -- background progress -----------------------------------------------------------------
+    def add_service(self, service: ManagerService) -> None:
+        """Run ``service.step(self)`` at every ``poll``; the manager closes it on ``close``."""
+        self._services.append(service)
+
     def poll(self) -> int:
-        """Collect finished tier jobs; returns how many were collected."""
+        """Collect finished tier jobs and step the services; returns how many jobs finished."""
+        for service in self._services:
+            try:
+                service.step(self)
+            except Exception as exc:
+                log.warning("service %r failed: %s", service, exc)
+                self._counters["service_errors"] += 1
         collected = 0
         for index, tier in enumerate(self.tiers):
             try:
@@ -364,11 +386,13 @@ class TieringManager:
         self._closed = True
         if not self.wait_idle(timeout):
             log.warning("closing with %d tier jobs still pending", len(self._pending))
-        for tier in self.tiers:
+        closables: list[ManagerService | SecondaryTier] = [*self._services, *self.tiers]
+        for closable in closables:
             try:
-                tier.close()
+                closable.close()
             except Exception as exc:
-                log.warning("tier %s failed to close: %s", tier.name, exc)
+                log.warning("%r failed to close: %s", closable, exc)
+        self._services.clear()
         self.poll()
 
     def __enter__(self) -> TieringManager:
