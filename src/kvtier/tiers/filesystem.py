@@ -1,0 +1,286 @@
+"""FilesystemTier (``type: "fs"``): content-addressed chunk files on a local disk or shared mount.
+
+Layout, atomic writes and verified reads are in ``fs_files``; what is known to be on disk (LRU,
+capacity bound, recent misses) is in ``fs_index``. This module ties them to the tier contract:
+
+* ``lookup`` answers from memory: ``HIT`` for keys this instance wrote or has seen, ``MISS`` for
+  keys found absent less than ``negative_ttl_s`` ago, otherwise ``RETRY`` while a background
+  probe (``stat``) finds out;
+* loads and stores run on separate thread pools (loads never queue behind stores); every I/O
+  call is a plain ``os`` call that releases the GIL;
+* at start a background scan rebuilds the index from the directory (oldest ``mtime`` coldest)
+  and removes temporary files left by dead writers;
+* with ``max_bytes`` the least recently used files are deleted to stay under it; with
+  ``min_free_bytes`` stores stop before the filesystem fills.
+
+Every failure is a miss or a failed job plus a counter in ``stats()``, never wrong bytes: a
+file that fails verification is deleted (``integrity.<reason>``); a missing file is a plain miss
+(``load_missing``); a store that cannot be written fails its job (``store_failed.<errno>``)
+while loads keep being served.
+
+Thread safety: lookups and job submission come from the manager's thread; jobs, probes and the
+scan run on the tier's threads. Shared state lives in ``ChunkIndex``, ``RecentMisses`` and
+``_Counters``, each with its own lock; ``_probing`` is guarded by ``_probing_lock``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from kvtier.config import FsTierConfig
+from kvtier.errors import CapacityError, ConfigError, IntegrityError, TierError
+from kvtier.identity import CacheIdentity
+from kvtier.keys import ChunkKey
+from kvtier.region import HostRegion
+from kvtier.tiers.base import (
+    HIT,
+    MISS,
+    RETRY,
+    JobResult,
+    JobRunner,
+    Lookup,
+    SecondaryTier,
+    TransferJob,
+)
+from kvtier.tiers.codec import HEADER_BYTES
+from kvtier.tiers.fs_files import ChunkFiles, SpaceGuard
+from kvtier.tiers.fs_index import ChunkIndex, RecentMisses
+
+log = logging.getLogger(__name__)
+
+#: Threads that answer lookups of unknown keys (one ``stat`` each).
+N_PROBE_THREADS = 4
+#: How many removed keys ``take_removed`` remembers at most.
+MAX_REMOVED = 1 << 16
+
+#: ``fault_hook(op, key)`` runs before each file operation ("store", "load", "probe"); it may
+#: raise ``OSError`` (or block) to inject faults in tests and drills.
+FaultHook = Callable[[str, ChunkKey], None]
+
+
+class _Counters:
+    """Thread-safe named counters."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class FilesystemTier(SecondaryTier):
+    """Chunks as files under ``config.root_dir``; see the module docstring.
+
+    Raises ``TierError`` at start when ``root_dir`` cannot be written (or ``o_direct`` is "on"
+    and refused), and ``ConfigError`` when ``max_bytes`` cannot hold a single chunk.
+    """
+
+    def __init__(self, config: FsTierConfig, region: HostRegion, identity: CacheIdentity) -> None:
+        self.name = config.name or "fs"
+        self._region = region
+        self._file_bytes = HEADER_BYTES + region.slot_bytes
+        if config.max_bytes is not None and config.max_bytes < self._file_bytes:
+            raise ConfigError(
+                f"max_bytes: {config.max_bytes} cannot hold one chunk file of {self._file_bytes}"
+            )
+        self._files = ChunkFiles(
+            config.root_dir, identity, o_direct=config.o_direct, fsync=config.fsync
+        )
+        self._space = SpaceGuard(self._files.namespace, config.min_free_bytes)
+        self._index = ChunkIndex(config.max_bytes)
+        self._misses = RecentMisses(config.negative_ttl_s)
+        self._counters = _Counters()
+        self._probing: set[ChunkKey] = set()
+        self._probing_lock = threading.Lock()
+        self._removed: deque[ChunkKey] = deque(maxlen=MAX_REMOVED)
+        self.fault_hook: FaultHook | None = None
+        self._closed = threading.Event()
+        self._scanned = threading.Event()
+        self._runner = JobRunner(self.name, config.n_read_threads, config.n_write_threads)
+        self._probes = ThreadPoolExecutor(N_PROBE_THREADS, thread_name_prefix=f"{self.name}-probe")
+        self._scanner = threading.Thread(target=self._scan, name=f"{self.name}-scan")
+        self._scanner.start()
+
+    @property
+    def namespace(self) -> str:
+        """The directory holding this identity's chunks."""
+        return self._files.namespace
+
+    @property
+    def o_direct(self) -> bool:
+        return self._files.o_direct
+
+    # -- the contract -----------------------------------------------------------------------
+    def lookup(self, key: ChunkKey) -> Lookup:
+        if key in self._index:
+            return HIT
+        if key in self._misses or self._closed.is_set():
+            return MISS
+        with self._probing_lock:
+            if key not in self._probing:
+                self._probing.add(key)
+                self._probes.submit(self._probe, key)
+        return RETRY
+
+    def submit_store(self, job: TransferJob) -> None:
+        self._runner.submit("store", job, lambda: self._store(job))
+
+    def submit_load(self, job: TransferJob) -> None:
+        self._runner.submit("load", job, lambda: self._load(job))
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        return self._runner.finished()
+
+    def close(self) -> None:
+        """Finish queued jobs, stop probing and scanning, and join every thread."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._runner.close()
+        self._probes.shutdown(wait=True, cancel_futures=True)
+        self._scanner.join()
+
+    def stats(self) -> dict[str, int]:
+        """Counters (see the module docstring) plus ``index_chunks``, ``index_bytes``, ..."""
+        return {
+            **self._counters.snapshot(),
+            "index_chunks": len(self._index),
+            "index_bytes": self._index.used_bytes,
+            "o_direct": int(self.o_direct),
+            "scan_done": int(self._scanned.is_set()),
+        }
+
+    # -- extras -----------------------------------------------------------------------------
+    def wait_scanned(self, timeout: float | None = None) -> bool:
+        """Wait for the start-up scan (index rebuild, temp-file scrub); ``False`` on timeout."""
+        return self._scanned.wait(timeout)
+
+    def take_removed(self) -> list[ChunkKey]:
+        """Keys whose files this tier deleted (evicted or corrupt) since the last call."""
+        removed = []
+        while self._removed:
+            removed.append(self._removed.popleft())
+        return removed
+
+    # -- stores -----------------------------------------------------------------------------
+    def _store(self, job: TransferJob) -> list[ChunkKey]:
+        for key, slot in zip(job.keys, job.slots, strict=True):
+            self._store_one(key, slot)
+        return list(job.keys)
+
+    def _store_one(self, key: ChunkKey, slot: int) -> None:
+        """Write one chunk unless already on disk; raises ``TierError`` when it cannot."""
+        if self._index.touch(key):
+            self._counters.add("store_skipped_present")
+            return
+        try:
+            self._write(key, slot)
+        except (OSError, CapacityError) as exc:
+            reason = _errno_name(exc) if isinstance(exc, OSError) else "capacity"
+            self._counters.add(f"store_failed.{reason}")
+            raise TierError(f"{self.name}: cannot store chunk {key.hex()[:16]}: {exc}") from exc
+        self._misses.discard(key)
+        self._counters.add("stored_chunks")
+        self._counters.add("stored_bytes", self._file_bytes)
+
+    def _write(self, key: ChunkKey, slot: int) -> None:
+        nbytes = self._file_bytes
+        if not self._space.allows(nbytes):
+            raise OSError(errno.ENOSPC, "min_free_bytes reached")
+        self._delete(self._index.reserve(nbytes), "evicted")
+        try:
+            self._hook("store", key)
+            self._files.write(key, self._region, slot)
+        except BaseException:
+            self._index.release(nbytes)
+            raise
+        self._index.commit(key, nbytes)
+        self._space.wrote(nbytes)
+
+    # -- loads ------------------------------------------------------------------------------
+    def _load(self, job: TransferJob) -> list[ChunkKey]:
+        pairs = zip(job.keys, job.slots, strict=True)
+        return [key for key, slot in pairs if self._load_one(key, slot)]
+
+    def _load_one(self, key: ChunkKey, slot: int) -> bool:
+        """Read and verify one chunk into ``slot``; ``False`` (and a counter) on any failure."""
+        try:
+            self._hook("load", key)
+            size = self._files.read(key, self._region, slot)
+        except FileNotFoundError:
+            self._index.discard(key)
+            self._counters.add("load_missing")
+            return False
+        except IntegrityError as exc:
+            log.warning("%s: deleted chunk %s: %s", self.name, key.hex()[:16], exc)
+            self._index.discard(key)
+            self._removed.append(key)
+            self._counters.add(f"integrity.{exc.reason}")
+            return False
+        except OSError as exc:
+            self._counters.add(f"load_failed.{_errno_name(exc)}")
+            return False
+        self._delete(self._index.add(key, size), "evicted")
+        self._counters.add("loaded_chunks")
+        self._counters.add("loaded_bytes", size)
+        return True
+
+    # -- background -------------------------------------------------------------------------
+    def _probe(self, key: ChunkKey) -> None:
+        try:
+            self._hook("probe", key)
+            size = self._files.size_of(key)
+        except OSError as exc:
+            self._counters.add(f"probe_failed.{_errno_name(exc)}")
+            size = None
+        try:
+            if size is None:
+                self._misses.add(key)
+                self._counters.add("probe_misses")
+            else:
+                self._delete(self._index.add(key, size), "evicted")
+                self._counters.add("probe_hits")
+        finally:
+            with self._probing_lock:
+                self._probing.discard(key)
+
+    def _scan(self) -> None:
+        try:
+            result = self._files.scan(self._closed)
+            found = [(key, size) for _, key, size in sorted(result.chunks)]
+            self._delete(self._index.merge_cold(found), "evicted")
+            self._counters.add("scan_found_chunks", len(found))
+            self._counters.add("scrubbed_tmp_files", result.stale_removed)
+        except OSError as exc:
+            log.warning("%s: start-up scan of %s failed: %s", self.name, self.namespace, exc)
+            self._counters.add(f"scan_failed.{_errno_name(exc)}")
+        finally:
+            self._scanned.set()
+
+    def _delete(self, keys: Iterable[ChunkKey], reason: str) -> None:
+        for key in keys:
+            try:
+                self._files.remove(key)
+            except OSError as exc:
+                self._counters.add(f"remove_failed.{_errno_name(exc)}")
+            self._removed.append(key)
+            self._counters.add(reason)
+
+    def _hook(self, op: str, key: ChunkKey) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(op, key)
+
+
+def _errno_name(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, "unknown")
