@@ -16,10 +16,11 @@ from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.memory import MemoryTier
+from tests.tiers.s3_server import MotoServer, s3_server  # noqa: F401 (s3_server is a fixture)
 
 TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
 
-CONFORMING_TIERS = ["memory", "fault"]
+CONFORMING_TIERS = ["memory", "fault", "obj"]
 
 
 @pytest.fixture
@@ -35,6 +36,12 @@ def fault_tier_factory() -> TierFactory:
         return FaultInjectingTier(MemoryTier(MemoryTierConfig(), region, identity))
 
     return make
+
+
+@pytest.fixture
+def obj_tier_factory(s3_server: MotoServer) -> TierFactory:
+    """An object store tier on the session's moto server, under a fresh prefix each time."""
+    return lambda region, identity: s3_server.tier("kvtier", region, identity)
 
 
 @pytest.fixture(params=CONFORMING_TIERS)

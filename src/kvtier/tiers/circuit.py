@@ -1,0 +1,107 @@
+"""CircuitBreaker: stop calling a remote service that keeps failing, and probe until it is back.
+
+Any tier that talks to a remote service (an object store, a peer) records the outcome of each
+request. After ``failure_threshold`` consecutive failures the circuit *opens*: callers check
+``allow()`` and skip the service at once instead of waiting on timeouts. While it is open, a
+background thread calls ``probe`` with exponential backoff (``backoff_min_s`` doubling up to
+``backoff_max_s``); the first probe that returns without raising *closes* the circuit and calls
+``on_close``. A service that is down at start is modelled by ``trip()``: the circuit starts open.
+
+States are small integers so they can be exported as a gauge: ``CLOSED`` (0) and ``OPEN`` (1).
+
+Thread safety: every method may be called from any thread; state is guarded by one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+CLOSED, OPEN = 0, 1
+
+
+class CircuitBreaker:
+    """Counts consecutive failures of ``name``; opens at the threshold, probes until it closes."""
+
+    def __init__(
+        self,
+        name: str,
+        probe: Callable[[], object],
+        *,
+        failure_threshold: int = 3,
+        backoff_min_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        on_close: Callable[[], object] | None = None,
+    ) -> None:
+        self.name = name
+        self._probe, self._on_close = probe, on_close
+        self._threshold = max(1, failure_threshold)
+        self._backoff_min_s, self._backoff_max_s = backoff_min_s, max(backoff_min_s, backoff_max_s)
+        self._lock = threading.Lock()
+        self._state, self._failures = CLOSED, 0
+        self.num_opened = self.num_probes = 0
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._probe_loop, name=f"{name}-probe", daemon=True)
+        self._thread.start()
+
+    @property
+    def state(self) -> int:
+        return self._state
+
+    def allow(self) -> bool:
+        """Whether a request may go out now (the circuit is closed)."""
+        return self._state == CLOSED
+
+    def record_success(self) -> None:
+        self._failures = 0
+
+    def record_failure(self, reason: str) -> None:
+        """Count a failed request; opens the circuit at the threshold."""
+        with self._lock:
+            self._failures += 1
+            if self._state == OPEN or self._failures < self._threshold:
+                return
+        self.trip(f"{self._threshold} consecutive failures, last: {reason}")
+
+    def trip(self, reason: str) -> None:
+        """Open the circuit now (e.g. the service is unreachable at start)."""
+        with self._lock:
+            if self._state == OPEN:
+                return
+            self._state = OPEN
+            self.num_opened += 1
+        log.warning("%s: circuit open (%s); probing with backoff", self.name, reason)
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop the probe thread and join it."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+    def _probe_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            delay = self._backoff_min_s
+            while self._state == OPEN and not self._stop.wait(delay):
+                if self._try_probe():
+                    break
+                delay = min(delay * 2, self._backoff_max_s)
+
+    def _try_probe(self) -> bool:
+        self.num_probes += 1
+        try:
+            self._probe()
+        except Exception as exc:
+            log.debug("%s: probe failed: %s", self.name, exc)
+            return False
+        with self._lock:
+            self._state, self._failures = CLOSED, 0
+        log.warning("%s: circuit closed; the service answers again", self.name)
+        if self._on_close is not None:
+            self._on_close()
+        return True

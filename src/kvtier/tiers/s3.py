@@ -1,0 +1,309 @@
+"""ObjectStoreTier (``type: "obj"``): chunks as objects in an S3-compatible bucket.
+
+Every instance that points at the same bucket, prefix and cache identity shares the chunks. Objects
+are named ``<prefix>/<identity digest hex>/<key hex>``, next to ``identity.json`` (the identity's
+readable description), and hold the on-media format of ``tiers/codec.py``: a 4096-byte header,
+then the payload. A load streams the object's body from the client's receive buffers into a small
+header buffer and straight on into the host slot (obstore cannot read into a caller's buffer, so
+this one copy is the least there is), then verifies header, identity, key, length and checksum
+before the key is reported as loaded. A store copies the slot once into a per-thread staging
+buffer behind its header and puts it in one request.
+
+Lookups never block: an unknown key answers ``RETRY`` and is probed (HEAD) on a background pool;
+all keys of one manager lookup go out together. Hits are remembered (bounded, most recent kept);
+misses expire after ``negative_ttl_s`` so chunks stored by other instances become visible.
+
+Outages: each request is bounded by ``timeout_s``. ``circuit_failures`` consecutive request
+failures open a ``CircuitBreaker``: lookups answer ``MISS`` at once, stores are dropped and
+counted, queued loads fail fast. Probes with backoff (``reconnect_min_s`` .. ``reconnect_max_s``)
+close it when the store answers again; an endpoint that is down at start is the same, from the
+start. Wrong credentials or a missing bucket at start raise ``TierError`` naming the problem.
+
+Thread safety: ``lookup`` and ``submit_*`` are called from the manager's thread; requests run on
+the tier's pools; ``_known`` and ``_counters`` have their own locks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kvtier.config import ObjTierConfig
+from kvtier.errors import IntegrityError, TierError, TierUnavailable
+from kvtier.identity import CacheIdentity
+from kvtier.keys import ChunkKey
+from kvtier.region import HostRegion
+from kvtier.tiers import codec
+from kvtier.tiers.base import MISS, RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob
+from kvtier.tiers.circuit import CircuitBreaker
+from kvtier.tiers.known_keys import KnownKeys
+from kvtier.tiers.s3_client import ObjectClient, ObjectRefused
+
+log = logging.getLogger(__name__)
+
+MAX_PROBE_THREADS = 8
+
+
+class ObjectStoreTier(SecondaryTier):
+    """Chunks in ``config.bucket``; see the module docstring for naming, lookups and outages."""
+
+    def __init__(self, config: ObjTierConfig, region: HostRegion, identity: CacheIdentity) -> None:
+        self.name = config.name or "obj"
+        self._region, self._digest = region, identity.digest
+        prefix = "/".join(p for p in (config.prefix.strip("/"), identity.hexdigest) if p)
+        self._prefix = prefix
+        self._identity_doc = json.dumps(identity.describe(), indent=1, sort_keys=True).encode()
+        self._client = ObjectClient(config)
+        self._known = KnownKeys(config.negative_ttl_s)
+        self._counters: Counter[str] = Counter()
+        self._counters_lock = threading.Lock()
+        self._staging = threading.local()
+        self._results: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
+        self._closed = False
+        self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"{self.name}-io")
+        self._probes = ThreadPoolExecutor(
+            min(MAX_PROBE_THREADS, config.io_threads), thread_name_prefix=f"{self.name}-probe"
+        )
+        self._breaker = CircuitBreaker(
+            f"obj tier (bucket {config.bucket!r} at {self._client.endpoint})",
+            self._reconnect,
+            failure_threshold=config.circuit_failures,
+            backoff_min_s=config.reconnect_min_s,
+            backoff_max_s=config.reconnect_max_s,
+            on_close=self._known.clear,
+        )
+        self._start()
+
+    def _start(self) -> None:
+        try:
+            self._connect()
+        except ObjectRefused as exc:
+            self.close()
+            raise TierError(f"obj tier: {exc}") from None
+        except TierUnavailable as exc:
+            log.warning("obj tier starts unavailable, answering MISS until it connects: %s", exc)
+            self._breaker.trip(str(exc))
+
+    def _connect(self) -> None:
+        """Prove endpoint, bucket and credentials; leave the identity description beside chunks."""
+        described = f"{self._prefix}/identity.json"
+        self._client.check_bucket(described)
+        try:
+            if not self._client.exists(described):
+                self._client.put(described, memoryview(self._identity_doc))
+        except ObjectRefused as exc:  # read-only credentials still serve loads
+            log.info("obj tier: cannot write %s (%s)", described, exc)
+
+    def _reconnect(self) -> None:
+        try:
+            self._connect()
+        except ObjectRefused as exc:
+            log.warning("obj tier: the store answers but refuses us: %s", exc)
+            raise
+
+    # -- lookup ------------------------------------------------------------------------------
+    def lookup(self, key: ChunkKey) -> Lookup:
+        if not self._breaker.allow():
+            self._count("lookup_miss_unavailable")
+            return MISS
+        answer = self._known.answer(key)
+        if answer is None:
+            answer = RETRY
+            self._probes.submit(self._probe, key)
+        self._count(f"lookup_{answer.value}")
+        return answer
+
+    def _probe(self, key: ChunkKey) -> None:
+        if not self._breaker.allow():
+            self._known.missing(key)
+            return
+        try:
+            found = self._client.exists(self._object_name(key))
+        except TierError as exc:
+            self._request_failed(exc)
+            self._known.missing(key)
+            self._count("probe_error")
+            return
+        self._breaker.record_success()
+        (self._known.found if found else self._known.missing)(key)
+        self._count("probe_hit" if found else "probe_miss")
+
+    # -- jobs --------------------------------------------------------------------------------
+    def submit_store(self, job: TransferJob) -> None:
+        if not self._breaker.allow():
+            self._count("store_dropped", len(job.keys))
+            self._results.put(_result(job, "store", (), "object store unavailable"))
+            return
+        self._fan_out("store", job)
+
+    def submit_load(self, job: TransferJob) -> None:
+        self._fan_out("load", job)
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        finished = []
+        while True:
+            try:
+                finished.append(self._results.get_nowait())
+            except queue.Empty:
+                return finished
+
+    def _fan_out(self, op: Op, job: TransferJob) -> None:
+        """One request per key on the I/O pool; the last key to finish reports the job."""
+        if self._closed or not job.keys:
+            self._results.put(_result(job, op, (), "tier is closed" if self._closed else None))
+            return
+        tracker = _JobTracker(job, op)
+        one = self._put_one if op == "store" else self._get_one
+        for key, slot in zip(job.keys, job.slots, strict=True):
+            self._io.submit(self._run_one, tracker, one, key, slot)
+
+    def _run_one(self, tracker: _JobTracker, one: Any, key: ChunkKey, slot: int) -> None:
+        try:
+            ok = bool(one(key, slot))
+        except Exception as exc:  # a worker must report, never die silently
+            log.warning("obj tier %s of one chunk failed unexpectedly: %r", tracker.op, exc)
+            ok = False
+        result = tracker.record(key, ok)
+        if result is not None:
+            self._results.put(result)
+
+    def _put_one(self, key: ChunkKey, slot: int) -> bool:
+        if not self._breaker.allow():
+            self._count("store_dropped")
+            return False
+        if self._known.is_hit(key):
+            self._count("store_already_present")
+            return True
+        body = self._encode(key, self._region.view(slot))
+        try:
+            self._client.put(self._object_name(key), body)
+        except TierError as exc:
+            self._request_failed(exc)
+            self._count("store_failed")
+            return False
+        self._breaker.record_success()
+        self._known.found(key)
+        self._count("store_ok")
+        self._count("bytes_written", len(body))
+        return True
+
+    def _get_one(self, key: ChunkKey, slot: int) -> bool:
+        if not self._breaker.allow():
+            self._count("load_skipped_unavailable")
+            return False
+        header, payload = self._header_buffer(), self._region.view(slot)
+        try:
+            size = self._client.get_into(self._object_name(key), (header, payload))
+            self._breaker.record_success()
+            if size is None:
+                self._known.missing(key)
+                self._count("load_not_found")
+                return False
+            _check_length(size, len(payload))
+            codec.verify(header, payload, self._digest, key)
+        except IntegrityError as exc:
+            return self._reject(key, exc)
+        except TierError as exc:
+            self._request_failed(exc)
+            self._count("load_failed")
+            return False
+        self._known.found(key)
+        self._count("load_ok")
+        self._count("bytes_read", size)
+        return True
+
+    def _reject(self, key: ChunkKey, exc: IntegrityError) -> bool:
+        log.warning("obj tier: %s failed verification (%s); a miss", self._object_name(key), exc)
+        self._known.missing(key)
+        self._count(f"integrity_failed_{exc.reason}")
+        return False
+
+    def _request_failed(self, exc: TierError) -> None:
+        kind = "refused" if isinstance(exc, ObjectRefused) else "unavailable"
+        self._count(f"request_errors_{kind}")
+        log.debug("obj tier request failed: %s", exc)
+        self._breaker.record_failure(str(exc))
+
+    # -- buffers and names -------------------------------------------------------------------
+    def _object_name(self, key: ChunkKey) -> str:
+        return f"{self._prefix}/{key.hex()}"
+
+    def _encode(self, key: ChunkKey, payload: memoryview) -> memoryview:
+        """Header + payload in this thread's staging buffer (reused: no allocation per put)."""
+        staging = getattr(self._staging, "body", None)
+        if staging is None or len(staging) != codec.HEADER_BYTES + len(payload):
+            staging = self._staging.body = memoryview(bytearray(codec.HEADER_BYTES + len(payload)))
+        staging[: codec.HEADER_BYTES] = codec.encode_header(self._digest, key, payload)
+        staging[codec.HEADER_BYTES :] = payload
+        return staging
+
+    def _header_buffer(self) -> memoryview:
+        header = getattr(self._staging, "header", None)
+        if header is None:
+            header = self._staging.header = memoryview(bytearray(codec.HEADER_BYTES))
+        return header
+
+    # -- lifecycle and stats -----------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the probes; finish queued requests (each bounded by ``timeout_s``); join all."""
+        self._closed = True
+        self._breaker.close()
+        self._probes.shutdown(wait=True, cancel_futures=True)
+        self._io.shutdown(wait=True)
+
+    def stats(self) -> dict[str, int]:
+        with self._counters_lock:
+            counters = dict(self._counters)
+        return {
+            **counters,
+            "circuit_state": self._breaker.state,
+            "circuit_opened": self._breaker.num_opened,
+            "circuit_probes": self._breaker.num_probes,
+            **self._known.sizes(),
+        }
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._counters_lock:
+            self._counters[name] += n
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreTier(name={self.name!r}, bucket={self._client.bucket!r})"
+
+
+class _JobTracker:
+    """Counts down the keys of one job; the last ``record`` returns the job's result."""
+
+    def __init__(self, job: TransferJob, op: Op) -> None:
+        self.job, self.op = job, op
+        self._remaining = len(job.keys)
+        self._succeeded: list[ChunkKey] = []
+        self._lock = threading.Lock()
+
+    def record(self, key: ChunkKey, ok: bool) -> JobResult | None:
+        with self._lock:
+            if ok:
+                self._succeeded.append(key)
+            self._remaining -= 1
+            if self._remaining:
+                return None
+        failed = len(self._succeeded) < len(self.job.keys)
+        return _result(self.job, self.op, self._succeeded, "some keys failed" if failed else None)
+
+
+def _result(job: TransferJob, op: Op, ok: Any, error: str | None) -> JobResult:
+    succeeded = frozenset(ok)
+    if op == "store" and len(succeeded) < len(job.keys):
+        succeeded = frozenset()  # a store succeeds or fails as a whole job
+    return JobResult(job.job_id, op, succeeded, frozenset(job.keys) - succeeded, error)
+
+
+def _check_length(size: int, payload_len: int) -> None:
+    if size != codec.HEADER_BYTES + payload_len:
+        raise IntegrityError(
+            f"object is {size} bytes, expected {codec.HEADER_BYTES + payload_len}", "length"
+        )

@@ -1,0 +1,168 @@
+"""ObjectClient: the few S3 requests the object tier makes, on obstore, with errors translated.
+
+obstore (Rust ``object_store`` underneath) was kept over boto3 by measurement against the same
+local server (see ``benchmarks/obj_tier.py``): as fast or faster on every size and concurrency
+tried, and it releases the GIL for the whole request.
+
+Errors leave this module in three shapes only: ``None``/``False`` for an object that is not there,
+``TierUnavailable`` when the endpoint cannot be reached or fails (connection refused, timeout,
+5xx), and ``TierError`` with a ``code`` when it refuses us (``credentials``, ``bucket``). Messages
+are built here; the client's own text is reduced to its first line with every credential removed.
+
+Every request is bounded: one attempt, ``timeout_s`` for connecting and for the whole request.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+import obstore
+from obstore.store import S3Store
+
+from kvtier.config import ObjTierConfig
+from kvtier.errors import ConfigError, IntegrityError, TierError, TierUnavailable
+
+_STATUS = re.compile(r"status code: (\d{3})")
+_S3_CODE = re.compile(r"<Code>(\w+)</Code>")
+_CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken",
+        "InvalidToken", "InvalidClientTokenId", "AuthorizationHeaderMalformed",
+    }
+)  # fmt: skip
+
+
+class ObjectRefused(TierError):
+    """The endpoint answered but refused the request; ``code`` is ``credentials`` or ``bucket``."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ObjectClient:
+    """Blocking get/put/head of whole objects in one bucket; safe to share between threads."""
+
+    def __init__(self, config: ObjTierConfig) -> None:
+        self.bucket = config.bucket
+        self.endpoint = config.endpoint_override or "AWS S3"
+        self._secrets = [s for s in (config.access_key, config.secret_key) if s]
+        self._store = S3Store(config.bucket, **_store_options(config))
+
+    def put(self, name: str, data: memoryview) -> None:
+        """Write ``data`` as object ``name`` in one request."""
+        self._call(obstore.put, self._store, name, data, use_multipart=False)
+
+    def get_into(self, name: str, views: Iterable[memoryview]) -> int | None:
+        """Stream object ``name`` into ``views``, filled in order; returns the object's size.
+
+        ``None`` when there is no such object. An object larger than the views together raises
+        ``IntegrityError`` (reason ``length``); a smaller one returns its (short) size.
+        """
+        result = self._call(obstore.get, self._store, name)
+        if result is None:
+            return None
+        size: int = self._call(_fill, result.stream(min_chunk_size=1 << 16), list(views))
+        return size
+
+    def exists(self, name: str) -> bool:
+        return self._call(obstore.head, self._store, name) is not None
+
+    def check_bucket(self, probe_name: str) -> None:
+        """List at most one object: proves the endpoint, the bucket and the credentials."""
+        listing = obstore.list(self._store, prefix=probe_name, chunk_size=1)
+        self._call(next, iter(listing), None)
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FileNotFoundError:
+            return None
+        except IntegrityError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc) from None
+
+    def _translate(self, exc: Exception) -> TierError:
+        text = str(exc)
+        status = _STATUS.search(text)
+        code = _S3_CODE.search(text)
+        reason = code.group(1) if code else f"HTTP {status.group(1)}" if status else ""
+        if reason == "NoSuchBucket":
+            where = f"bucket {self.bucket!r} does not exist at {self.endpoint}"
+            return ObjectRefused(where, "bucket")
+        if reason in _CREDENTIAL_CODES or reason in ("HTTP 401", "HTTP 403"):
+            return ObjectRefused(
+                f"{self.endpoint} rejected the credentials for bucket {self.bucket!r} ({reason}); "
+                "check access_key/secret_key or the AWS_* environment",
+                "credentials",
+            )
+        return TierUnavailable(f"{self.endpoint}: {self._first_line(text)}")
+
+    def _first_line(self, text: str) -> str:
+        line = text.strip().splitlines()[0] if text.strip() else "request failed"
+        for secret in self._secrets:
+            line = line.replace(secret, "***")
+        return line[:300]
+
+
+def _fill(chunks: Iterable[memoryview | bytes], views: list[memoryview]) -> int:
+    """Copy consecutive ``chunks`` across ``views`` in order; returns the bytes received."""
+    total, index, offset = 0, 0, 0
+    for chunk in chunks:
+        data = memoryview(chunk)
+        total += len(data)
+        while data:
+            if index == len(views):
+                raise IntegrityError(f"object is longer than the {total} bytes expected", "length")
+            n = min(len(data), len(views[index]) - offset)
+            views[index][offset : offset + n] = data[:n]
+            data, offset = data[n:], offset + n
+            if offset == len(views[index]):
+                index, offset = index + 1, 0
+    return total
+
+
+def _store_options(config: ObjTierConfig) -> dict[str, Any]:
+    timeout = timedelta(seconds=config.timeout_s)
+    options: dict[str, Any] = {
+        "client_options": {
+            "timeout": timeout,
+            "connect_timeout": timeout,
+            "allow_http": (config.endpoint_override or "").startswith("http://"),
+        },
+        "retry_config": {
+            "max_retries": 0,
+            "retry_timeout": timeout,
+            "backoff": {"init_backoff": timeout, "max_backoff": timeout, "base": 2},
+        },
+        **_credentials(config),
+    }
+    if config.endpoint_override:
+        options["endpoint"] = config.endpoint_override
+    region = config.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region or config.endpoint_override:
+        options["region"] = region or "us-east-1"
+    return options
+
+
+def _credentials(config: ObjTierConfig) -> dict[str, Any]:
+    """Keys from the config, else the environment (read by obstore), else boto3's chain."""
+    if bool(config.access_key) != bool(config.secret_key):
+        raise ConfigError("access_key, secret_key: give both or neither")
+    if config.access_key:
+        return {"access_key_id": config.access_key, "secret_access_key": config.secret_key}
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        return {}
+    try:
+        from obstore.auth.boto3 import Boto3CredentialProvider
+
+        return {"credential_provider": Boto3CredentialProvider()}
+    except (ImportError, ValueError):
+        return {}  # obstore's own chain: web identity, container and instance metadata
+    except Exception as exc:
+        raise TierError(f"AWS credential chain failed: {type(exc).__name__}: {exc}") from None
