@@ -61,24 +61,42 @@ class TransferJob:
 
 @dataclass(frozen=True)
 class JobResult:
-    """Outcome of a job: the keys that succeeded; ``error`` says why the others did not."""
+    """Outcome of a job: the keys that succeeded; ``error`` says why the others did not.
+
+    ``integrity_failed`` names the failed keys whose bytes were found but failed verification
+    (as opposed to absent or unreadable), so the manager can count why a chunk was recomputed.
+    """
 
     job_id: int
     op: Op
     succeeded: frozenset[ChunkKey]
     failed: frozenset[ChunkKey] = field(default_factory=frozenset)
     error: str | None = None
+    integrity_failed: frozenset[ChunkKey] = field(default_factory=frozenset)
 
     @property
     def ok(self) -> bool:
         return not self.failed
 
 
+@dataclass(frozen=True)
+class JobOutcome:
+    """What a job function may return instead of the bare succeeded keys."""
+
+    succeeded: Iterable[ChunkKey]
+    integrity_failed: Iterable[ChunkKey] = ()
+
+
 class SecondaryTier(ABC):
-    """A storage tier below host memory. See the module docstring for the contract."""
+    """A storage tier below host memory. See the module docstring for the contract.
+
+    ``available`` is False while the tier knows it cannot serve (endpoint down, circuit open);
+    the manager then counts its misses as "tier unavailable".
+    """
 
     #: Name used in stats, metrics and events; the manager makes it unique per instance.
     name: str = "tier"
+    available: bool = True
 
     @abstractmethod
     def lookup(self, key: ChunkKey) -> Lookup: ...
@@ -100,11 +118,14 @@ class SecondaryTier(ABC):
         return {}
 
 
+JobFunction = Callable[[], "Iterable[ChunkKey] | JobOutcome"]
+
+
 class JobRunner:
     """Runs job functions on separate read and write thread pools; collects their results.
 
-    A job function returns the set of keys that succeeded; an exception fails every key of the
-    job. Thread safety: ``submit`` and ``finished`` may be called from any thread.
+    A job function returns the keys that succeeded (or a ``JobOutcome``); an exception fails
+    every key of the job. Thread safety: ``submit`` and ``finished`` may be called from any thread.
     """
 
     def __init__(self, name: str, n_read_threads: int, n_write_threads: int) -> None:
@@ -113,29 +134,33 @@ class JobRunner:
         self._results: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
         self._closed = threading.Event()
 
-    def submit(self, op: Op, job: TransferJob, fn: Callable[[], Iterable[ChunkKey]]) -> None:
+    def submit(self, op: Op, job: TransferJob, fn: JobFunction) -> None:
         if self._closed.is_set():
-            self._results.put(self._result(op, job, (), "tier is closed"))
+            self._results.put(self._result(op, job, JobOutcome(()), "tier is closed"))
             return
         pool = self._readers if op == "load" else self._writers
         pool.submit(self._run, op, job, fn)
 
-    def _run(self, op: Op, job: TransferJob, fn: Callable[[], Iterable[ChunkKey]]) -> None:
+    def _run(self, op: Op, job: TransferJob, fn: JobFunction) -> None:
         try:
-            succeeded, error = frozenset(fn()), None
+            outcome, error = fn(), None
         except Exception as exc:  # a worker must report, never die silently
             log.warning("%s job %d failed: %s", op, job.job_id, exc)
-            succeeded, error = frozenset(), f"{type(exc).__name__}: {exc}"
-        if error is None and len(succeeded) < len(job.keys):
-            error = "some keys failed"
-        self._results.put(self._result(op, job, succeeded, error))
+            outcome, error = (), f"{type(exc).__name__}: {exc}"
+        if not isinstance(outcome, JobOutcome):
+            outcome = JobOutcome(outcome)
+        self._results.put(self._result(op, job, outcome, error))
 
     @staticmethod
-    def _result(op: Op, job: TransferJob, ok: Iterable[ChunkKey], error: str | None) -> JobResult:
-        succeeded = frozenset(ok)
+    def _result(op: Op, job: TransferJob, outcome: JobOutcome, error: str | None) -> JobResult:
+        succeeded = frozenset(outcome.succeeded)
         if op == "store" and len(succeeded) < len(job.keys):
             succeeded = frozenset()
-        return JobResult(job.job_id, op, succeeded, frozenset(job.keys) - succeeded, error)
+        failed = frozenset(job.keys) - succeeded
+        if error is None and failed:
+            error = "some keys failed"
+        bad = frozenset(outcome.integrity_failed) & failed
+        return JobResult(job.job_id, op, succeeded, failed, error, bad)
 
     def finished(self) -> list[JobResult]:
         results = []
