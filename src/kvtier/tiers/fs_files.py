@@ -43,7 +43,8 @@ O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _KEY_NAME = re.compile(r"[0-9a-f]{64}")
 _LEVEL_NAME = re.compile(r"[0-9a-f]{2}")
 _TMP_NAME = re.compile(r".*\.([0-9a-f]+)-(\d+)-([0-9a-f]+)-\d+\.tmp")
-_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+#: Names this host in temporary files (a dead writer on this host is recognised by its pid).
+HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
 @dataclass
@@ -69,7 +70,7 @@ class ChunkFiles:
         self._digest = identity.digest
         self._fsync = fsync
         self._token = secrets.token_hex(4)
-        self._tag = f"{_HOST}-{os.getpid()}-{self._token}"
+        self._tag = f"{HOST_TAG}-{os.getpid()}-{self._token}"
         self._seq = itertools.count()
         self._local = threading.local()
         _create_namespace(root_dir, self.namespace, identity, self._tag)
@@ -213,7 +214,7 @@ class ChunkFiles:
             return False
         if time.time() - entry.stat().st_mtime > STALE_TMP_S:
             return True
-        return match is not None and match.group(1) == _HOST and not _pid_alive(int(match[2]))
+        return match is not None and match.group(1) == HOST_TAG and not _pid_alive(int(match[2]))
 
     def _direct_io_works(self) -> bool:
         if not O_DIRECT:
