@@ -31,6 +31,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 from kvtier.config import FsTierConfig
 from kvtier.errors import CapacityError, ConfigError, IntegrityError, TierError
@@ -41,6 +42,7 @@ from kvtier.tiers.base import (
     HIT,
     MISS,
     RETRY,
+    JobOutcome,
     JobResult,
     JobRunner,
     Lookup,
@@ -61,6 +63,7 @@ MAX_REMOVED = 1 << 16
 #: ``fault_hook(op, key)`` runs before each file operation ("store", "load", "probe"); it may
 #: raise ``OSError`` (or block) to inject faults in tests and drills.
 FaultHook = Callable[[str, ChunkKey], None]
+_LoadOutcome = Literal["loaded", "absent", "corrupt", "unreadable"]
 
 
 class _Counters:
@@ -209,32 +212,36 @@ class FilesystemTier(SecondaryTier):
         self._space.wrote(nbytes)
 
     # -- loads ------------------------------------------------------------------------------
-    def _load(self, job: TransferJob) -> list[ChunkKey]:
+    def _load(self, job: TransferJob) -> JobOutcome:
         pairs = zip(job.keys, job.slots, strict=True)
-        return [key for key, slot in pairs if self._load_one(key, slot)]
+        outcomes = [(key, self._load_one(key, slot)) for key, slot in pairs]
+        return JobOutcome(
+            [key for key, outcome in outcomes if outcome == "loaded"],
+            [key for key, outcome in outcomes if outcome == "corrupt"],
+        )
 
-    def _load_one(self, key: ChunkKey, slot: int) -> bool:
-        """Read and verify one chunk into ``slot``; ``False`` (and a counter) on any failure."""
+    def _load_one(self, key: ChunkKey, slot: int) -> _LoadOutcome:
+        """Read and verify one chunk into ``slot``; every failure is counted, never raised."""
         try:
             self._hook("load", key)
             size = self._files.read(key, self._region, slot)
         except FileNotFoundError:
             self._index.discard(key)
             self._counters.add("load_missing")
-            return False
+            return "absent"
         except IntegrityError as exc:
             log.warning("%s: deleted chunk %s: %s", self.name, key.hex()[:16], exc)
             self._index.discard(key)
             self._removed.append(key)
             self._counters.add(f"integrity.{exc.reason}")
-            return False
+            return "corrupt"
         except OSError as exc:
             self._counters.add(f"load_failed.{_errno_name(exc)}")
-            return False
+            return "unreadable"
         self._delete(self._index.add(key, size), "evicted")
         self._counters.add("loaded_chunks")
         self._counters.add("loaded_bytes", size)
-        return True
+        return "loaded"
 
     # -- background -------------------------------------------------------------------------
     def _probe(self, key: ChunkKey) -> None:
