@@ -1,0 +1,174 @@
+"""The transformers integration serves cached prefixes with the logits and tokens of a recompute.
+
+Every scenario compares against the model itself: prefill logits of the positions the tiered
+model ran on (max abs difference <= 1e-4 in float32) and greedy tokens of ``model.generate``.
+Chunks are 8 tokens (2 blocks of 4).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kvtier import CacheIdentity, ConfigError
+from kvtier.integrations.transformers import (
+    DeviceChunkCache,
+    Generation,
+    TieredModel,
+    identity_for,
+    layout_for,
+)
+from kvtier.keys import chunk_keys
+
+from .conftest import BLOCK_SIZE, BLOCKS_PER_CHUNK, build_model, tier_config
+
+NEW_TOKENS = 4
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 512, (length,), generator=gen).tolist()
+
+
+def assert_like_recompute(model: Any, tokens: list[int], result: Generation) -> None:
+    ids = torch.tensor([tokens])
+    with torch.inference_mode():
+        full = model(input_ids=ids).logits[0, result.cached_tokens :]
+        expected = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    assert result.logits.shape == full.shape
+    assert (result.logits - full).abs().max().item() <= 1e-4
+    assert result.tokens == expected[0, len(tokens) :].tolist()
+
+
+def serve(tiered: TieredModel, tokens: list[int]) -> Generation:
+    result = tiered.generate(tokens, NEW_TOKENS)
+    tiered.flush()
+    assert tiered.manager is not None
+    assert tiered.manager.wait_idle(10)
+    return result
+
+
+def test_prefix_from_host(model: Any, identity: CacheIdentity, make_manager: Any) -> None:
+    """A follow-up prompt gets its first 4 chunks from host and recomputes only the rest."""
+    tiered = TieredModel(model, identity, make_manager(host_slots=16))
+    first = prompt(35, seed=1)
+    assert serve(tiered, first).sources == {"accelerator": 0, "recomputed": 35}
+    follow_up = first + prompt(9, seed=2)
+    result = serve(tiered, follow_up)
+    assert result.cached_tokens == 32
+    assert result.sources == {"accelerator": 0, "host": 32, "recomputed": 12}
+    assert_like_recompute(model, follow_up, result)
+
+
+@pytest.mark.parametrize("tier", ["memory", "fs"])
+def test_prefix_from_a_secondary_tier(
+    model: Any, identity: CacheIdentity, make_manager: Any, tier: str, tmp_path: Path
+) -> None:
+    """Host evicted the prefix; it comes back from the tier (promoted into host) intact."""
+    m = make_manager(host_slots=6, tiers=[tier_config(tier, tmp_path)])
+    tiered = TieredModel(model, identity, m)
+    first = prompt(44, seed=3)  # 5 chunks with the generated tokens
+    serve(tiered, first)
+    serve(tiered, prompt(40, seed=4))  # 5 other chunks push the first prompt's out of host
+    follow_up = first + prompt(3, seed=5)
+    result = serve(tiered, follow_up)
+    assert result.sources == {"accelerator": 0, m.tiers[0].name: 40, "recomputed": 7}
+    assert_like_recompute(model, follow_up, result)
+
+
+@pytest.mark.parametrize("tier", ["memory", "fs"])
+def test_prefix_from_host_and_tier_mixed(
+    model: Any, identity: CacheIdentity, make_manager: Any, tier: str, tmp_path: Path
+) -> None:
+    """Chunks 0-1 were evicted from host and come from the tier; chunks 2-3 are still in host."""
+    m = make_manager(host_slots=6, tiers=[tier_config(tier, tmp_path)])
+    tiered = TieredModel(model, identity, m)
+    first = prompt(32, seed=6)  # with 3 generated tokens: 4 chunks
+    serve(tiered, first)
+    serve(tiered, prompt(14, seed=7))  # 2 chunks; host now full
+    m.touch(chunk_keys(first, identity)[2:4])  # chunks 0-1 become the least recently used
+    serve(tiered, prompt(14, seed=8))  # 2 chunks evict chunks 0-1 of the first prompt
+    follow_up = first + prompt(8, seed=9)
+    result = serve(tiered, follow_up)
+    assert result.sources == {"accelerator": 0, m.tiers[0].name: 16, "host": 16, "recomputed": 8}
+    assert_like_recompute(model, follow_up, result)
+
+
+def test_prefix_from_device_cache_and_host(
+    model: Any, identity: CacheIdentity, make_manager: Any
+) -> None:
+    """The device cache kept chunks 0-1; chunks 2-3 come from host."""
+    device = DeviceChunkCache(capacity=4)
+    tiered = TieredModel(model, identity, make_manager(host_slots=16), device_cache=device)
+    first = prompt(32, seed=10)
+    serve(tiered, first)
+    device.get(chunk_keys(first, identity)[:2])  # chunks 2-3 become the least recently used
+    serve(tiered, prompt(14, seed=11))
+    follow_up = first + prompt(5, seed=12)
+    result = serve(tiered, follow_up)
+    assert result.sources == {"accelerator": 16, "host": 16, "recomputed": 5}
+    assert_like_recompute(model, follow_up, result)
+
+
+def test_a_failing_tier_means_recompute(
+    model: Any, identity: CacheIdentity, make_manager: Any, tmp_path: Path
+) -> None:
+    """A tier whose loads fail costs a recompute, never wrong KV, and never hangs."""
+    m = make_manager(host_slots=6, tiers=[tier_config("failing", tmp_path)])
+    tiered = TieredModel(model, identity, m, retry_timeout_s=2.0)
+    first = prompt(44, seed=13)
+    serve(tiered, first)
+    serve(tiered, prompt(40, seed=14))
+    follow_up = first + prompt(3, seed=15)
+    result = serve(tiered, follow_up)
+    assert result.sources == {"accelerator": 0, "recomputed": 47}
+    assert_like_recompute(model, follow_up, result)
+
+
+def test_a_whole_cached_prompt_still_runs_its_last_chunk(
+    model: Any, identity: CacheIdentity, make_manager: Any
+) -> None:
+    """A prompt of exactly 4 cached chunks restores 3 and feeds the model the last 8 tokens."""
+    tiered = TieredModel(model, identity, make_manager(host_slots=16))
+    tokens = prompt(32, seed=16)
+    serve(tiered, tokens)
+    result = serve(tiered, tokens)
+    assert result.sources == {"accelerator": 0, "host": 24, "recomputed": 8}
+    assert_like_recompute(model, tokens, result)
+
+
+def test_device_cache_only_without_a_manager(model: Any, identity: CacheIdentity) -> None:
+    tiered = TieredModel(model, identity, device_cache=DeviceChunkCache(None))
+    first = prompt(20, seed=17)
+    tiered.generate(first, NEW_TOKENS)
+    follow_up = first + prompt(6, seed=18)
+    result = tiered.generate(follow_up, NEW_TOKENS)
+    assert result.sources == {"accelerator": 16, "recomputed": 10}
+    assert_like_recompute(model, follow_up, result)
+
+
+def test_identity_follows_the_weights() -> None:
+    """Same config, other weights: another identity, so no cache is ever shared by mistake."""
+    a, b = build_model("llama", seed=0), build_model("llama", seed=1)
+    layout = layout_for(a, BLOCK_SIZE, BLOCKS_PER_CHUNK)
+    assert identity_for(a, layout).digest == identity_for(build_model("llama", 0), layout).digest
+    assert identity_for(a, layout).digest != identity_for(b, layout).digest
+
+
+def test_sliding_window_models_are_refused() -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+                         sliding_window=16, max_window_layers=1)  # fmt: skip
+    with pytest.raises(ConfigError, match="full attention"):
+        layout_for(Qwen2ForCausalLM(config), BLOCK_SIZE, BLOCKS_PER_CHUNK)
+
+
+def test_a_manager_of_another_identity_is_refused(model: Any, make_manager: Any) -> None:
+    other = identity_for(build_model("llama", seed=5), layout_for(model, BLOCK_SIZE, 2))
+    with pytest.raises(ConfigError):
+        TieredModel(model, other, make_manager(host_slots=4))
