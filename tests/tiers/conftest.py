@@ -10,17 +10,18 @@ from collections.abc import Callable
 
 import pytest
 
-from kvtier.config import MemoryTierConfig
+from kvtier.config import FsTierConfig, MemoryTierConfig
 from kvtier.identity import CacheIdentity
 from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier
 from kvtier.tiers.fault import FaultInjectingTier
+from kvtier.tiers.filesystem import FilesystemTier
 from kvtier.tiers.memory import MemoryTier
 from tests.tiers.s3_server import MotoServer, s3_server  # noqa: F401 (s3_server is a fixture)
 
 TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
 
-CONFORMING_TIERS = ["memory", "fault", "obj"]
+CONFORMING_TIERS = ["memory", "fault", "obj", "fs"]
 
 
 @pytest.fixture
@@ -42,6 +43,13 @@ def fault_tier_factory() -> TierFactory:
 def obj_tier_factory(s3_server: MotoServer) -> TierFactory:
     """An object store tier on the session's moto server, under a fresh prefix each time."""
     return lambda region, identity: s3_server.tier("kvtier", region, identity)
+
+
+@pytest.fixture
+def fs_tier_factory(tmp_path_factory: pytest.TempPathFactory) -> TierFactory:
+    """A filesystem tier over a fresh directory (default options)."""
+    root = str(tmp_path_factory.mktemp("fs-tier"))
+    return lambda region, identity: FilesystemTier(FsTierConfig(root_dir=root), region, identity)
 
 
 @pytest.fixture(params=CONFORMING_TIERS)
