@@ -40,9 +40,10 @@ def fault_tier_factory() -> TierFactory:
 
 
 @pytest.fixture
-def obj_tier_factory(s3_server: MotoServer) -> TierFactory:
+def obj_tier_factory(request: pytest.FixtureRequest) -> TierFactory:
     """An object store tier on the session's moto server, under a fresh prefix each time."""
-    return lambda region, identity: s3_server.tier("kvtier", region, identity)
+    server: MotoServer = request.getfixturevalue("s3_server")
+    return lambda region, identity: server.tier("kvtier", region, identity)
 
 
 @pytest.fixture

@@ -100,6 +100,7 @@ def test_corrupted_or_foreign_objects_are_never_served(kind, s3_server, tiers, r
     tier.submit_load(TransferJob(2, (key,), (5,)))
     result = collect(tier, [2])[2]
     assert result.succeeded == frozenset() and result.failed == {key}
+    assert result.integrity_failed == {key}
     assert tier.stats()[f"integrity_failed_{kind}"] == 1
     assert tier.lookup(key) is MISS
 

@@ -25,13 +25,14 @@ the tier's pools; ``_known`` and ``_counters`` have their own locks.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import queue
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from kvtier.config import ObjTierConfig
 from kvtier.errors import IntegrityError, TierError, TierUnavailable
@@ -47,6 +48,17 @@ from kvtier.tiers.s3_client import ObjectClient, ObjectRefused
 log = logging.getLogger(__name__)
 
 MAX_PROBE_THREADS = 8
+
+
+class _Outcome(enum.Enum):
+    """How one key of a job ended."""
+
+    OK = "ok"
+    FAILED = "failed"
+    CORRUPT = "corrupt"  # found, but failed verification
+
+
+_KeyFn = Callable[[ChunkKey, int], _Outcome]
 
 
 class ObjectStoreTier(SecondaryTier):
@@ -106,9 +118,14 @@ class ObjectStoreTier(SecondaryTier):
             log.warning("obj tier: the store answers but refuses us: %s", exc)
             raise
 
+    @property
+    def available(self) -> bool:  # type: ignore[override]
+        """False while the circuit is open (endpoint down or failing)."""
+        return self._breaker.allow()
+
     # -- lookup ------------------------------------------------------------------------------
     def lookup(self, key: ChunkKey) -> Lookup:
-        if not self._breaker.allow():
+        if self._closed or not self._breaker.allow():
             self._count("lookup_miss_unavailable")
             return MISS
         answer = self._known.answer(key)
@@ -162,40 +179,40 @@ class ObjectStoreTier(SecondaryTier):
         for key, slot in zip(job.keys, job.slots, strict=True):
             self._io.submit(self._run_one, tracker, one, key, slot)
 
-    def _run_one(self, tracker: _JobTracker, one: Any, key: ChunkKey, slot: int) -> None:
+    def _run_one(self, tracker: _JobTracker, one: _KeyFn, key: ChunkKey, slot: int) -> None:
         try:
-            ok = bool(one(key, slot))
+            outcome = one(key, slot)
         except Exception as exc:  # a worker must report, never die silently
             log.warning("obj tier %s of one chunk failed unexpectedly: %r", tracker.op, exc)
-            ok = False
-        result = tracker.record(key, ok)
+            outcome = _Outcome.FAILED
+        result = tracker.record(key, outcome)
         if result is not None:
             self._results.put(result)
 
-    def _put_one(self, key: ChunkKey, slot: int) -> bool:
+    def _put_one(self, key: ChunkKey, slot: int) -> _Outcome:
         if not self._breaker.allow():
             self._count("store_dropped")
-            return False
+            return _Outcome.FAILED
         if self._known.is_hit(key):
             self._count("store_already_present")
-            return True
+            return _Outcome.OK
         body = self._encode(key, self._region.view(slot))
         try:
             self._client.put(self._object_name(key), body)
         except TierError as exc:
             self._request_failed(exc)
             self._count("store_failed")
-            return False
+            return _Outcome.FAILED
         self._breaker.record_success()
         self._known.found(key)
         self._count("store_ok")
         self._count("bytes_written", len(body))
-        return True
+        return _Outcome.OK
 
-    def _get_one(self, key: ChunkKey, slot: int) -> bool:
+    def _get_one(self, key: ChunkKey, slot: int) -> _Outcome:
         if not self._breaker.allow():
             self._count("load_skipped_unavailable")
-            return False
+            return _Outcome.FAILED
         header, payload = self._header_buffer(), self._region.view(slot)
         try:
             size = self._client.get_into(self._object_name(key), (header, payload))
@@ -203,7 +220,7 @@ class ObjectStoreTier(SecondaryTier):
             if size is None:
                 self._known.missing(key)
                 self._count("load_not_found")
-                return False
+                return _Outcome.FAILED
             _check_length(size, len(payload))
             codec.verify(header, payload, self._digest, key)
         except IntegrityError as exc:
@@ -211,17 +228,17 @@ class ObjectStoreTier(SecondaryTier):
         except TierError as exc:
             self._request_failed(exc)
             self._count("load_failed")
-            return False
+            return _Outcome.FAILED
         self._known.found(key)
         self._count("load_ok")
         self._count("bytes_read", size)
-        return True
+        return _Outcome.OK
 
-    def _reject(self, key: ChunkKey, exc: IntegrityError) -> bool:
+    def _reject(self, key: ChunkKey, exc: IntegrityError) -> _Outcome:
         log.warning("obj tier: %s failed verification (%s); a miss", self._object_name(key), exc)
         self._known.missing(key)
         self._count(f"integrity_failed_{exc.reason}")
-        return False
+        return _Outcome.CORRUPT
 
     def _request_failed(self, exc: TierError) -> None:
         kind = "refused" if isinstance(exc, ObjectRefused) else "unavailable"
@@ -281,25 +298,32 @@ class _JobTracker:
     def __init__(self, job: TransferJob, op: Op) -> None:
         self.job, self.op = job, op
         self._remaining = len(job.keys)
-        self._succeeded: list[ChunkKey] = []
+        self._ended: dict[_Outcome, list[ChunkKey]] = {outcome: [] for outcome in _Outcome}
         self._lock = threading.Lock()
 
-    def record(self, key: ChunkKey, ok: bool) -> JobResult | None:
+    def record(self, key: ChunkKey, outcome: _Outcome) -> JobResult | None:
         with self._lock:
-            if ok:
-                self._succeeded.append(key)
+            self._ended[outcome].append(key)
             self._remaining -= 1
             if self._remaining:
                 return None
-        failed = len(self._succeeded) < len(self.job.keys)
-        return _result(self.job, self.op, self._succeeded, "some keys failed" if failed else None)
+        ok = self._ended[_Outcome.OK]
+        error = None if len(ok) == len(self.job.keys) else "some keys failed"
+        return _result(self.job, self.op, ok, error, self._ended[_Outcome.CORRUPT])
 
 
-def _result(job: TransferJob, op: Op, ok: Any, error: str | None) -> JobResult:
+def _result(
+    job: TransferJob,
+    op: Op,
+    ok: Iterable[ChunkKey],
+    error: str | None,
+    corrupt: Iterable[ChunkKey] = (),
+) -> JobResult:
     succeeded = frozenset(ok)
     if op == "store" and len(succeeded) < len(job.keys):
         succeeded = frozenset()  # a store succeeds or fails as a whole job
-    return JobResult(job.job_id, op, succeeded, frozenset(job.keys) - succeeded, error)
+    failed = frozenset(job.keys) - succeeded
+    return JobResult(job.job_id, op, succeeded, failed, error, frozenset(corrupt))
 
 
 def _check_length(size: int, payload_len: int) -> None:
