@@ -86,7 +86,7 @@ def test_prepare_store_returns_none_when_every_slot_is_held(build, identity):
     store(m, keys)
     m.prepare_load(keys)
     assert m.prepare_store(make_keys(identity, 1, seed=5)) is None
-    assert m.stats()["counters"]["store_rejected_host_full"] == 1
+    assert m.metrics.telemetry.get("kvtier_store_rejected_total") == 1
     m.complete_load(keys)
     assert m.prepare_store(make_keys(identity, 1, seed=5)) is not None
 
@@ -151,7 +151,12 @@ def test_partly_failed_promotion_keeps_successes_and_does_not_loop(build, identi
     for _ in range(5):
         assert settle(m, keys) == 2
     assert m.tiers[0].calls["load"] == loads
-    assert m.stats()["counters"][f"tier.{m.tiers[0].name}.load_chunks_failed"] == 1
+    assert (
+        m.metrics.telemetry.get(
+            "kvtier_tier_chunks_total", tier=m.tiers[0].name, op="load", outcome="failed"
+        )
+        == 1
+    )
 
 
 def test_a_chunk_stored_anew_may_be_promoted_again(build, identity):
@@ -196,11 +201,16 @@ def test_a_tier_that_raises_is_a_failed_job_or_a_miss(build, identity, where):
     assert m.wait_idle(5)
     name = m.tiers[0].name
     if where == "submit":
-        assert m.stats()["counters"][f"tier.{name}.store_chunks_failed"] == 2
+        assert (
+            m.metrics.telemetry.get(
+                "kvtier_tier_chunks_total", tier=name, op="store", outcome="failed"
+            )
+            == 2
+        )
     push_out(m, identity, 2)
     assert settle(m, keys) == 2 and read(m, keys)
     if where == "lookup":
-        assert m.stats()["counters"][f"tier.{name}.lookup_errors"] >= 1
+        assert m.metrics.telemetry.get("kvtier_tier_errors_total", tier=name, where="lookup") >= 1
 
 
 def test_every_tier_failing_means_recompute_not_an_exception(build, identity):
@@ -222,7 +232,7 @@ def test_lookup_answers_what_is_ready_when_every_slot_is_pinned(build, identity)
     store(m, pinned)
     m.prepare_load(pinned)
     assert m.lookup(keys) == 0
-    assert m.stats()["counters"]["lookup_host_full"] == 1
+    assert m.metrics.telemetry.get("kvtier_lookup_host_full_total") == 1
     m.complete_load(pinned)
     assert m.wait_idle(5)
     assert settle(m, keys) == 2

@@ -84,14 +84,59 @@ class PeerAddress:
 
 @dataclass(frozen=True)
 class P2PTierConfig:
-    """``type: "p2p"``: fetch chunks from the host memory of peer instances."""
+    """``type: "p2p"``: fetch chunks from the host memory of peer instances.
+
+    Peers are ``host`` + ``port`` and/or ``peers``. With CURVE, give both this client's secret
+    key file and the server's public key file (as written by ``kvtier peer keygen``).
+    """
 
     type_name: ClassVar[str] = "p2p"
     host: str | None = None
     port: int | None = None
     peers: tuple[PeerAddress, ...] = ()
     timeout_s: float = 1.0
+    hit_ttl_s: float = 2.0
+    curve_secret_key_file: str | None = None
+    curve_server_key_file: str | None = None
     name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.host is None) != (self.port is None):
+            raise ConfigError("host, port: give both (or list the peers under peers)")
+        if self.host is None and not self.peers:
+            raise ConfigError("peers: name at least one peer (host + port, or peers)")
+        _check_pair("curve_secret_key_file", "curve_server_key_file", self)
+
+    @property
+    def addresses(self) -> tuple[PeerAddress, ...]:
+        first = () if self.host is None or self.port is None else (PeerAddress(self.host, self.port),)
+        return first + tuple(p for p in self.peers if p not in first)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """``serve``: answer lookups and fetches of peer instances out of this instance's host tier.
+
+    Binds ``host`` (loopback unless told otherwise). With ``curve_secret_key_file`` and
+    ``curve_client_keys_dir`` (every ``*.public`` file in it is an allowed client), connections
+    are encrypted and clients outside the allow-list are refused. ``accept_stores`` lets peers
+    write chunks into this host tier; ``hold_timeout_s`` bounds how long a slow client pins a slot.
+    """
+
+    port: int
+    host: str = "127.0.0.1"
+    curve_secret_key_file: str | None = None
+    curve_client_keys_dir: str | None = None
+    accept_stores: bool = False
+    hold_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        _check_pair("curve_secret_key_file", "curve_client_keys_dir", self)
+
+
+def _check_pair(first: str, second: str, config: object) -> None:
+    if (getattr(config, first) is None) != (getattr(config, second) is None):
+        raise ConfigError(f"{first}, {second}: CURVE needs both (or neither)")
 
 
 @dataclass(frozen=True)
@@ -130,6 +175,17 @@ TIER_CONFIGS: dict[str, type[Any]] = {
 
 
 @dataclass(frozen=True)
+class KVEventsConfig:
+    """Where KV events are published (the keys of vLLM's ``--kv-events-config`` that apply)."""
+
+    endpoint: str = "tcp://*:5557"
+    topic: str | None = None
+    publisher: Literal["zmq"] = "zmq"
+    hwm: int = 100_000
+    enable_kv_cache_events: bool = True
+
+
+@dataclass(frozen=True)
 class TieringConfig:
     """The whole kvtier configuration (vLLM's ``kv_connector_extra_config`` plus its wrapper)."""
 
@@ -142,6 +198,10 @@ class TieringConfig:
     spec_module_path: str | None = None
     kv_connector: str | None = None
     kv_role: str | None = None
+    serve: ServeConfig | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    kv_events: KVEventsConfig | None = None
 
     def __post_init__(self) -> None:
         _check_positive("cpu_bytes_to_use", self.cpu_bytes_to_use)

@@ -1,15 +1,31 @@
-"""KV events: which chunk moved from which tier to which.
+"""KV events: which chunk moved from which tier to which, for routers and for the engine.
 
 The manager records one event whenever a chunk appears in, moves between, or leaves a tier. Tier
 names are ``accelerator``, ``host`` and the names of the secondary tiers; a destination of
 ``None`` means the chunk is gone from the source. Sequence numbers increase by one per event.
+
+On the wire (``kv_events`` configured) events are published the way vLLM publishes its own, so
+its consumers (llm-d's indexer, Dynamo's relay) decode them unchanged: a ZeroMQ PUB multipart
+message ``[topic, batch sequence (8 bytes, big-endian), payload]`` whose payload is a msgpack
+``KVEventBatch`` ``[ts, [event, ...]]``. Each event is a tagged array::
+
+    ["BlockStored", [key], None, [], tokens_per_chunk, None, medium, None, extra]
+    ["BlockRemoved", [key], medium, extra]
+
+where ``key`` is the 32-byte chunk key, ``medium`` is where the chunk now is (stored) or was
+(removed): ``GPU`` for the accelerator, ``CPU`` for host memory, and the upper-cased tier name
+(``FS``, ``OBJ``, ``P2P``) for secondary tiers. ``extra`` is kvtier's richer record, a map
+``{"seq", "kind", "source", "destination", "locality"}``, appended after the fields vLLM defines
+(decoders of array-like structs ignore trailing fields).
 """
 
 from __future__ import annotations
 
 import enum
+import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from kvtier.keys import ChunkKey
 
@@ -39,9 +55,10 @@ class EventLog:
     log never grows without bound.
     """
 
-    def __init__(self, max_events: int = 100_000) -> None:
+    def __init__(self, max_events: int = 100_000, outbox: bool = False) -> None:
         self._seq = 0
         self._events: deque[KVEvent] = deque(maxlen=max_events)
+        self._outbox: deque[KVEvent] | None = deque(maxlen=max_events) if outbox else None
         self.dropped = 0
 
     def add(
@@ -50,10 +67,85 @@ class EventLog:
         overflow = len(self._events) + len(keys) - (self._events.maxlen or 0)
         self.dropped += max(0, overflow)
         for key in keys:
-            self._events.append(KVEvent(self._seq, kind, key, source, destination))
+            event = KVEvent(self._seq, kind, key, source, destination)
+            self._events.append(event)
+            if self._outbox is not None:
+                self._outbox.append(event)
             self._seq += 1
 
     def take(self) -> list[KVEvent]:
         events = list(self._events)
         self._events.clear()
         return events
+
+    def take_outbox(self) -> list[KVEvent]:
+        """Events not yet published (independent of ``take``)."""
+        if not self._outbox:
+            return []
+        events = list(self._outbox)
+        self._outbox.clear()
+        return events
+
+
+def medium(tier: str) -> str:
+    return {"accelerator": "GPU", "host": "CPU"}.get(tier, tier.upper())
+
+
+def to_wire(event: KVEvent, tokens_per_chunk: int) -> list[Any]:
+    """One event as the tagged array vLLM's ``BlockStored`` / ``BlockRemoved`` decode from."""
+    extra = {
+        "seq": event.seq,
+        "kind": event.kind.value,
+        "source": event.source,
+        "destination": event.destination,
+        "locality": event.locality,
+    }
+    key = bytes(event.key)
+    if event.destination is None:
+        return ["BlockRemoved", [key], medium(event.source), extra]
+    where = medium(event.destination)
+    return ["BlockStored", [key], None, [], tokens_per_chunk, None, where, None, extra]
+
+
+def encode_batch(events: list[KVEvent], tokens_per_chunk: int, ts: float) -> bytes:
+    import msgpack
+
+    wire = [to_wire(e, tokens_per_chunk) for e in events]
+    payload: bytes = msgpack.packb([ts, wire], use_bin_type=True)
+    return payload
+
+
+class EventPublisher:
+    """A ZeroMQ PUB socket sending event batches; never blocks (drops at the high-water mark).
+
+    Thread safety: call from one thread (the manager's).
+    """
+
+    def __init__(self, endpoint: str, topic: str = "", hwm: int = 100_000) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.PUB)
+        self._socket.setsockopt(zmq.SNDHWM, hwm)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(endpoint)
+        self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._topic = topic.encode()
+        self._batch_seq = 0
+        self.dropped_batches = 0
+
+    def publish(self, events: list[KVEvent], tokens_per_chunk: int) -> None:
+        if not events:
+            return
+        payload = encode_batch(events, tokens_per_chunk, time.time())
+        frames = [self._topic, self._batch_seq.to_bytes(8, "big"), payload]
+        try:
+            self._socket.send_multipart(frames, flags=self._zmq.NOBLOCK)
+        except self._zmq.Again:
+            self.dropped_batches += 1
+        self._batch_seq += 1
+
+    def close(self) -> None:
+        self._socket.close()
+        self._context.term()

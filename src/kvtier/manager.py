@@ -5,10 +5,11 @@ tiers' own threads; their results are collected by ``poll`` (which ``lookup`` al
 
 Write-through: ``complete_store(success=True)`` pushes the new host chunks to every secondary tier
 at once, holding each host slot against eviction until every push has finished. ``lookup`` counts
-the leading chunks ready in host; past the first host miss it asks the secondary tiers in
-configured order, tells the first holder to *promote* the chunk into a reserved host slot, and
-answers ``RETRY`` until the promotion lands. A chunk whose promotion failed is never asked of the
-same tier again until it is stored anew, so a bad chunk costs one recompute, not a loop.
+the leading chunks ready in host; past the first host miss it hands over to ``Promoter``, which
+promotes chunks from the tiers and answers ``RETRY`` until they land.
+
+Observability: every decision is counted in ``self.metrics`` (Prometheus on ``metrics_port``),
+and every chunk movement is a KV event (``take_events``; published on ZeroMQ with ``kv_events``).
 
 Thread safety: none. Call every method from one thread (the engine's scheduler loop).
 """
@@ -17,27 +18,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import count
 from types import TracebackType
 from typing import Any, Protocol
 
 from kvtier.config import TieringConfig
 from kvtier.errors import ConfigError, KVTierError
-from kvtier.events import EventKind, EventLog, KVEvent
+from kvtier.events import EventKind, EventLog, EventPublisher, KVEvent
 from kvtier.host import WRITING, HostTier
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
+from kvtier.metrics import Labels, ManagerMetrics, MetricsServer, TelemetryCollector
+from kvtier.promotion import JobBook, Promoter, failed_result
 from kvtier.region import ALIGNMENT, HostRegion, round_up
-from kvtier.tiers.base import HIT, RETRY, JobResult, Lookup, SecondaryTier, TransferJob
+from kvtier.tiers.base import JobResult, Lookup, SecondaryTier
 from kvtier.tiers.registry import build_tier
 
 log = logging.getLogger(__name__)
-
-#: How many (tier, key) promotion failures are remembered to avoid promotion loops.
-MAX_REMEMBERED_FAILURES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -57,13 +55,6 @@ class ManagerService(Protocol):
     def step(self, manager: TieringManager) -> None: ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class _Pending:
-    op: str
-    tier: int
-    keys: tuple[ChunkKey, ...]
 
 
 def host_slots_for(config: TieringConfig, chunk_bytes: int) -> int:
@@ -105,66 +96,79 @@ class TieringManager:
     ) -> None:
         check_chunking(config, identity)
         self.config, self.identity = config, identity
-        num_slots = host_slots_for(config, identity.layout.chunk_bytes)
-        self.region = HostRegion(num_slots, identity.layout.chunk_bytes)
+        self.chunk_bytes = identity.layout.chunk_bytes
+        num_slots = host_slots_for(config, self.chunk_bytes)
+        self.region = HostRegion(num_slots, self.chunk_bytes)
         self.host = HostTier(num_slots, config.eviction_policy)
-        self.tiers: list[SecondaryTier] = list(tiers) if tiers is not None else self._build()
-        _make_names_unique(self.tiers)
-        self._job_ids = count()
-        self._pending: dict[int, _Pending] = {}
-        self._promoting: dict[ChunkKey, int] = {}
-        self._failed: OrderedDict[tuple[int, ChunkKey], None] = OrderedDict()
-        self._counters: Counter[str] = Counter()
-        self._events = EventLog()
+        self.metrics = ManagerMetrics()
+        self._events = EventLog(outbox=config.kv_events is not None)
+        self._jobs = JobBook()
         self._services: list[ManagerService] = []
+        self._started: dict[ChunkKey, float] = {}  # prepare_* time, for transfer throughput
+        self._publisher: EventPublisher | None = None
+        self._exporter: MetricsServer | None = None
         self._closed = False
-
-    def _build(self) -> list[SecondaryTier]:
-        built: list[SecondaryTier] = []
+        self.tiers: list[SecondaryTier] = list(tiers) if tiers is not None else []
         try:
-            for tier_config in self.config.secondary_tiers:
-                built.append(build_tier(tier_config, self.region, self.identity))
+            self._start(tiers is None)
         except BaseException:
-            for tier in built:
-                tier.close()
+            self.close(timeout=0)
             raise
-        return built
+        self._promoter = Promoter(
+            self.host, self.tiers, self._jobs, self.metrics, self._events, self._allocate
+        )
+
+    def _start(self, build_tiers: bool) -> None:
+        for tier_config in self.config.secondary_tiers if build_tiers else ():
+            self.tiers.append(build_tier(tier_config, self.region, self.identity))
+        _make_names_unique(self.tiers)
+        for tier in self.tiers:
+            tier.bind_metrics(self.metrics.tier_for(tier.name))
+        events = self.config.kv_events
+        if events is not None and events.enable_kv_cache_events:
+            self._publisher = EventPublisher(events.endpoint, events.topic or "", events.hwm)
+        if self.config.metrics_port is not None:
+            registry = self.prometheus_registry()
+            self._exporter = MetricsServer(
+                registry, self.config.metrics_port, self.config.metrics_host
+            )
 
     # -- store -------------------------------------------------------------------------------
     def prepare_store(self, keys: Sequence[ChunkKey]) -> StorePlan | None:
         """Reserve host slots for the keys not already in host; ``None`` if none can be freed."""
         new = [k for k in dict.fromkeys(keys) if k not in self.host]
-        slots = self._allocate(new, protect=[k for k in keys if self.host.is_ready(k)])
+        slots = self._allocate(new, [k for k in keys if self.host.is_ready(k)])
         if slots is None:
-            self._counters["store_rejected_host_full"] += 1
+            self.metrics.count("store_rejected")
             return None
+        self._mark_started(new)
         return StorePlan(new, slots)
 
     def complete_store(self, keys: Sequence[ChunkKey], success: bool = True) -> None:
         """The engine finished copying ``keys`` into their slots (or failed to)."""
-        own = [k for k in keys if self.host.state_of(k) == WRITING and k not in self._promoting]
+        promoting = self._promoter.promoting
+        own = [k for k in keys if self.host.state_of(k) == WRITING and k not in promoting]
         self.host.complete_write(own, success)
+        self._record_transfer("accelerator_to_host", own)
         if not success:
-            self._counters["store_failed"] += len(own)
+            self.metrics.count("store_failed_chunks", len(own))
             return
-        self._counters["stored_chunks"] += len(own)
+        self.metrics.count("stored_chunks", len(own))
         self._events.add(EventKind.STORED, own, "accelerator", "host")
-        for key in own:
-            for index in range(len(self.tiers)):
-                self._failed.pop((index, key), None)
+        self._promoter.forget_failures(own)
         for index in range(len(self.tiers)):
             self._cascade(index, own)
 
     def _cascade(self, index: int, keys: list[ChunkKey]) -> None:
         if not keys:
             return
-        slots = self.host.hold(keys)
-        job = self._new_job("store", index, keys, slots)
+        job = self._jobs.new("store", index, keys, self.host.hold(keys))
         try:
             self.tiers[index].submit_store(job)
         except Exception as exc:
             log.warning("tier %s refused a store: %s", self.tiers[index].name, exc)
-            self._on_result(index, _failed_result(job, "store", exc))
+            self.metrics.count("tier_errors", tier=self.tiers[index].name, where="submit")
+            self._on_result(index, failed_result(job, "store", exc))
 
     # -- load --------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[ChunkKey]) -> int | Lookup:
@@ -176,96 +180,36 @@ class TieringManager:
             if not is_ready(key):
                 break
             ready += 1
-        self._counters["lookups"] += 1
+        self.metrics.count("lookups")
         if ready == len(keys):
             return ready
-        return self._lookup_beyond(keys, ready)
-
-    def _lookup_beyond(self, keys: Sequence[ChunkKey], ready: int) -> int | Lookup:
-        waiting, wanted = self._walk_tiers(keys[ready:])
-        protect = keys[:ready]
-        self.host.hold(protect)
-        try:
-            room = self.host.num_allocatable
-            started = [self._promote(i, ks) for i, ks in _by_tier(wanted[:room]).items()]
-        finally:
-            self.host.release(protect)
-        if waiting or any(started):
-            return RETRY
-        if wanted:
-            self._counters["lookup_host_full"] += 1
-        return ready
-
-    def _walk_tiers(self, keys: Sequence[ChunkKey]) -> tuple[bool, list[tuple[int, ChunkKey]]]:
-        """Walk keys past the ready prefix until one is held nowhere.
-
-        Returns whether some key is on its way (promoting, or a tier answered RETRY) and, in
-        prefix order, the (tier index, key) pairs to promote.
-        """
-        waiting = False
-        wanted: list[tuple[int, ChunkKey]] = []
-        for key in keys:
-            state = self.host.state_of(key)
-            if state is not None:
-                if state == WRITING and key not in self._promoting:
-                    break  # an engine store in flight: not readable yet
-                waiting = waiting or state == WRITING
-                continue
-            holder = self._find_holder(key)
-            if holder is None:
-                break
-            if isinstance(holder, int):
-                wanted.append((holder, key))
-            else:
-                waiting = True
-        return waiting, wanted
-
-    def _find_holder(self, key: ChunkKey) -> int | Lookup | None:
-        """Index of the first tier that holds ``key``, ``RETRY`` if one may, else ``None``."""
-        maybe = False
-        for index, tier in enumerate(self.tiers):
-            if (index, key) in self._failed:
-                continue
-            try:
-                answer = tier.lookup(key)
-            except Exception as exc:
-                log.warning("tier %s lookup failed: %s", tier.name, exc)
-                self._counters[f"tier.{tier.name}.lookup_errors"] += 1
-                continue
-            if answer is HIT:
-                return index
-            maybe = maybe or answer is RETRY
-        return RETRY if maybe else None
-
-    def _promote(self, index: int, keys: list[ChunkKey]) -> bool:
-        slots = self._allocate(keys, protect=[])
-        if slots is None:
-            return False
-        job = self._new_job("load", index, keys, slots)
-        for key in keys:
-            self._promoting[key] = index
-        try:
-            self.tiers[index].submit_load(job)
-        except Exception as exc:
-            log.warning("tier %s refused a load: %s", self.tiers[index].name, exc)
-            self._on_result(index, _failed_result(job, "load", exc))
-            return False
-        return True
+        answer = self._promoter.lookup_beyond(keys, ready)
+        if isinstance(answer, int):
+            missed = (len(keys) - answer) * self.identity.layout.tokens_per_chunk
+            self.metrics.count("prompt_tokens", missed, source="recomputed")
+        return answer
 
     def prepare_load(self, keys: Sequence[ChunkKey]) -> list[int]:
         """Pin ready chunks for reading; returns their slots. Every key must be ready."""
         missing = [k for k in keys if not self.host.is_ready(k)]
         if missing:
             raise KVTierError(f"prepare_load: {len(missing)} chunk(s) not ready in host memory")
+        tokens = self.identity.layout.tokens_per_chunk
+        for key in keys:
+            self.metrics.count("prompt_tokens", tokens, source=self._promoter.source_of(key))
+        self._mark_started(keys)
         self.host.touch(keys)
         return self.host.hold(keys)
 
     def complete_load(self, keys: Sequence[ChunkKey]) -> None:
         """The engine finished copying out of the slots ``prepare_load`` pinned."""
+        self._record_transfer("host_to_accelerator", keys)
         self.host.release(keys)
 
     def touch(self, keys: Sequence[ChunkKey]) -> None:
-        """Recency for chunks the engine used (e.g. hits in its own accelerator cache)."""
+        """Recency for chunks the engine hit in its own accelerator cache (counted as such)."""
+        tokens = len(keys) * self.identity.layout.tokens_per_chunk
+        self.metrics.count("prompt_tokens", tokens, source="accelerator")
         self.host.touch(keys)
 
     # -- background progress -----------------------------------------------------------------
@@ -274,59 +218,55 @@ class TieringManager:
         self._services.append(service)
 
     def poll(self) -> int:
-        """Collect finished tier jobs and step the services; returns how many jobs finished."""
+        """Collect finished tier jobs, step the services, publish events; returns jobs seen."""
         for service in self._services:
             try:
                 service.step(self)
             except Exception as exc:
                 log.warning("service %r failed: %s", service, exc)
-                self._counters["service_errors"] += 1
-        collected = 0
-        for index, tier in enumerate(self.tiers):
-            try:
-                results = tier.get_finished_jobs()
-            except Exception as exc:
-                log.warning("tier %s failed to report jobs: %s", tier.name, exc)
-                self._counters[f"tier.{tier.name}.poll_errors"] += 1
-                continue
-            for result in results:
-                self._on_result(index, result)
-            collected += len(results)
+                self.metrics.count("internal_errors", kind="service")
+        collected = sum(self._poll_tier(index) for index in range(len(self.tiers)))
+        if self._publisher is not None:
+            events = self._events.take_outbox()
+            self._publisher.publish(events, self.identity.layout.tokens_per_chunk)
         return collected
 
+    def _poll_tier(self, index: int) -> int:
+        tier = self.tiers[index]
+        try:
+            results = tier.get_finished_jobs()
+            removed = tier.take_removed()
+        except Exception as exc:
+            log.warning("tier %s failed to report: %s", tier.name, exc)
+            self.metrics.count("tier_errors", tier=tier.name, where="poll")
+            return 0
+        for result in results:
+            self._on_result(index, result)
+        self._events.add(EventKind.REMOVED, removed, tier.name, None)
+        return len(results)
+
     def _on_result(self, index: int, result: JobResult) -> None:
-        pending = self._pending.pop(result.job_id, None)
-        if pending is None or pending.tier != index:
-            self._counters["unknown_job_results"] += 1
+        pending = self._jobs.finish(index, result.job_id)
+        if pending is None:
+            self.metrics.count("internal_errors", kind="unknown_job_result")
             return
         name = self.tiers[index].name
         ok = [k for k in pending.keys if k in result.succeeded]
-        bad = [k for k in pending.keys if k not in result.succeeded]
-        self._counters[f"tier.{name}.{pending.op}_chunks_ok"] += len(ok)
-        self._counters[f"tier.{name}.{pending.op}_chunks_failed"] += len(bad)
+        seconds = time.monotonic() - pending.started
+        failed = len(pending.keys) - len(ok)
+        self.metrics.job(name, pending.op, len(ok), failed, len(ok) * self.chunk_bytes, seconds)
         if pending.op == "store":
             self.host.release(pending.keys)
             self._events.add(EventKind.WRITTEN, ok, "host", name)
         else:
-            self._finish_promotion(index, ok, bad)
-
-    def _finish_promotion(self, index: int, ok: list[ChunkKey], bad: list[ChunkKey]) -> None:
-        for key in (*ok, *bad):
-            del self._promoting[key]
-        self.host.complete_write(ok, success=True)
-        self.host.complete_write(bad, success=False)
-        self._events.add(EventKind.PROMOTED, ok, self.tiers[index].name, "host")
-        for key in bad:
-            self._failed[(index, key)] = None
-        while len(self._failed) > MAX_REMEMBERED_FAILURES:
-            self._failed.popitem(last=False)
+            self._promoter.finish(index, pending, result)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Poll until no job is pending; ``False`` if ``timeout`` seconds passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self.poll()
-            if not self._pending:
+            if not self._jobs:
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
@@ -334,10 +274,10 @@ class TieringManager:
 
     @property
     def num_pending_jobs(self) -> int:
-        return len(self._pending)
+        return len(self._jobs)
 
     # -- helpers -----------------------------------------------------------------------------
-    def _allocate(self, keys: list[ChunkKey], protect: list[ChunkKey]) -> list[int] | None:
+    def _allocate(self, keys: list[ChunkKey], protect: Sequence[ChunkKey]) -> list[int] | None:
         """Slots for ``keys`` (state WRITING), never evicting ``protect``; ``None`` if full."""
         if not keys:
             return []
@@ -349,21 +289,29 @@ class TieringManager:
         if allocation is None:
             return None
         slots, evicted = allocation
-        self._counters["evicted_chunks"] += len(evicted)
+        self.metrics.count("evicted_chunks", len(evicted))
         self._events.add(EventKind.EVICTED, evicted, "host", None)
+        for key in evicted:
+            self._promoter.evicted.remember(key, "")
         return slots
 
-    def _new_job(self, op: str, index: int, keys: list[ChunkKey], slots: list[int]) -> TransferJob:
-        job = TransferJob(next(self._job_ids), tuple(keys), tuple(slots))
-        self._pending[job.job_id] = _Pending(op, index, job.keys)
-        return job
+    def _mark_started(self, keys: Sequence[ChunkKey]) -> None:
+        now = time.monotonic()
+        for key in keys:
+            self._started[key] = now
+
+    def _record_transfer(self, direction: str, keys: Sequence[ChunkKey]) -> None:
+        starts = [t for t in (self._started.pop(k, None) for k in keys) if t is not None]
+        if starts:
+            seconds = time.monotonic() - min(starts)
+            self.metrics.transfer(direction, len(starts) * self.chunk_bytes, seconds)
 
     def take_events(self) -> list[KVEvent]:
         """Events since the last call, oldest first."""
         return self._events.take()
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot of counters: host occupancy, per-tier job outcomes, failures by reason."""
+        """A snapshot: host occupancy, every counter (``name{labels}``), and each tier's stats."""
         return {
             "host": {
                 "num_slots": self.host.num_slots,
@@ -372,10 +320,38 @@ class TieringManager:
                 "held_slots": self.host.num_held,
                 "slot_bytes": self.region.slot_bytes,
             },
-            "counters": dict(self._counters),
-            "pending_jobs": len(self._pending),
+            "counters": self.metrics.flat(),
+            "pending_jobs": len(self._jobs),
             "events_dropped": self._events.dropped,
             "tiers": {tier.name: tier.stats() for tier in self.tiers},
+        }
+
+    def prometheus_registry(self) -> Any:
+        """A new ``CollectorRegistry`` exporting this manager's metrics (prometheus-client)."""
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=False)
+        gauges = {
+            "kvtier_host_slots": ("Host slots by state", self._slot_gauges),
+            "kvtier_host_fill_ratio": ("Share of host slots holding a chunk", self._fill_gauge),
+            "kvtier_tier_stat": ("Each tier's own stats() values", self._tier_stat_gauges),
+        }
+        registry.register(TelemetryCollector(self.metrics.telemetry, gauges))
+        return registry
+
+    def _slot_gauges(self) -> dict[Labels, float]:
+        held, used = self.host.num_held, len(self.host)
+        states = {"free": self.host.num_free, "held": held, "evictable": used - held}
+        return {(("state", state),): value for state, value in states.items()}
+
+    def _fill_gauge(self) -> dict[Labels, float]:
+        return {(): len(self.host) / self.host.num_slots}
+
+    def _tier_stat_gauges(self) -> dict[Labels, float]:
+        return {
+            (("stat", stat), ("tier", tier.name)): float(value)
+            for tier in self.tiers
+            for stat, value in tier.stats().items()
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -384,16 +360,15 @@ class TieringManager:
         if self._closed:
             return
         self._closed = True
-        if not self.wait_idle(timeout):
-            log.warning("closing with %d tier jobs still pending", len(self._pending))
-        closables: list[ManagerService | SecondaryTier] = [*self._services, *self.tiers]
-        for closable in closables:
+        if self.tiers and not self.wait_idle(timeout):
+            log.warning("closing with %d tier jobs still pending", len(self._jobs))
+        closables: list[Any] = [*self._services, *self.tiers, self._publisher, self._exporter]
+        for closable in filter(None, closables):
             try:
                 closable.close()
             except Exception as exc:
                 log.warning("%r failed to close: %s", closable, exc)
         self._services.clear()
-        self.poll()
 
     def __enter__(self) -> TieringManager:
         return self
@@ -407,19 +382,10 @@ class TieringManager:
         self.close()
 
 
-def _by_tier(wanted: list[tuple[int, ChunkKey]]) -> dict[int, list[ChunkKey]]:
-    groups: dict[int, list[ChunkKey]] = {}
-    for index, key in wanted:
-        groups.setdefault(index, []).append(key)
-    return groups
-
-
-def _failed_result(job: TransferJob, op: str, exc: BaseException) -> JobResult:
-    return JobResult(job.job_id, op, frozenset(), frozenset(job.keys), str(exc))  # type: ignore[arg-type]
-
-
 def _make_names_unique(tiers: list[SecondaryTier]) -> None:
-    seen: Counter[str] = Counter(t.name for t in tiers)
+    seen: dict[str, int] = {}
+    for tier in tiers:
+        seen[tier.name] = seen.get(tier.name, 0) + 1
     for index, tier in enumerate(tiers):
         if seen[tier.name] > 1:
             tier.name = f"{tier.name}#{index}"

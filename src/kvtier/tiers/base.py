@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvtier.keys import ChunkKey
+from kvtier.metrics import Telemetry, TierMetrics
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,25 @@ class SecondaryTier(ABC):
     #: Name used in stats, metrics and events; the manager makes it unique per instance.
     name: str = "tier"
     available: bool = True
+    _metrics: TierMetrics | None = None
+
+    @property
+    def metrics(self) -> TierMetrics:
+        """Handle to register and update this tier's own metrics (``kvtier_tier_<name>``)."""
+        if self._metrics is None:
+            self._metrics = TierMetrics(Telemetry(), self.name)
+        return self._metrics
+
+    def bind_metrics(self, metrics: TierMetrics) -> None:
+        """Called by the manager, before any job, with the handle its exporter reads."""
+        self._metrics = metrics
+
+    def take_removed(self) -> list[ChunkKey]:
+        """Keys this tier deleted since the last call (capacity eviction, failed verification).
+
+        The manager reports them as KV events; a tier that never deletes keeps the default.
+        """
+        return []
 
     @abstractmethod
     def lookup(self, key: ChunkKey) -> Lookup: ...

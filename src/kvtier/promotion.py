@@ -1,0 +1,233 @@
+"""Promotion: bringing chunks back from secondary tiers into host slots, and why it failed.
+
+``Promoter.lookup_beyond`` continues a lookup past the chunks ready in host: it walks the keys in
+prefix order, asks the tiers in configured order for each, and tells the first holder to promote
+the chunk into a reserved host slot (one job per tier, however many keys). The answer is
+``RETRY`` until the promotions land. A chunk whose promotion failed is never asked of the same
+tier again until it is stored anew (no livelock). When the walk stops at a chunk held nowhere,
+the chunks from there on are recomputed and counted under one reason (``MISS_REASONS``).
+
+Thread safety: none; it belongs to the manager's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import count
+
+from kvtier.events import EventKind, EventLog
+from kvtier.host import WRITING, HostTier
+from kvtier.keys import ChunkKey
+from kvtier.metrics import ManagerMetrics
+from kvtier.tiers.base import HIT, MISS, RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob
+
+log = logging.getLogger(__name__)
+
+#: How many promotion failures and evictions are remembered (for no-livelock and miss reasons).
+MEMORY = 1 << 16
+
+Allocate = Callable[[list[ChunkKey], Sequence[ChunkKey]], "list[int] | None"]
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    op: Op
+    tier: int
+    keys: tuple[ChunkKey, ...]
+    started: float = field(default_factory=time.monotonic)
+
+
+class JobBook:
+    """Jobs handed to tiers and not yet reported back."""
+
+    def __init__(self) -> None:
+        self._ids = count()
+        self._pending: dict[int, PendingJob] = {}
+
+    def new(self, op: Op, tier: int, keys: list[ChunkKey], slots: list[int]) -> TransferJob:
+        job = TransferJob(next(self._ids), tuple(keys), tuple(slots))
+        self._pending[job.job_id] = PendingJob(op, tier, job.keys)
+        return job
+
+    def finish(self, tier: int, job_id: int) -> PendingJob | None:
+        """The pending job ``job_id`` of ``tier``, removed; ``None`` if there is no such job."""
+        pending = self._pending.get(job_id)
+        if pending is None or pending.tier != tier:
+            return None
+        return self._pending.pop(job_id)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+
+def failed_result(job: TransferJob, op: Op, exc: BaseException) -> JobResult:
+    return JobResult(job.job_id, op, frozenset(), frozenset(job.keys), str(exc))
+
+
+class Bounded(OrderedDict[tuple[int, ChunkKey] | ChunkKey, str]):
+    """An insertion-ordered map that forgets its oldest entries beyond ``MEMORY``."""
+
+    def remember(self, key: tuple[int, ChunkKey] | ChunkKey, value: str) -> None:
+        self[key] = value
+        while len(self) > MEMORY:
+            self.popitem(last=False)
+
+
+@dataclass
+class Walk:
+    """What a walk past the ready prefix found."""
+
+    waiting: bool = False
+    wanted: list[tuple[int, ChunkKey]] = field(default_factory=list)
+    stop_reason: str | None = None
+
+
+class Promoter:
+    """Promotions from secondary tiers into host memory, for one manager."""
+
+    def __init__(
+        self,
+        host: HostTier,
+        tiers: list[SecondaryTier],
+        jobs: JobBook,
+        metrics: ManagerMetrics,
+        events: EventLog,
+        allocate: Allocate,
+    ) -> None:
+        self.host, self.tiers, self.jobs = host, tiers, jobs
+        self.metrics, self.events, self.allocate = metrics, events, allocate
+        self.promoting: dict[ChunkKey, int] = {}
+        self.promoted_from = Bounded()  # key -> tier name, until the chunk is loaded
+        self.failed = Bounded()  # (tier, key) -> "integrity" | "io"
+        self.evicted = Bounded()  # key -> ""
+
+    def lookup_beyond(self, keys: Sequence[ChunkKey], ready: int) -> int | Lookup:
+        """Continue a lookup whose first ``ready`` keys are ready in host."""
+        walk = self._walk(keys[ready:])
+        protect = keys[:ready]
+        self.host.hold(protect)
+        try:
+            room = self.host.num_allocatable
+            started = [self._promote(i, ks) for i, ks in _by_tier(walk.wanted[:room]).items()]
+        finally:
+            self.host.release(protect)
+        if walk.waiting or any(started):
+            return RETRY
+        reason = "host_full" if walk.wanted else walk.stop_reason
+        if walk.wanted:
+            self.metrics.count("lookup_host_full")
+        if reason is not None:
+            self.metrics.count("recomputed_chunks", len(keys) - ready, reason=reason)
+        return ready
+
+    def _walk(self, keys: Sequence[ChunkKey]) -> Walk:
+        """Walk keys past the ready prefix until one is held nowhere."""
+        walk = Walk()
+        for key in keys:
+            state = self.host.state_of(key)
+            if state is not None:
+                if state == WRITING and key not in self.promoting:
+                    walk.stop_reason = "store_in_flight"
+                    return walk
+                walk.waiting = walk.waiting or state == WRITING
+                continue
+            holder, unavailable = self._find_holder(key)
+            if holder is MISS:
+                walk.stop_reason = self._miss_reason(key, unavailable)
+                return walk
+            if isinstance(holder, int):
+                walk.wanted.append((holder, key))
+            else:
+                walk.waiting = True
+        return walk
+
+    def _find_holder(self, key: ChunkKey) -> tuple[int | Lookup, bool]:
+        """The first tier that holds ``key`` (or RETRY, or MISS), and whether a tier was down."""
+        maybe = unavailable = False
+        for index, tier in enumerate(self.tiers):
+            if (index, key) in self.failed:
+                continue
+            answer = self._ask(tier, key)
+            unavailable = unavailable or answer is None or not tier.available
+            if answer is HIT:
+                return index, unavailable
+            maybe = maybe or answer is RETRY
+        return (RETRY if maybe else MISS), unavailable
+
+    def _ask(self, tier: SecondaryTier, key: ChunkKey) -> Lookup | None:
+        try:
+            answer = tier.lookup(key)
+        except Exception as exc:
+            log.warning("tier %s lookup failed: %s", tier.name, exc)
+            self.metrics.count("tier_errors", tier=tier.name, where="lookup")
+            self.metrics.count("tier_lookups", tier=tier.name, result="error")
+            return None
+        self.metrics.count("tier_lookups", tier=tier.name, result=answer.value)
+        return answer
+
+    def _miss_reason(self, key: ChunkKey, unavailable: bool) -> str:
+        failures = {self.failed.get((i, key)) for i in range(len(self.tiers))}
+        if "integrity" in failures:
+            return "integrity_failure"
+        if "io" in failures:
+            return "promotion_failed"
+        if unavailable:
+            return "tier_unavailable"
+        return "evicted" if key in self.evicted else "never_stored"
+
+    def _promote(self, index: int, keys: list[ChunkKey]) -> bool:
+        slots = self.allocate(keys, ())
+        if slots is None:
+            return False
+        job = self.jobs.new("load", index, keys, slots)
+        for key in keys:
+            self.promoting[key] = index
+        try:
+            self.tiers[index].submit_load(job)
+        except Exception as exc:
+            log.warning("tier %s refused a load: %s", self.tiers[index].name, exc)
+            self.metrics.count("tier_errors", tier=self.tiers[index].name, where="submit")
+            pending = self.jobs.finish(index, job.job_id)
+            assert pending is not None
+            self.finish(index, pending, failed_result(job, "load", exc))
+            return False
+        return True
+
+    def finish(self, index: int, pending: PendingJob, result: JobResult) -> None:
+        """A promotion job reported: the keys that arrived become ready, the others are freed."""
+        ok = [k for k in pending.keys if k in result.succeeded]
+        bad = [k for k in pending.keys if k not in result.succeeded]
+        for key in pending.keys:
+            del self.promoting[key]
+        self.host.complete_write(ok, success=True)
+        self.host.complete_write(bad, success=False)
+        name = self.tiers[index].name
+        self.events.add(EventKind.PROMOTED, ok, name, "host")
+        for key in ok:
+            self.promoted_from.remember(key, name)
+        for key in bad:
+            reason = "integrity" if key in result.integrity_failed else "io"
+            self.failed.remember((index, key), reason)
+        if result.integrity_failed:
+            self.metrics.count("tier_integrity_failures", len(result.integrity_failed), tier=name)
+
+    def forget_failures(self, keys: list[ChunkKey]) -> None:
+        """Keys stored anew: every tier may be asked for them again."""
+        for key in keys:
+            for index in range(len(self.tiers)):
+                self.failed.pop((index, key), None)
+
+    def source_of(self, key: ChunkKey) -> str:
+        """Where a chunk being loaded came from: ``host``, or the tier it was promoted from."""
+        return self.promoted_from.pop(key, "host") if self.promoted_from else "host"
+
+
+def _by_tier(wanted: list[tuple[int, ChunkKey]]) -> dict[int, list[ChunkKey]]:
+    groups: dict[int, list[ChunkKey]] = {}
+    for index, key in wanted:
+        groups.setdefault(index, []).append(key)
+    return groups
