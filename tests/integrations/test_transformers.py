@@ -68,7 +68,7 @@ def test_prefix_from_a_secondary_tier(
     model: Any, identity: CacheIdentity, make_manager: Any, tier: str, tmp_path: Path
 ) -> None:
     """Host evicted the prefix; it comes back from the tier (promoted into host) intact."""
-    m = make_manager(host_slots=6, tiers=[tier_config(tier, tmp_path)])
+    m = make_manager(host_slots=5, tiers=[tier_config(tier, tmp_path)])
     tiered = TieredModel(model, identity, m)
     first = prompt(44, seed=3)  # 5 chunks with the generated tokens
     serve(tiered, first)
@@ -117,7 +117,7 @@ def test_a_failing_tier_means_recompute(
     model: Any, identity: CacheIdentity, make_manager: Any, tmp_path: Path
 ) -> None:
     """A tier whose loads fail costs a recompute, never wrong KV, and never hangs."""
-    m = make_manager(host_slots=6, tiers=[tier_config("failing", tmp_path)])
+    m = make_manager(host_slots=5, tiers=[tier_config("failing", tmp_path)])
     tiered = TieredModel(model, identity, m, retry_timeout_s=2.0)
     first = prompt(44, seed=13)
     serve(tiered, first)
@@ -172,3 +172,13 @@ def test_a_manager_of_another_identity_is_refused(model: Any, make_manager: Any)
     other = identity_for(build_model("llama", seed=5), layout_for(model, BLOCK_SIZE, 2))
     with pytest.raises(ConfigError):
         TieredModel(model, other, make_manager(host_slots=4))
+
+
+def test_device_cache_evicts_a_tail_before_its_prefix(identity: CacheIdentity) -> None:
+    """Capacity 3, a 4-chunk sequence: its last chunk goes, so its 3-chunk prefix still hits."""
+    keys = chunk_keys(prompt(32, seed=19), identity)
+    device = DeviceChunkCache(capacity=3)
+    device.put(keys, [torch.full((1,), float(i)) for i in range(4)])
+    assert device.match(keys) == 3 and device.num_evicted == 1
+    assert [float(c) for c in device.get(keys[:3])] == [0.0, 1.0, 2.0]
+    assert DeviceChunkCache(capacity=0).match(keys) == 0

@@ -107,14 +107,20 @@ class DeviceChunkCache:
 
     def get(self, keys: Sequence[ChunkKey]) -> list[torch.Tensor]:
         """The chunks of ``keys`` (all cached), marked most recently used."""
-        for key in keys:
-            self._chunks.move_to_end(key)
+        self.touch(keys)
         return [self._chunks[key] for key in keys]
 
+    def touch(self, keys: Sequence[ChunkKey]) -> None:
+        """Mark the cached ``keys`` used, the first most recently: a prefix outlives its tail."""
+        for key in reversed(keys):
+            if key in self._chunks:
+                self._chunks.move_to_end(key)
+
     def put(self, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor]) -> None:
+        """Cache ``chunks`` under ``keys``, evicting the least recently used beyond capacity."""
         if self.capacity == 0:
             return
-        for key, chunk in zip(keys, chunks, strict=True):
+        for key, chunk in zip(reversed(keys), reversed(chunks), strict=True):
             self._chunks[key] = chunk
             self._chunks.move_to_end(key)
         while self.capacity is not None and len(self._chunks) > self.capacity:
@@ -148,6 +154,7 @@ class TieredModel:
     """A causal LM whose prompt prefixes come from a device cache and kvtier when they can.
 
     ``manager`` (optional) must share ``identity``; without it only the device cache serves.
+    ``salt`` seeds every key chain (``chunk_keys``): requests under another salt share nothing.
     """
 
     def __init__(
@@ -158,13 +165,14 @@ class TieredModel:
         *,
         device_cache: DeviceChunkCache | None = None,
         retry_timeout_s: float = 5.0,
+        salt: str | None = None,
     ) -> None:
         if manager is not None and manager.identity.digest != identity.digest:
             raise ConfigError("identity: the manager was built for another cache identity")
         self.model, self.identity, self.manager = model, identity, manager
         self.layout = identity.layout
         self.device_cache = DeviceChunkCache(0) if device_cache is None else device_cache
-        self.retry_timeout_s = retry_timeout_s
+        self.retry_timeout_s, self.salt = retry_timeout_s, salt
         self.transfer = None if manager is None else TransferEngine(
             self.layout, manager.region, model.device
         )  # fmt: skip
@@ -177,7 +185,7 @@ class TieredModel:
         started = time.perf_counter()
         self._finish_stores()
         prompt = [int(t) for t in token_ids]
-        keys = chunk_keys(prompt, self.identity)
+        keys = chunk_keys(prompt, self.identity, self.salt)
         restored = self._restore(keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk])
         cached = len(restored.chunks) * self.layout.tokens_per_chunk
         cache = self._cache_from(restored.chunks)
@@ -260,13 +268,23 @@ class TieredModel:
 
     # -- store -------------------------------------------------------------------------------
     def _store(self, tokens: list[int], cache: Any, first_chunk: int) -> None:
-        """Put chunks ``first_chunk ..`` of the tokens whose KV ``cache`` holds everywhere."""
-        keys = chunk_keys(tokens, self.identity)[first_chunk:]
-        if not keys:
-            return
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
-        chunks = pack_chunks(kv, self.layout, first_chunk, len(keys))
-        self.device_cache.put(keys, list(chunks.unbind(0)))
+        """Put chunks ``first_chunk ..`` of the tokens whose KV ``cache`` holds everywhere.
+
+        Afterwards every chunk of the sequence is marked used, its first chunk most recently,
+        so that caches under pressure evict a conversation's tail before its prefix.
+        """
+        all_keys = chunk_keys(tokens, self.identity, self.salt)
+        keys = all_keys[first_chunk:]
+        if keys:
+            kv = [(layer.keys, layer.values) for layer in cache.layers]
+            chunks = pack_chunks(kv, self.layout, first_chunk, len(keys))
+            self.device_cache.put(keys, list(chunks.unbind(0)))
+            self._store_in_host(keys, chunks)
+        self.device_cache.touch(all_keys)
+        if self.manager is not None:
+            self.manager.touch(all_keys[::-1])
+
+    def _store_in_host(self, keys: list[ChunkKey], chunks: torch.Tensor) -> None:
         if self.manager is None or self.transfer is None:
             return
         plan = self.manager.prepare_store(keys)
