@@ -94,10 +94,38 @@ def _add_config_commands(commands: Any) -> None:
     check.set_defaults(handler=_config_check)
 
 
+def _events(args: argparse.Namespace) -> int:
+    from kvtier.events import EventSubscriber, describe_wire
+
+    expected, subscriber = None, EventSubscriber(args.connect, args.topic)
+    try:
+        for seq, _, events in subscriber.batches(args.timeout):
+            if expected is not None and seq != expected:
+                print(f"! missed batches {expected}..{seq - 1}", flush=True)
+            expected = seq + 1
+            for event in events:
+                print(describe_wire(event), flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        subscriber.close()
+    return 0
+
+
+def _add_events_command(commands: Any) -> None:
+    events = commands.add_parser("events", help="print KV events as they arrive")
+    events.add_argument("--connect", required=True, help="publisher endpoint, tcp://host:port")
+    events.add_argument("--topic", default="", help="topic prefix to subscribe to")
+    events.add_argument("--timeout", type=float, default=None,
+                        help="stop after this many seconds without an event")  # fmt: skip
+    events.set_defaults(handler=_events)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvtier", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_config_commands(commands)
+    _add_events_command(commands)
     return parser
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +146,49 @@ class EventPublisher:
         except self._zmq.Again:
             self.dropped_batches += 1
         self._batch_seq += 1
+
+    def close(self) -> None:
+        self._socket.close()
+        self._context.term()
+
+
+def decode_batch(payload: bytes) -> tuple[float, list[list[Any]]]:
+    """Inverse of ``encode_batch``: ``(ts, [wire event, ...])``."""
+    import msgpack
+
+    ts, events = msgpack.unpackb(payload, raw=False)
+    return float(ts), list(events)
+
+
+def describe_wire(event: list[Any]) -> str:
+    """One line for a wire event, e.g. ``#12 written host -> FS key=ab12cd34ef56``."""
+    tag, hashes = event[0], event[1]
+    extra = event[-1] if isinstance(event[-1], dict) else {}
+    where = event[2] if tag == "BlockRemoved" else event[6]
+    key = hashes[0].hex()[:16] if hashes and isinstance(hashes[0], bytes) else str(hashes)
+    route = f"{extra.get('source')} -> {extra.get('destination') or 'gone'}"
+    return f"#{extra.get('seq', '?')} {extra.get('kind', tag):<9} {route:<22} {where:<6} key={key}"
+
+
+class EventSubscriber:
+    """A ZeroMQ SUB socket connected to a publisher at once (so no event after it is missed)."""
+
+    def __init__(self, endpoint: str, topic: str = "") -> None:
+        import zmq
+
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt_string(zmq.SUBSCRIBE, topic)
+        self._socket.connect(endpoint)
+
+    def batches(self, timeout_s: float | None = None) -> Iterator[tuple[int, float, list[Any]]]:
+        """Yield ``(batch_seq, ts, [wire event, ...])``; stop after ``timeout_s`` of silence."""
+        wait_ms = None if timeout_s is None else int(timeout_s * 1000)
+        while self._socket.poll(wait_ms):
+            _, seq, payload = self._socket.recv_multipart()
+            ts, events = decode_batch(payload)
+            yield int.from_bytes(seq, "big"), ts, events
 
     def close(self) -> None:
         self._socket.close()

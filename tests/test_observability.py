@@ -1,0 +1,264 @@
+"""Metrics scraped over HTTP and KV events over ZeroMQ, checked against what a workload did."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import msgspec
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvtier import RETRY, TieringConfig, TieringManager
+from kvtier.events import EventKind, EventSubscriber
+from tests.conftest import fill, make_keys
+
+SLOTS = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_manager(identity, tmp_path: Path, tiers: list, **extra) -> TieringManager:
+    stride = -(-identity.layout.chunk_bytes // 4096) * 4096
+    config = TieringConfig.from_dict(
+        {"cpu_bytes_to_use": SLOTS * stride, "secondary_tiers": tiers, **extra}
+    )
+    return TieringManager(config, identity)
+
+
+def store(m, keys):
+    plan = m.prepare_store(keys)
+    for key, slot in zip(plan.keys, plan.slots):
+        fill(m.region, slot, key)
+    m.complete_store(plan.keys)
+    assert m.wait_idle(10)
+
+
+def settle(m, keys):
+    deadline = time.monotonic() + 10
+    while (n := m.lookup(keys)) is RETRY:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    return n
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_metrics_over_http_match_the_workload(identity, tmp_path):
+    port = free_port()
+    tiers = [
+        {"type": "fs", "root_dir": str(tmp_path / "fs"), "n_read_threads": 2, "n_write_threads": 2},
+        {"type": "fault", "inner": {"type": "memory"}, "fail_store": True, "name": "flaky"},
+    ]
+    chunk = identity.layout.chunk_bytes
+    tokens = identity.layout.tokens_per_chunk
+    with make_manager(identity, tmp_path, tiers, metrics_port=port) as m:
+        prefix = make_keys(identity, 3, seed=1)
+        store(m, prefix)
+        store(m, make_keys(identity, SLOTS, seed=2))  # pushes the prefix out of host
+        assert settle(m, prefix) == 3
+        m.prepare_load(prefix)
+        m.complete_load(prefix)
+        unknown = make_keys(identity, 2, seed=3)
+        assert settle(m, unknown) == 0
+        m.touch(make_keys(identity, 1, seed=4))
+        got = scrape(port)
+
+    def value(name, **labels):
+        return got.get((name, tuple(sorted(labels.items()))), 0)
+
+    stored = 3 + SLOTS
+    assert value("kvtier_stored_chunks_total") == stored
+    assert value("kvtier_tier_chunks_total", tier="fs", op="store", outcome="ok") == stored
+    assert value("kvtier_tier_bytes_total", tier="fs", op="store") == stored * chunk
+    assert value("kvtier_tier_chunks_total", tier="flaky", op="store", outcome="failed") == stored
+    assert value("kvtier_tier_job_failures_total", tier="flaky", op="store") == 2
+    assert value("kvtier_tier_chunks_total", tier="fs", op="load", outcome="ok") == 3
+    assert value("kvtier_tier_job_seconds_count", tier="fs", op="load") == 1
+    assert value("kvtier_tier_bytes_total", tier="fs", op="load") == 3 * chunk
+    assert value("kvtier_evicted_chunks_total") == 3 + 3  # the prefix, then room for promotions
+    assert value("kvtier_prompt_tokens_total", source="fs") == 3 * tokens
+    assert value("kvtier_prompt_tokens_total", source="accelerator") == tokens
+    assert value("kvtier_prompt_tokens_total", source="recomputed") == 2 * tokens
+    assert value("kvtier_recomputed_chunks_total", reason="never_stored") == 2
+    assert value("kvtier_transfer_bytes_total", direction="accelerator_to_host") == stored * chunk
+    assert value("kvtier_transfer_bytes_total", direction="host_to_accelerator") == 3 * chunk
+    assert value("kvtier_host_fill_ratio") == 1.0
+    assert value("kvtier_host_slots", state="free") == 0
+    assert value("kvtier_tier_lookups_total", tier="fs", result="hit") >= 3
+
+
+def reason_counts(m) -> dict[str, float]:
+    prefix = "kvtier_recomputed_chunks_total{reason="
+    return {k[len(prefix) : -1]: v for k, v in m.stats()["counters"].items() if k.startswith(prefix)}
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ({"fail_store": True}, "evicted"),
+        ({"raise_in_lookup": True}, "tier_unavailable"),
+        ({"fail_load": True}, "promotion_failed"),
+    ],
+)
+def test_each_recomputed_chunk_has_one_reason(identity, tmp_path, fault, reason):
+    tiers = [{"type": "fault", "inner": {"type": "memory"}, **fault}]
+    with make_manager(identity, tmp_path, tiers) as m:
+        keys = make_keys(identity, 2)
+        store(m, keys)
+        store(m, make_keys(identity, SLOTS, seed=9))
+        assert settle(m, keys) == 0
+        assert reason_counts(m) == {reason: 2}
+
+
+def test_integrity_failure_is_its_own_reason(identity, tmp_path):
+    root = tmp_path / "fs"
+    with make_manager(identity, tmp_path, [{"type": "fs", "root_dir": str(root)}]) as m:
+        keys = make_keys(identity, 1)
+        store(m, keys)
+        store(m, make_keys(identity, SLOTS, seed=9))
+        (path,) = [p for p in root.rglob(keys[0].hex())]
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+        assert settle(m, keys) == 0
+        assert reason_counts(m) == {"integrity_failure": 1}
+        assert m.metrics.telemetry.get("kvtier_tier_integrity_failures_total", tier="fs") == 1
+
+
+def test_host_full_and_store_in_flight_reasons(identity, tmp_path):
+    with make_manager(identity, tmp_path, [{"type": "memory"}]) as m:
+        keys = make_keys(identity, 1)
+        store(m, keys)
+        pinned = make_keys(identity, SLOTS, seed=9)
+        store(m, pinned)
+        m.prepare_load(pinned)
+        assert settle(m, keys) == 0
+        m.complete_load(pinned)
+        writing = make_keys(identity, 1, seed=10)
+        m.prepare_store(writing)
+        assert m.lookup(writing) == 0
+        assert reason_counts(m) == {"host_full": 1, "store_in_flight": 1}
+
+
+class BlockStored(msgspec.Struct, array_like=True, tag=True):
+    """The shape vLLM consumers decode (vllm.distributed.kv_events), written from its docs."""
+
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+class BlockRemoved(msgspec.Struct, array_like=True, tag=True):
+    block_hashes: list[bytes]
+    medium: str | None
+
+
+class KVEventBatch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[BlockStored | BlockRemoved]
+
+
+def test_events_on_the_socket_match_the_chunk_movements(identity, tmp_path):
+    port = free_port()
+    events_config = {"endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}
+    tiers = [{"type": "memory", "name": "ram"}]
+    with make_manager(identity, tmp_path, tiers, kv_events=events_config) as m:
+        subscriber = EventSubscriber(f"tcp://127.0.0.1:{port}", "kv")
+        time.sleep(0.5)  # let the subscription reach the publisher (ZeroMQ slow joiner)
+        keys = make_keys(identity, 2)
+        store(m, keys)
+        store(m, make_keys(identity, SLOTS, seed=5))
+        settle(m, keys)
+        m.poll()
+        local = m.take_events()
+        received = list(stream_until(subscriber.batches(timeout_s=5.0), len(local)))
+        subscriber.close()
+    batches = [seq for seq, _, _ in received]
+    assert batches == list(range(len(batches)))
+    wire = [e for _, _, events in received for e in events]
+    assert [e[-1]["seq"] for e in wire] == list(range(len(local)))
+    assert [(e[-1]["kind"], e[-1]["source"], e[-1]["destination"]) for e in wire] == [
+        (e.kind.value, e.source, e.destination) for e in local
+    ]
+    assert {e.kind for e in local} == {
+        EventKind.STORED, EventKind.WRITTEN, EventKind.EVICTED, EventKind.PROMOTED
+    }
+    mediums = {(e[0], e[2] if e[0] == "BlockRemoved" else e[6]) for e in wire}
+    assert mediums == {("BlockStored", "CPU"), ("BlockStored", "RAM"), ("BlockRemoved", "CPU")}
+
+
+def stream_until(stream, count):
+    seen = 0
+    for item in stream:
+        yield item
+        seen += len(item[2])
+        if seen >= count:
+            return
+
+
+def test_wire_format_decodes_with_vllm_structs(identity, tmp_path):
+    from kvtier.events import encode_batch
+
+    with make_manager(identity, tmp_path, [{"type": "memory"}]) as m:
+        keys = make_keys(identity, 1)
+        store(m, keys)
+        store(m, make_keys(identity, SLOTS, seed=5))
+        local = m.take_events()
+    batch = msgspec.msgpack.decode(encode_batch(local, 8, 1.5), type=KVEventBatch)
+    assert batch.ts == 1.5 and len(batch.events) == len(local)
+    first = batch.events[0]
+    assert isinstance(first, BlockStored) and first.block_hashes == [bytes(keys[0])]
+    assert first.medium == "CPU" and first.block_size == 8
+    removed = [e for e in batch.events if isinstance(e, BlockRemoved)]
+    assert [e.block_hashes[0] for e in removed] == [bytes(keys[0])]
+
+
+def test_kvtier_events_prints_what_arrives(identity, tmp_path):
+    import subprocess
+    import sys
+
+    port = free_port()
+    events_config = {"endpoint": f"tcp://127.0.0.1:{port}"}
+    with make_manager(identity, tmp_path, [], kv_events=events_config) as m:
+        command = [sys.executable, "-m", "kvtier.cli", "events", "--connect",
+                   f"tcp://127.0.0.1:{port}", "--timeout", "3"]  # fmt: skip
+        printer = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # the subscriber process starts and connects
+        keys = make_keys(identity, 2)
+        store(m, keys)
+        m.poll()
+        out, _ = printer.communicate(timeout=30)
+    lines = out.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("#0 stored") and "accelerator -> host" in lines[0]
+    assert keys[1].hex()[:16] in lines[1] and "CPU" in lines[1]
+
+
+def test_grafana_dashboard_uses_only_exported_metrics():
+    import json
+    import re
+
+    from kvtier.metrics import MANAGER_FAMILIES
+
+    dashboard = Path(__file__).parent.parent / "docs" / "grafana" / "kvtier-dashboard.json"
+    exprs = [t["expr"] for p in json.loads(dashboard.read_text())["panels"] for t in p["targets"]]
+    used = {re.sub(r"_(bucket|sum|count)$", "", n) for e in exprs for n in re.findall(r"kvtier_\w+", e)}
+    exported = {name for name, _, _ in MANAGER_FAMILIES} | {"kvtier_host_slots", "kvtier_host_fill_ratio"}
+    assert used and used <= exported
