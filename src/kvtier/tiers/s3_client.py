@@ -66,7 +66,9 @@ class ObjectClient:
         result = self._call(obstore.get, self._store, name)
         if result is None:
             return None
-        size: int = self._call(_fill, result.stream(min_chunk_size=1 << 16), list(views))
+        # min_chunk_size=0: network buffers come through as received, not re-buffered, so the
+        # copy into the views is the only one.
+        size: int = self._call(_fill, result.stream(min_chunk_size=0), list(views))
         return size
 
     def exists(self, name: str) -> bool:
