@@ -262,3 +262,18 @@ def test_grafana_dashboard_uses_only_exported_metrics():
     used = {re.sub(r"_(bucket|sum|count)$", "", n) for e in exprs for n in re.findall(r"kvtier_\w+", e)}
     exported = {name for name, _, _ in MANAGER_FAMILIES} | {"kvtier_host_slots", "kvtier_host_fill_ratio"}
     assert used and used <= exported
+
+
+def test_a_tier_registers_its_own_metrics_and_they_are_exported(identity, tmp_path):
+    from prometheus_client import generate_latest
+
+    tiers = [{"module_path": "tests.plugins.outside_tier", "type": "MeteredTier", "name": "m1"}]
+    with make_manager(identity, tmp_path, tiers) as m:
+        store(m, make_keys(identity, 1))
+        store(m, make_keys(identity, SLOTS, seed=2))
+        settle(m, make_keys(identity, 1))
+        text = generate_latest(m.prometheus_registry()).decode()
+    assert 'kvtier_tier_probes_total{kind="lookup",tier="m1"} 1.0' in text
+    assert 'kvtier_tier_probe_seconds_bucket{le="0.005",tier="m1"} 1.0' in text
+    assert 'kvtier_tier_depth{tier="m1"} 7.0' in text
+    assert 'kvtier_tier_stat{stat="circuit_state",tier="m1"} 1.0' in text

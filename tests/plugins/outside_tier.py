@@ -44,3 +44,19 @@ class NotATier:
 class BrokenTier(MemoryTier):
     def __init__(self, options: Any, region: HostRegion, identity: CacheIdentity) -> None:
         raise RuntimeError("cannot start")
+
+
+class MeteredTier(MemoryTier):
+    """Registers metrics of its own through the handle the manager binds."""
+
+    def __init__(self, options: Any, region: HostRegion, identity: CacheIdentity) -> None:
+        super().__init__(MemoryTierConfig(), region, identity)
+
+    def lookup(self, key: Any) -> Any:
+        self.metrics.counter("probes", "Lookups this tier answered").inc(kind="lookup")
+        self.metrics.histogram("probe_seconds", "Probe time").observe(0.003)
+        self.metrics.gauge("depth", "Queue depth").set(7)
+        return super().lookup(key)
+
+    def stats(self) -> dict[str, int]:
+        return {"circuit_state": 1}
