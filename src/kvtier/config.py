@@ -109,8 +109,10 @@ class P2PTierConfig:
 
     @property
     def addresses(self) -> tuple[PeerAddress, ...]:
-        first = () if self.host is None or self.port is None else (PeerAddress(self.host, self.port),)
-        return first + tuple(p for p in self.peers if p not in first)
+        if self.host is None or self.port is None:
+            return self.peers
+        first = PeerAddress(self.host, self.port)
+        return (first, *(p for p in self.peers if p != first))
 
 
 @dataclass(frozen=True)

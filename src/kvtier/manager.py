@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtier.config import TieringConfig
 from kvtier.errors import ConfigError, KVTierError
@@ -34,6 +34,9 @@ from kvtier.promotion import JobBook, Promoter, failed_result
 from kvtier.region import ALIGNMENT, HostRegion, round_up
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier
 from kvtier.tiers.registry import build_tier
+
+if TYPE_CHECKING:
+    from kvtier.serve import PeerServer
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +110,7 @@ class TieringManager:
         self._started: dict[ChunkKey, float] = {}  # prepare_* time, for transfer throughput
         self._publisher: EventPublisher | None = None
         self._exporter: MetricsServer | None = None
+        self.peer_server: PeerServer | None = None
         self._closed = False
         self.tiers: list[SecondaryTier] = list(tiers) if tiers is not None else []
         try:
@@ -132,6 +136,11 @@ class TieringManager:
             self._exporter = MetricsServer(
                 registry, self.config.metrics_port, self.config.metrics_host
             )
+        if self.config.serve is not None:
+            from kvtier.serve import PeerServer  # lazy: pyzmq is needed only to serve
+
+            self.peer_server = PeerServer(self.config.serve, self.region, self.identity)
+            self.add_service(self.peer_server)
 
     # -- store -------------------------------------------------------------------------------
     def prepare_store(self, keys: Sequence[ChunkKey]) -> StorePlan | None:

@@ -1,0 +1,298 @@
+"""PeerServer: answers other instances' lookups, fetches and stores out of this host tier.
+
+A ``ManagerService`` (built by the manager when its config has ``serve``). Two threads share the
+work so that the host tier is only ever touched on the manager's thread:
+
+* the server thread owns the listener: it validates every message (``peer_protocol``), shakes
+  hands (protocol version and cache identity, else refused and logged), verifies stored chunks,
+  and puts work on the inbox; it encodes fetch replies and sends each payload frame straight
+  out of its host slot (zero-copy), watching the send receipt;
+* ``step`` (the manager's thread, at every ``poll``) answers lookups from ``host.is_ready``,
+  holds the slots of fetched chunks and hands their views to the server thread, reserves slots
+  for stored chunks, and releases holds once their bytes are sent.
+
+Only host-resident chunks are served; chunks in this instance's secondary tiers are not promoted
+for a peer. A hold lasts at most ``hold_timeout_s``: a client too slow to drain its replies then
+gets its slot released while bytes may still be queued; the header's checksum was taken while
+the slot was held, so the client's verification turns any overwritten bytes into a miss.
+
+Thread safety: the inbox and outbox are thread-safe queues; ``_counters`` has its own lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvtier.config import ServeConfig
+from kvtier.errors import IntegrityError
+from kvtier.identity import CacheIdentity
+from kvtier.keys import ChunkKey
+from kvtier.region import HostRegion
+from kvtier.tiers import codec
+from kvtier.tiers import peer_protocol as proto
+from kvtier.tiers.transport import Listener, SendReceipt, Transport, ZmqTransport, server_keys
+
+if TYPE_CHECKING:
+    from kvtier.manager import TieringManager
+
+log = logging.getLogger(__name__)
+
+MAX_CLIENTS = 4096  # handshaken connections remembered; the oldest are forgotten first
+MAX_MESSAGES_PER_TURN = 256
+
+
+@dataclass
+class _Sending:
+    """A fetch reply whose payload frames still point into held slots."""
+
+    receipt: SendReceipt
+    keys: list[ChunkKey]
+    deadline: float
+
+
+@dataclass
+class _Work:
+    """Inbox item for ``step``: a request to answer, or slots to complete or release."""
+
+    op: str  # "lookup" | "fetch" | "store" | "stored" | "release"
+    keys: list[ChunkKey]
+    peer: bytes = b""
+    req_id: int = 0
+    payloads: list[memoryview | None] = field(default_factory=list)
+
+
+class PeerServer:
+    """Serves ``region``'s host tier to peers; see the module docstring."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        region: HostRegion,
+        identity: CacheIdentity,
+        transport: Transport | None = None,
+    ) -> None:
+        self._config, self._region, self._digest = config, region, identity.digest
+        if transport is None:
+            curve = None
+            if config.curve_secret_key_file and config.curve_client_keys_dir:
+                curve = server_keys(config.curve_secret_key_file, config.curve_client_keys_dir)
+            transport = ZmqTransport(curve_server=curve)
+        self._transport = transport
+        max_frame = max(region.slot_bytes, codec.HEADER_BYTES, proto.MAX_META_BYTES)
+        try:
+            self._listener: Listener = transport.listen(config.host, config.port, max_frame)
+        except BaseException:
+            transport.close()
+            raise
+        self._inbox: queue.SimpleQueue[_Work] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._work_ready, self._stop = threading.Event(), threading.Event()
+        self._clients: OrderedDict[bytes, None] = OrderedDict()
+        self._sending: list[_Sending] = []
+        self._counters: Counter[str] = Counter()
+        self._counters_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="kvtier-peer-server", daemon=True)
+        self._thread.start()
+        log.info("peer server listening on %s:%d", config.host, config.port)
+
+    @property
+    def port(self) -> int:
+        return self._listener.port
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block until a request is waiting for ``step`` (or ``timeout``); for serve loops."""
+        ready = self._work_ready.wait(timeout)
+        self._work_ready.clear()
+        return ready
+
+    def stats(self) -> dict[str, int]:
+        with self._counters_lock:
+            return dict(self._counters)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._counters_lock:
+            self._counters[name] += n
+
+    # -- manager thread ----------------------------------------------------------------------
+    def step(self, manager: TieringManager) -> None:
+        """Answer queued requests and apply finished sends; never blocks."""
+        while True:
+            try:
+                work = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            handler = getattr(self, f"_on_{work.op}")
+            handler(manager, work)
+
+    def _on_lookup(self, manager: TieringManager, work: _Work) -> None:
+        flags = [manager.host.is_ready(k) for k in work.keys]
+        self._count("lookup_keys", len(flags))
+        self._count("lookup_hits", sum(flags))
+        self._reply(work.peer, proto.encode(proto.LOOKUP, work.req_id, flags))
+
+    def _on_fetch(self, manager: TieringManager, work: _Work) -> None:
+        flags = [manager.host.is_ready(k) for k in work.keys]
+        found = [k for k, ok in zip(work.keys, flags, strict=True) if ok]
+        manager.host.touch(found)
+        views = [self._region.view(slot) for slot in manager.host.hold(found)]
+        self._outbox.put(("fetch", (work.peer, work.req_id, flags, found, views)))
+        self._transport.wake()
+
+    def _on_store(self, manager: TieringManager, work: _Work) -> None:
+        verified = [k for k, p in zip(work.keys, work.payloads, strict=True) if p is not None]
+        plan = manager.prepare_store(verified)
+        if plan is None:
+            self._count("store_rejected_host_full", len(verified))
+            self._reply(work.peer, proto.encode(proto.STORE, work.req_id, [False] * len(work.keys)))
+            return
+        slot_of = dict(zip(plan.keys, plan.slots, strict=True))
+        copies = [(self._region.view(slot_of[k]), work.payloads[i]) for i, k in
+                  enumerate(work.keys) if k in slot_of and work.payloads[i] is not None]
+        flags = [
+            p is not None and (k in slot_of or manager.host.is_ready(k))
+            for k, p in zip(work.keys, work.payloads, strict=True)
+        ]
+        self._outbox.put(("store", (work.peer, work.req_id, flags, plan.keys, copies)))
+        self._transport.wake()
+
+    def _on_stored(self, manager: TieringManager, work: _Work) -> None:
+        manager.complete_store(work.keys, success=True)
+
+    def _on_release(self, manager: TieringManager, work: _Work) -> None:
+        manager.host.release(work.keys)
+
+    def _reply(self, peer: bytes, meta: bytes) -> None:
+        self._outbox.put(("reply", (peer, [meta])))
+        self._transport.wake()
+
+    def _submit(self, work: _Work) -> None:
+        self._inbox.put(work)
+        self._work_ready.set()
+
+    # -- server thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._transport.wait(0.05 if self._sending else 1.0)
+            for _ in range(MAX_MESSAGES_PER_TURN):
+                message = self._listener.recv()
+                if message is None:
+                    break
+                self._receive(*message)
+            self._drain_outbox()
+            self._check_sending()
+
+    def _receive(self, peer: bytes, frames: list[memoryview]) -> None:
+        try:
+            message = proto.decode_request(frames, self._region.slot_bytes)
+        except proto.ProtocolError as exc:
+            self._count("malformed_messages")
+            log.debug("peer server: dropped a malformed message: %s", exc.reason)
+            return
+        if isinstance(message, proto.Hello):
+            self._handshake(peer, message)
+        elif peer not in self._clients:
+            self._count("refused_no_handshake")
+            refusal = proto.encode(proto.REFUSED, message.req_id, "hello first")
+            self._listener.send(peer, [refusal])
+        elif message.kind == proto.STORE:
+            self._receive_store(peer, message)
+        else:
+            op = "lookup" if message.kind == proto.LOOKUP else "fetch"
+            self._submit(_Work(op, list(message.keys), peer, message.req_id))
+
+    def _handshake(self, peer: bytes, hello: proto.Hello) -> None:
+        reason = ""
+        if hello.version != proto.PROTOCOL_VERSION:
+            reason = f"protocol version {hello.version}, this server's is {proto.PROTOCOL_VERSION}"
+        elif hello.identity != self._digest:
+            reason = (
+                f"cache identity {hello.identity.hex()[:16]}… differs from this server's "
+                f"{self._digest.hex()[:16]}… (another model, revision or KV layout)"
+            )
+        if reason:
+            self._count("refused_handshakes")
+            log.warning("peer server: refused a peer: %s", reason)
+        else:
+            self._clients[peer] = None
+            self._clients.move_to_end(peer)
+            while len(self._clients) > MAX_CLIENTS:
+                self._clients.popitem(last=False)
+        body = [not reason, self._config.accept_stores, reason]
+        self._listener.send(peer, [proto.encode(proto.HELLO, hello.req_id, body)])
+
+    def _receive_store(self, peer: bytes, request: proto.Request) -> None:
+        if not self._config.accept_stores:
+            self._count("stores_refused", len(request.keys))
+            flags = [False] * len(request.keys)
+            self._listener.send(peer, [proto.encode(proto.STORE, request.req_id, flags)])
+            return
+        payloads = [
+            payload if self._verified(key, header, payload) else None
+            for key, (header, payload) in zip(request.keys, request.chunks, strict=True)
+        ]
+        self._submit(_Work("store", list(request.keys), peer, request.req_id, payloads))
+
+    def _verified(self, key: ChunkKey, header: memoryview, payload: memoryview) -> bool:
+        try:
+            codec.verify(header, payload, self._digest, key)
+        except IntegrityError as exc:
+            self._count(f"store_integrity_{exc.reason}")
+            return False
+        return True
+
+    def _drain_outbox(self) -> None:
+        while True:
+            try:
+                op, args = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            getattr(self, f"_send_{op}")(*args)
+
+    def _send_reply(self, peer: bytes, frames: list[bytes]) -> None:
+        self._listener.send(peer, frames)
+
+    def _send_fetch(
+        self, peer: bytes, req_id: int, flags: list[bool], keys: list[ChunkKey], views: list[Any]
+    ) -> None:
+        frames: list[bytes | memoryview] = [proto.encode(proto.FETCH, req_id, flags)]
+        for key, view in zip(keys, views, strict=True):
+            frames += [codec.encode_header(self._digest, key, view), view]
+        receipt = self._listener.send(peer, frames)
+        deadline = time.monotonic() + self._config.hold_timeout_s
+        self._sending.append(_Sending(receipt, keys, deadline))
+        self._count("fetched_chunks", len(keys))
+
+    def _send_store(
+        self, peer: bytes, req_id: int, flags: list[bool], new_keys: list[ChunkKey], copies: Any
+    ) -> None:
+        for slot_view, payload in copies:
+            slot_view[:] = payload
+        self._submit(_Work("stored", new_keys))
+        self._count("stored_chunks", len(new_keys))
+        self._listener.send(peer, [proto.encode(proto.STORE, req_id, flags)])
+
+    def _check_sending(self) -> None:
+        now, still = time.monotonic(), []
+        for sending in self._sending:
+            if sending.receipt.done or now >= sending.deadline:
+                if not sending.receipt.done:
+                    self._count("holds_expired")
+                self._submit(_Work("release", sending.keys))
+            else:
+                still.append(sending)
+        self._sending = still
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the server thread, join it, and close the listener and transport."""
+        self._stop.set()
+        self._transport.wake()
+        self._thread.join()
+        self._listener.close()
+        self._transport.close()

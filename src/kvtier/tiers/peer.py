@@ -1,0 +1,342 @@
+"""PeerTier (``type: "p2p"``): chunks fetched from the host memory of other kvtier instances.
+
+The peers run a ``PeerServer`` (``serve`` in their config). One I/O thread owns a ``PeerLink``
+per peer; the manager's thread only queues commands and reads answers:
+
+* ``lookup`` answers from remembered answers (hits expire after ``hit_ttl_s``: the peer may
+  evict); an unknown key answers ``RETRY`` and joins a batch: keys asked within
+  ``LOOKUP_BATCH_S`` of each other go to each peer in one LOOKUP message. A key is a hit when
+  some asked peer holds it, a miss when all said no or failed.
+* ``submit_load`` fetches each key from the peer that answered the lookup (else the hinted peer,
+  else the first peer). Each payload arrives as a ZeroMQ frame (no copy on receipt), is verified
+  against its header, the cache identity and the key (``codec.verify``), and is then copied once
+  into its host slot; a key that fails verification is reported in ``integrity_failed``.
+* ``submit_store`` pushes the chunks to one peer that accepts stores, each payload frame sent
+  straight out of its host slot. A store succeeds only when the peer stored every key.
+* ``hint(keys, host, port)``: an orchestrator's guess of which instance holds a prefix. Lookups
+  of those keys ask that peer only, and loads prefer it; a peer not in the config is connected.
+
+A slow or dead peer costs at most ``timeout_s``: its requests then fail (misses), and it is
+reconnected in the background (see ``peer_link``).
+
+Thread safety: ``lookup``, ``hint`` and ``submit_*`` queue commands for the I/O thread;
+``_answers`` and ``_counters`` have their own locks; links are touched only by the I/O thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.config import P2PTierConfig
+from kvtier.errors import IntegrityError
+from kvtier.identity import CacheIdentity
+from kvtier.keys import ChunkKey
+from kvtier.region import HostRegion
+from kvtier.tiers import codec
+from kvtier.tiers import peer_protocol as proto
+from kvtier.tiers.base import RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob
+from kvtier.tiers.peer_answers import PeerAnswers
+from kvtier.tiers.peer_link import PeerLink, PeerRequest, State
+from kvtier.tiers.transport import Transport, ZmqTransport, client_keys
+
+log = logging.getLogger(__name__)
+
+LOOKUP_BATCH_S = 0.0005
+MISS_TTL_S = 0.5
+FETCH_BATCH_BYTES = 32 << 20
+MAX_PEERS = 64
+MAX_HINTS = 1 << 16
+USABLE = (State.UP, State.CONNECTING)
+
+
+@dataclass
+class _Job:
+    """A load or store split over peer requests; reported when ``remaining`` reaches zero."""
+
+    job: TransferJob
+    op: Op
+    remaining: int = 0
+    succeeded: set[ChunkKey] = field(default_factory=set)
+    integrity_failed: set[ChunkKey] = field(default_factory=set)
+
+
+class PeerTier(SecondaryTier):
+    """Fetches from (and stores to) peer instances; see the module docstring."""
+
+    def __init__(
+        self,
+        config: P2PTierConfig,
+        region: HostRegion,
+        identity: CacheIdentity,
+        transport: Transport | None = None,
+    ) -> None:
+        self.name = config.name or "p2p"
+        self._region, self._digest = region, identity.digest
+        if transport is None:
+            curve = None
+            if config.curve_secret_key_file and config.curve_server_key_file:
+                curve = client_keys(config.curve_secret_key_file, config.curve_server_key_file)
+            transport = ZmqTransport(curve_client=curve)
+        self._transport = transport
+        self._settings = (identity.digest, region.slot_bytes, config.timeout_s)
+        self._answers = PeerAnswers(config.hit_ttl_s, MISS_TTL_S)
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
+        self._counters: Counter[str] = Counter()  # written by the I/O thread only
+        self._links: dict[str, PeerLink] = {}
+        self._hints: OrderedDict[ChunkKey, str] = OrderedDict()
+        self._probes: dict[ChunkKey, int] = {}  # key -> peers yet to answer its lookup
+        self._jobs: dict[int, _Job] = {}
+        self._stop = threading.Event()
+        self._usable = True
+        self._configured = [(a.host, a.port) for a in config.addresses]
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-io", daemon=True)
+        self._thread.start()
+
+    # -- manager thread ----------------------------------------------------------------------
+    def lookup(self, key: ChunkKey) -> Lookup:
+        answer = self._answers.answer(key)
+        if answer is not None:
+            return answer
+        self._command("lookup", key)
+        return RETRY
+
+    def hint(self, keys: Sequence[ChunkKey], host: str, port: int) -> None:
+        """Peer ``host:port`` most likely holds ``keys``: ask it (only) and prefer it to load."""
+        self._command("hint", (list(keys), host, port))
+
+    def submit_load(self, job: TransferJob) -> None:
+        self._command("load", job)
+
+    def submit_store(self, job: TransferJob) -> None:
+        self._command("store", job)
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        results = []
+        while True:
+            try:
+                results.append(self._results.get_nowait())
+            except queue.Empty:
+                return results
+
+    @property
+    def available(self) -> bool:  # type: ignore[override]
+        """False while no peer is up or connecting (every lookup is then a miss)."""
+        return self._usable and not self._stop.is_set()
+
+    def stats(self) -> dict[str, int]:
+        # dict() of a Counter copies in one C call under the GIL, safe against the I/O thread
+        return {**dict(self._counters), **self._answers.sizes()}
+
+    def close(self) -> None:
+        """Stop the I/O thread and join it; jobs still out finish as failed."""
+        self._stop.set()
+        self._transport.wake()
+        self._thread.join()
+        self._transport.close()
+
+    def _command(self, op: str, arg: Any) -> None:
+        self._commands.put((op, arg))
+        self._transport.wake()
+
+    # -- I/O thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        for host, port in self._configured:
+            self._link(host, port)
+        while not self._stop.is_set():
+            busy = self._probes or self._jobs or any(k.busy for k in self._links.values())
+            self._transport.wait(0.005 if busy else 0.2)
+            self._drain_commands()
+            now = time.monotonic()
+            for link in list(self._links.values()):
+                link.receive()
+                link.tick(now)
+            self._usable = any(k.state in USABLE for k in self._links.values())
+        for link in self._links.values():
+            link.close()
+        self._fail_leftovers()
+
+    def _fail_leftovers(self) -> None:
+        """Jobs submitted while closing finish as failed, so each still reports once."""
+        while True:
+            try:
+                op, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if op in ("load", "store"):
+                job_op: Op = "load" if op == "load" else "store"
+                keys = frozenset(arg.keys)
+                self._results.put(JobResult(arg.job_id, job_op, frozenset(), keys, "tier closed"))
+
+    def _link(self, host: str, port: int) -> PeerLink | None:
+        address = f"{host}:{port}"
+        link = self._links.get(address)
+        if link is None and len(self._links) < MAX_PEERS:
+            link = PeerLink(host, port, self._transport, self._settings, self._done, self._counters)
+            self._links[address] = link
+        return link
+
+    def _drain_commands(self) -> None:
+        lookups: list[ChunkKey] = []
+        while True:
+            try:
+                op, arg = self._commands.get_nowait()
+            except queue.Empty:
+                if not lookups or self._stop.wait(LOOKUP_BATCH_S) or self._commands.empty():
+                    break
+                continue  # more commands came during the batch window
+            if op == "lookup":
+                lookups.append(arg)
+            else:
+                getattr(self, f"_on_{op}")(arg)
+        if lookups:
+            self._send_lookups(lookups)
+
+    def _on_hint(self, arg: tuple[list[ChunkKey], str, int]) -> None:
+        keys, host, port = arg
+        if self._link(host, port) is None:
+            self._counters["hints_dropped_too_many_peers"] += 1
+            return
+        for key in keys:
+            self._hints[key] = f"{host}:{port}"
+            self._hints.move_to_end(key)
+        while len(self._hints) > MAX_HINTS:
+            self._hints.popitem(last=False)
+
+    # -- lookups -----------------------------------------------------------------------------
+    def _send_lookups(self, keys: list[ChunkKey]) -> None:
+        per_link: dict[str, list[ChunkKey]] = {}
+        for key in dict.fromkeys(keys):
+            hinted = self._hints.get(key)
+            targets = [hinted] if hinted in self._links else list(self._links)
+            self._probes[key] = len(targets)
+            for address in targets:
+                per_link.setdefault(address, []).append(key)
+        if not self._links:
+            for key in keys:
+                self._answer(key, None)
+        self._counters["lookup_keys"] += len(keys)
+        for address, batch in per_link.items():
+            for part in _batches(batch, proto.MAX_KEYS):
+                self._counters["lookup_messages"] += 1
+                self._links[address].send(PeerRequest(proto.LOOKUP, part))
+
+    def _answer(self, key: ChunkKey, holder: str | None) -> None:
+        remaining = self._probes.get(key)
+        if remaining is None:
+            return
+        if holder is not None:
+            del self._probes[key]
+            self._answers.hit(key, holder)
+        elif remaining <= 1:
+            del self._probes[key]
+            self._answers.miss(key)
+        else:
+            self._probes[key] = remaining - 1
+
+    # -- loads and stores --------------------------------------------------------------------
+    def _on_load(self, job: TransferJob) -> None:
+        per_link: dict[str, list[tuple[ChunkKey, int]]] = {}
+        for key, slot in zip(job.keys, job.slots, strict=True):
+            per_link.setdefault(self._source_of(key), []).append((key, slot))
+        batch = max(1, min(proto.MAX_KEYS, FETCH_BATCH_BYTES // self._region.slot_bytes))
+        requests = [(a, part) for a, pairs in per_link.items() for part in _batches(pairs, batch)]
+        self._start_job(_Job(job, "load", len(requests)))
+        for address, part in requests:
+            request = PeerRequest(proto.FETCH, [k for k, _ in part], (job.job_id, part))
+            self._send_or_fail(address, request)
+
+    def _source_of(self, key: ChunkKey) -> str:
+        holder = self._answers.holder(key) or self._hints.get(key)
+        if holder in self._links:
+            return holder
+        return next(iter(self._links), "")
+
+    def _on_store(self, job: TransferJob) -> None:
+        target = self._store_target(job.keys[0]) if job.keys else ""
+        frames: list[bytes | memoryview] = []
+        for key, slot in zip(job.keys, job.slots, strict=True):
+            view = self._region.view(slot)
+            frames += [codec.encode_header(self._digest, key, view), view]
+        self._start_job(_Job(job, "store", 1 if job.keys else 0))
+        if job.keys:
+            request = PeerRequest(proto.STORE, list(job.keys), (job.job_id, ()), frames)
+            self._send_or_fail(target, request)
+
+    def _store_target(self, key: ChunkKey) -> str:
+        hinted = self._hints.get(key)
+        if hinted in self._links:
+            return hinted
+        links = self._links.values()
+        usable = [k for k in links if k.state is State.UP and k.accepts_stores]
+        usable += [k for k in links if k.state is State.CONNECTING]
+        return usable[0].address if usable else ""
+
+    def _send_or_fail(self, address: str, request: PeerRequest) -> None:
+        link = self._links.get(address)
+        if link is None:
+            self._counters["requests_failed_no_peer"] += 1
+            self._done(None, request, None)
+        elif request.kind == proto.STORE and link.state is State.UP and not link.accepts_stores:
+            self._counters["stores_not_accepted"] += 1
+            self._done(link, request, None)
+        else:
+            link.send(request)
+
+    def _start_job(self, job: _Job) -> None:
+        self._jobs[job.job.job_id] = job
+        self._maybe_finish(job)
+
+    def _done(self, link: PeerLink | None, request: PeerRequest, reply: proto.Reply | None) -> None:
+        """A request to ``link`` finished: ``reply`` is its validated answer, or ``None``."""
+        if request.kind == proto.LOOKUP:
+            flags = reply.flags if reply is not None else [False] * len(request.keys)
+            for key, held in zip(request.keys, flags, strict=True):
+                self._answer(key, link.address if held and link is not None else None)
+            return
+        job = self._jobs[request.context[0]]
+        if reply is not None and request.kind == proto.FETCH:
+            self._receive_chunks(job, request.context[1], reply)
+        elif reply is not None and all(reply.flags):
+            job.succeeded.update(request.keys)
+        job.remaining -= 1
+        self._maybe_finish(job)
+
+    def _receive_chunks(self, job: _Job, pairs: list[tuple[ChunkKey, int]], reply: Any) -> None:
+        chunks = iter(reply.chunks)
+        for (key, slot), found in zip(pairs, reply.flags, strict=True):
+            if not found:
+                continue
+            header, payload = next(chunks)
+            try:
+                codec.verify(header, payload, self._digest, key)
+            except IntegrityError as exc:
+                self._counters[f"integrity_failed_{exc.reason}"] += 1
+                job.integrity_failed.add(key)
+                continue
+            self._region.view(slot)[:] = payload
+            job.succeeded.add(key)
+            self._counters["fetched_chunks"] += 1
+
+    def _maybe_finish(self, job: _Job) -> None:
+        if job.remaining > 0:
+            return
+        del self._jobs[job.job.job_id]
+        keys = frozenset(job.job.keys)
+        ok = frozenset(job.succeeded) if job.op == "load" or job.succeeded == keys else frozenset()
+        error = None if ok == keys else f"{len(keys - ok)} of {len(keys)} chunks failed"
+        self._counters[f"{job.op}_chunks_ok"] += len(ok)
+        self._results.put(
+            JobResult(job.job.job_id, job.op, ok, keys - ok, error, frozenset(job.integrity_failed))
+        )
+
+
+def _batches(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -1,0 +1,204 @@
+"""PeerLink: the peer tier's connection to one peer, its handshake, requests and reconnection.
+
+States: ``CONNECTING`` (first handshake; requests wait for it), ``UP``, ``DOWN`` (requests fail at
+once) and ``PROBING`` (a reconnection handshake is out; requests still fail at once). Any request
+or handshake left unanswered past ``timeout_s`` takes the link ``DOWN``: its channel is closed
+(dropping whatever was queued in it), every request it carried finishes as failed, and it probes
+again after a backoff that doubles up to ``MAX_BACKOFF_S``. A peer that answers "hello first"
+lost our session (it restarted): the link shakes hands again.
+
+Each request finishes exactly once, through ``on_done(link, request, reply)`` with the peer's
+validated reply, or ``None`` when it failed.
+
+Thread safety: none; a link belongs to the peer tier's I/O thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.tiers import peer_protocol as proto
+from kvtier.tiers.transport import Buffer, Channel, Transport
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 8
+MIN_BACKOFF_S, MAX_BACKOFF_S = 0.2, 5.0
+
+
+class State(enum.Enum):
+    CONNECTING = "connecting"
+    UP = "up"
+    DOWN = "down"
+    PROBING = "probing"
+
+
+@dataclass
+class PeerRequest:
+    """A LOOKUP, FETCH or STORE to one peer; ``context`` is the caller's (slots, job, ...)."""
+
+    kind: int
+    keys: Sequence[Any]
+    context: Any = None
+    frames: list[Buffer] = field(default_factory=list)  # STORE: header and payload per key
+    req_id: int = 0
+    deadline: float = 0.0
+
+
+Done = Callable[["PeerLink", PeerRequest, "proto.Reply | None"], None]
+
+
+class PeerLink:
+    """One peer at ``host:port``; see the module docstring."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        transport: Transport,
+        settings: tuple[bytes, int, float],  # identity digest, chunk bytes, timeout_s
+        on_done: Done,
+        counters: Counter[str],
+    ) -> None:
+        self.host, self.port, self.address = host, port, f"{host}:{port}"
+        self._transport, self._on_done, self._counters = transport, on_done, counters
+        self._digest, self._chunk_bytes, self._timeout = settings
+        self.state, self.accepts_stores = State.DOWN, False
+        self._channel: Channel | None = None
+        self._ids = itertools.count(1)
+        self._hello_id, self._hello_deadline = 0, 0.0
+        self._in_flight: dict[int, PeerRequest] = {}
+        self._queued: deque[PeerRequest] = deque()
+        self._backoff, self._retry_at = MIN_BACKOFF_S, 0.0
+        self._open(State.CONNECTING)
+
+    # -- requests ----------------------------------------------------------------------------
+    def send(self, request: PeerRequest) -> None:
+        """Send now, queue behind the handshake or the in-flight limit, or fail if down."""
+        if self.state in (State.DOWN, State.PROBING):
+            self._counters["requests_failed_peer_down"] += 1
+            self._on_done(self, request, None)
+            return
+        self._queued.append(request)
+        self._flush()
+
+    def _flush(self) -> None:
+        while self.state is State.UP and self._queued and len(self._in_flight) < MAX_IN_FLIGHT:
+            request = self._queued.popleft()
+            request.req_id = next(self._ids)
+            request.deadline = time.monotonic() + self._timeout
+            meta = proto.keyed(request.kind, request.req_id, request.keys)
+            assert self._channel is not None
+            if not self._channel.send([meta, *request.frames]):
+                self._fail_link("cannot queue a request")
+                self._on_done(self, request, None)
+                return
+            self._in_flight[request.req_id] = request
+
+    # -- replies -----------------------------------------------------------------------------
+    def receive(self) -> None:
+        """Handle every reply that has arrived."""
+        while self._channel is not None and (frames := self._channel.recv()) is not None:
+            try:
+                reply = proto.decode_reply(frames, self._chunk_bytes)
+            except proto.ProtocolError as exc:
+                self._counters["malformed_replies"] += 1
+                log.warning("peer %s sent a malformed reply (%s)", self.address, exc.reason)
+                continue
+            if isinstance(reply, proto.HelloReply):
+                self._on_hello(reply)
+            elif isinstance(reply, proto.Refused):
+                self._on_refused(reply)
+            else:
+                self._on_reply(reply)
+
+    def _on_hello(self, reply: proto.HelloReply) -> None:
+        if reply.req_id != self._hello_id or self.state not in (State.CONNECTING, State.PROBING):
+            return
+        if not reply.ok:
+            self._counters["handshakes_refused"] += 1
+            log.error("peer %s refused us: %s", self.address, reply.reason)
+            self._backoff = MAX_BACKOFF_S
+            self._fail_link("handshake refused", quiet=True)
+            return
+        if self.state is State.PROBING:
+            log.warning("peer %s answers again; reconnected", self.address)
+        self.state, self.accepts_stores = State.UP, reply.accepts_stores
+        self._backoff = MIN_BACKOFF_S
+        self._flush()
+
+    def _on_refused(self, reply: proto.Refused) -> None:
+        request = self._in_flight.pop(reply.req_id, None)
+        if request is not None:
+            self._on_done(self, request, None)
+        if self.state is State.UP:
+            log.warning("peer %s lost our session (%s); shaking hands again", self.address,
+                        reply.reason)  # fmt: skip
+            self._hello(State.CONNECTING)
+
+    def _on_reply(self, reply: proto.Reply) -> None:
+        request = self._in_flight.pop(reply.req_id, None)
+        if request is None:
+            self._counters["stale_replies"] += 1
+            return
+        if reply.kind != request.kind or len(reply.flags) != len(request.keys):
+            self._counters["mismatched_replies"] += 1
+            self._on_done(self, request, None)
+        else:
+            self._on_done(self, request, reply)
+        self._flush()
+
+    # -- time --------------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Time out late answers; start a reconnection probe when one is due."""
+        if self.state is State.DOWN:
+            if now >= self._retry_at:
+                self._open(State.PROBING)
+            return
+        if self.state is not State.UP and now >= self._hello_deadline:
+            self._fail_link(f"no handshake within {self._timeout:g} s")
+        elif any(r.deadline <= now for r in self._in_flight.values()):
+            self._fail_link(f"no answer within {self._timeout:g} s")
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._in_flight or self._queued) or self.state is not State.UP
+
+    def _open(self, state: State) -> None:
+        max_frame = max(self._chunk_bytes, proto.MAX_META_BYTES)
+        self._channel = self._transport.connect(self.host, self.port, max_frame)
+        self._hello(state)
+
+    def _hello(self, state: State) -> None:
+        self.state, self._hello_id = state, next(self._ids)
+        self._hello_deadline = time.monotonic() + self._timeout
+        assert self._channel is not None
+        self._channel.send([proto.hello(self._hello_id, self._digest)])
+
+    def _fail_link(self, reason: str, quiet: bool = False) -> None:
+        if self.state in (State.UP, State.CONNECTING) and not quiet:
+            log.warning("peer %s unreachable (%s); its chunks are misses until it answers",
+                        self.address, reason)  # fmt: skip
+        self._counters["peer_failures"] += 1
+        self.state = State.DOWN
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(2 * self._backoff, MAX_BACKOFF_S)
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        failed = [*self._in_flight.values(), *self._queued]
+        self._in_flight.clear()
+        self._queued.clear()
+        for request in failed:
+            self._on_done(self, request, None)
+
+    def close(self) -> None:
+        """Close the channel; requests still out finish as failed."""
+        self._fail_link("closing", quiet=True)

@@ -1,0 +1,287 @@
+"""Transports for the peer tier: frames between processes, behind a small interface.
+
+The peer tier and the peer server use only ``Transport``, ``Channel`` and ``Listener``; a
+transport moves lists of frames (buffers) and never looks inside them. ``ZmqTransport`` is the
+TCP implementation: a DEALER per connected peer, one ROUTER per listener, ``copy=False`` both
+ways (a payload frame is sent straight out of the caller's buffer, whose release is reported by a
+``SendReceipt``; received frames are views of ZeroMQ's own message buffers). An RDMA transport
+(UCX, NIXL) implements the same three protocols.
+
+CURVE (``CurveClient``/``CurveServer``) encrypts and authenticates: a listener with a
+``CurveServer`` admits only clients whose public key is in ``allowed``; the handshake of any
+other client fails inside ZeroMQ and never reaches the listener.
+
+Thread safety: a transport and everything it created belong to one thread (ZeroMQ sockets are
+not thread-safe), except ``wake``, which any thread may call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from kvtier.errors import ConfigError, TierError
+
+log = logging.getLogger(__name__)
+
+Buffer = bytes | memoryview
+
+
+class SendReceipt(Protocol):
+    """Says when the transport no longer reads the buffers it was given."""
+
+    @property
+    def done(self) -> bool: ...
+
+
+class Channel(Protocol):
+    """A connection to one peer (client side)."""
+
+    def send(self, frames: Sequence[Buffer]) -> bool:
+        """Queue one message; ``False`` when it cannot be queued now."""
+        ...
+
+    def recv(self) -> list[memoryview] | None:
+        """The next whole message, or ``None`` when none has arrived (never blocks)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Listener(Protocol):
+    """Accepts peers; messages carry the sending peer's opaque id (server side)."""
+
+    port: int
+
+    def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt: ...
+
+    def recv(self) -> tuple[bytes, list[memoryview]] | None: ...
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    def connect(self, host: str, port: int, max_frame_bytes: int) -> Channel: ...
+
+    def listen(self, host: str, port: int, max_frame_bytes: int) -> Listener: ...
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until a channel or listener may have a message, ``wake`` is called, or timeout."""
+        ...
+
+    def wake(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# -- CURVE keys -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CurveClient:
+    secret_key: bytes
+    public_key: bytes
+    server_key: bytes
+
+
+@dataclass(frozen=True)
+class CurveServer:
+    secret_key: bytes
+    public_key: bytes
+    allowed: frozenset[bytes]
+
+
+def write_keypair(directory: str | Path, name: str) -> tuple[Path, Path]:
+    """Write ``NAME.public`` and ``NAME.secret`` (mode 0600) into ``directory``; Z85 text."""
+    public, secret = zmq.curve_keypair()
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    public_path, secret_path = folder / f"{name}.public", folder / f"{name}.secret"
+    fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(secret + b"\n")
+    public_path.write_bytes(public + b"\n")
+    return public_path, secret_path
+
+
+def read_key(path: str | Path, what: str) -> bytes:
+    """A Z85 CURVE key (40 characters) from a key file; ``ConfigError`` naming ``what``."""
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path} ({exc.strerror or exc})") from None
+    if len(key) != 40:
+        raise ConfigError(f"{what}: {path} does not hold a Z85 CURVE key (40 characters)")
+    return key
+
+
+def client_keys(secret_file: str, server_key_file: str) -> CurveClient:
+    secret = read_key(secret_file, "curve_secret_key_file")
+    server = read_key(server_key_file, "curve_server_key_file")
+    return CurveClient(secret, zmq.curve_public(secret), server)
+
+
+def server_keys(secret_file: str, client_keys_dir: str) -> CurveServer:
+    secret = read_key(secret_file, "curve_secret_key_file")
+    files = sorted(Path(client_keys_dir).glob("*.public"))
+    if not files:
+        raise ConfigError(f"curve_client_keys_dir: no *.public key files in {client_keys_dir}")
+    allowed = frozenset(read_key(f, "curve_client_keys_dir") for f in files)
+    return CurveServer(secret, zmq.curve_public(secret), allowed)
+
+
+# -- ZeroMQ over TCP --------------------------------------------------------------------------
+class _Tracked:
+    def __init__(self, tracker: zmq.MessageTracker) -> None:
+        self._tracker = tracker
+
+    @property
+    def done(self) -> bool:
+        return bool(self._tracker.done)
+
+
+class _Dealer:
+    def __init__(self, transport: ZmqTransport, socket: zmq.Socket[bytes]) -> None:
+        self._transport, self._socket = transport, socket
+
+    def send(self, frames: Sequence[Buffer]) -> bool:
+        try:
+            self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        return True
+
+    def recv(self) -> list[memoryview] | None:
+        try:
+            parts = self._socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        return [part.buffer for part in parts]
+
+    def close(self) -> None:
+        self._transport.forget(self._socket)
+
+
+class _Router:
+    def __init__(self, transport: ZmqTransport, socket: zmq.Socket[bytes], port: int) -> None:
+        self._transport, self._socket, self.port = transport, socket, port
+
+    def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt:
+        parts = [zmq.Frame(peer), *(zmq.Frame(f, track=True) for f in frames)]
+        try:
+            self._socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:  # a full queue drops the reply; the client times out
+            log.debug("peer server: reply dropped (%s)", exc)
+        return _Tracked(zmq.MessageTracker(*parts))
+
+    def recv(self) -> tuple[bytes, list[memoryview]] | None:
+        try:
+            parts = self._socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        return parts[0].bytes, [part.buffer for part in parts[1:]]
+
+    def close(self) -> None:
+        self._transport.forget(self._socket)
+
+
+class ZmqTransport:
+    """ZeroMQ over TCP; see the module docstring. Owns its context and every socket in it."""
+
+    def __init__(
+        self, *, curve_client: CurveClient | None = None, curve_server: CurveServer | None = None
+    ) -> None:
+        self._context = zmq.Context()
+        self._poller = zmq.Poller()
+        self._sockets: list[zmq.Socket[bytes]] = []
+        self._curve_client, self._curve_server = curve_client, curve_server
+        self._auth: ThreadAuthenticator | None = None
+        self.num_refused_keys = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+
+    def connect(self, host: str, port: int, max_frame_bytes: int) -> Channel:
+        socket = self._socket(zmq.DEALER, max_frame_bytes)
+        socket.setsockopt(zmq.RECONNECT_IVL, 100)
+        socket.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        if self._curve_client is not None:
+            socket.curve_secretkey = self._curve_client.secret_key
+            socket.curve_publickey = self._curve_client.public_key
+            socket.curve_serverkey = self._curve_client.server_key
+        socket.connect(f"tcp://{_bracket(host)}:{port}")
+        return _Dealer(self, socket)
+
+    def listen(self, host: str, port: int, max_frame_bytes: int) -> Listener:
+        socket = self._socket(zmq.ROUTER, max_frame_bytes)
+        if self._curve_server is not None:
+            self._start_auth(self._curve_server)
+            socket.curve_server = True
+            socket.curve_secretkey = self._curve_server.secret_key
+            socket.curve_publickey = self._curve_server.public_key
+        try:
+            socket.bind(f"tcp://{_bracket(host)}:{port}")
+        except zmq.ZMQError as exc:
+            self.forget(socket)
+            raise TierError(f"serve: cannot listen on {host}:{port} ({exc})") from exc
+        return _Router(self, socket, port)
+
+    def _socket(self, kind: int, max_frame_bytes: int) -> zmq.Socket[bytes]:
+        socket: zmq.Socket[bytes] = self._context.socket(kind)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)  # a bigger frame drops the peer
+        self._sockets.append(socket)
+        self._poller.register(socket, zmq.POLLIN)
+        return socket
+
+    def _start_auth(self, keys: CurveServer) -> None:
+        self._auth = ThreadAuthenticator(self._context, log=log.getChild("zap"))
+        self._auth.start()
+        self._auth.configure_curve_callback("*", credentials_provider=self)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """ZAP: admit a CURVE client only if its public key is on the allow-list."""
+        assert self._curve_server is not None
+        if key in self._curve_server.allowed:
+            return True
+        self.num_refused_keys += 1
+        log.warning("peer server: refused a client whose CURVE key is not allowed (%s)", key[:8])
+        return False
+
+    def forget(self, socket: zmq.Socket[bytes]) -> None:
+        self._poller.unregister(socket)
+        self._sockets.remove(socket)
+        socket.close(linger=0)
+
+    def wait(self, timeout_s: float) -> None:
+        if dict(self._poller.poll(max(0, int(timeout_s * 1000)))).pop(self._wake_r, None):
+            while True:
+                try:
+                    if not os.read(self._wake_r, 4096):
+                        return
+                except BlockingIOError:
+                    return
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # a full pipe: a wake-up is pending anyway
+            os.write(self._wake_w, b"w")
+
+    def close(self) -> None:
+        for socket in list(self._sockets):
+            self.forget(socket)
+        if self._auth is not None:
+            self._auth.stop()
+        self._context.term()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
