@@ -14,7 +14,7 @@ import pytest
 
 from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager
 from kvtier.cli import describe_tier
-from kvtier.errors import TierError
+from kvtier.errors import ConfigError, TierError
 from kvtier.region import HostRegion
 from kvtier.tiers import codec
 from kvtier.tiers.base import HIT, MISS, RETRY, SecondaryTier, TransferJob
@@ -209,3 +209,9 @@ def test_a_bigger_layout_round_trips(s3_server, tiers):
     assert collect(tiers[0], [2])[2].succeeded == frozenset(keys)
     assert holds(region, 2, keys[0]) and holds(region, 3, keys[1])
     assert tiers[0].stats()["bytes_read"] == 2 * (codec.HEADER_BYTES + layout.chunk_bytes)
+
+
+@pytest.mark.parametrize("endpoint", ["minio:9000", "ftp://minio", "not a url"])
+def test_an_endpoint_that_is_not_a_url_is_a_config_error(endpoint, s3_server, region, identity):
+    with pytest.raises(ConfigError, match="endpoint_override"):
+        s3_server.tier(BUCKET, region, identity, endpoint_override=endpoint)

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import obstore
 from obstore.store import S3Store
@@ -86,10 +87,12 @@ class ObjectClient:
             return None
         except IntegrityError:
             raise
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # obstore turns a Rust panic into a BaseException
             raise self._translate(exc) from None
 
-    def _translate(self, exc: Exception) -> TierError:
+    def _translate(self, exc: BaseException) -> TierError:
         text = str(exc)
         status = _STATUS.search(text)
         code = _S3_CODE.search(text)
@@ -129,7 +132,18 @@ def _fill(chunks: Iterable[memoryview | bytes], views: list[memoryview]) -> int:
     return total
 
 
+def _check_endpoint(endpoint: str | None) -> None:
+    if endpoint is None:
+        return
+    url = urlsplit(endpoint)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ConfigError(
+            f"endpoint_override: expected a URL such as http://minio:9000, got {endpoint!r}"
+        )
+
+
 def _store_options(config: ObjTierConfig) -> dict[str, Any]:
+    _check_endpoint(config.endpoint_override)
     timeout = timedelta(seconds=config.timeout_s)
     options: dict[str, Any] = {
         "client_options": {
