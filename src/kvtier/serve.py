@@ -183,9 +183,17 @@ class PeerServer:
                 message = self._listener.recv()
                 if message is None:
                     break
-                self._receive(*message)
-            self._drain_outbox()
-            self._check_sending()
+                self._guarded(self._receive, *message)
+            self._guarded(self._drain_outbox)
+            self._guarded(self._check_sending)
+
+    def _guarded(self, handler: Any, *args: Any) -> None:
+        """Run ``handler``; a bug in one message's handling must not stop the server."""
+        try:
+            handler(*args)
+        except Exception:
+            self._count("server_errors")
+            log.exception("peer server: unexpected error (the server keeps running)")
 
     def _receive(self, peer: bytes, frames: list[memoryview]) -> None:
         try:

@@ -6,7 +6,7 @@ Each tier under test provides a fixture named ``<tier>_tier_factory`` returning 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -17,11 +17,12 @@ from kvtier.tiers.base import SecondaryTier
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.filesystem import FilesystemTier
 from kvtier.tiers.memory import MemoryTier
-from tests.tiers.s3_server import MotoServer, s3_server  # noqa: F401 (s3_server is a fixture)
+from tests.tiers.peer_node import PeerNode
+from tests.tiers.s3_server import MotoServer, free_port, s3_server  # noqa: F401 (s3_server is a fixture)
 
 TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
 
-CONFORMING_TIERS = ["memory", "fault", "obj", "fs"]
+CONFORMING_TIERS = ["memory", "fault", "obj", "fs", "p2p"]
 
 
 @pytest.fixture
@@ -51,6 +52,20 @@ def fs_tier_factory(tmp_path_factory: pytest.TempPathFactory) -> TierFactory:
     """A filesystem tier over a fresh directory (default options)."""
     root = str(tmp_path_factory.mktemp("fs-tier"))
     return lambda region, identity: FilesystemTier(FsTierConfig(root_dir=root), region, identity)
+
+
+@pytest.fixture(scope="session")
+def p2p_server() -> Iterator[PeerNode]:
+    """A kvtier instance in another process, serving its host tier and accepting stores."""
+    node = PeerNode(free_port(), "--accept-stores").start()
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def p2p_tier_factory(p2p_server: PeerNode) -> TierFactory:
+    """A p2p tier whose only peer is the session's serving instance."""
+    return p2p_server.tier
 
 
 @pytest.fixture(params=CONFORMING_TIERS)

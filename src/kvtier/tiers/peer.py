@@ -153,12 +153,11 @@ class PeerTier(SecondaryTier):
         while not self._stop.is_set():
             busy = self._probes or self._jobs or any(k.busy for k in self._links.values())
             self._transport.wait(0.005 if busy else 0.2)
-            self._drain_commands()
-            now = time.monotonic()
-            for link in list(self._links.values()):
-                link.receive()
-                link.tick(now)
-            self._usable = any(k.state in USABLE for k in self._links.values())
+            try:
+                self._turn()
+            except Exception:  # a bug here must be loud, and must not end the I/O thread
+                self._counters["io_errors"] += 1
+                log.exception("%s: unexpected error in the I/O thread", self.name)
         for link in self._links.values():
             link.close()
         self._fail_leftovers()
@@ -174,6 +173,14 @@ class PeerTier(SecondaryTier):
                 job_op: Op = "load" if op == "load" else "store"
                 keys = frozenset(arg.keys)
                 self._results.put(JobResult(arg.job_id, job_op, frozenset(), keys, "tier closed"))
+
+    def _turn(self) -> None:
+        self._drain_commands()
+        now = time.monotonic()
+        for link in list(self._links.values()):
+            link.receive()
+            link.tick(now)
+        self._usable = any(k.state in USABLE for k in self._links.values())
 
     def _link(self, host: str, port: int) -> PeerLink | None:
         address = f"{host}:{port}"

@@ -173,9 +173,9 @@ class _Router:
         self._transport, self._socket, self.port = transport, socket, port
 
     def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt:
-        parts = [zmq.Frame(peer), *(zmq.Frame(f, track=True) for f in frames)]
+        parts = [zmq.Frame(f, track=True) for f in frames]
         try:
-            self._socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+            self._socket.send_multipart([peer, *parts], flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # a full queue drops the reply; the client times out
             log.debug("peer server: reply dropped (%s)", exc)
         return _Tracked(zmq.MessageTracker(*parts))
