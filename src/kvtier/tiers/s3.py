@@ -255,8 +255,9 @@ class ObjectStoreTier(SecondaryTier):
         staging = getattr(self._staging, "body", None)
         if staging is None or len(staging) != codec.HEADER_BYTES + len(payload):
             staging = self._staging.body = memoryview(bytearray(codec.HEADER_BYTES + len(payload)))
-        staging[: codec.HEADER_BYTES] = codec.encode_header(self._digest, key, payload)
         staging[codec.HEADER_BYTES :] = payload
+        body = staging[codec.HEADER_BYTES :]  # checksum what is sent, not the slot
+        staging[: codec.HEADER_BYTES] = codec.encode_header(self._digest, key, body)
         return staging
 
     def _header_buffer(self) -> memoryview:
@@ -307,9 +308,10 @@ class _JobTracker:
             self._remaining -= 1
             if self._remaining:
                 return None
-        ok = self._ended[_Outcome.OK]
-        error = None if len(ok) == len(self.job.keys) else "some keys failed"
-        return _result(self.job, self.op, ok, error, self._ended[_Outcome.CORRUPT])
+        corrupt = self._ended[_Outcome.CORRUPT]
+        ok = set(self._ended[_Outcome.OK]).difference(self._ended[_Outcome.FAILED], corrupt)
+        error = None if ok == set(self.job.keys) else "some keys failed"
+        return _result(self.job, self.op, ok, error, corrupt)
 
 
 def _result(
@@ -320,7 +322,7 @@ def _result(
     corrupt: Iterable[ChunkKey] = (),
 ) -> JobResult:
     succeeded = frozenset(ok)
-    if op == "store" and len(succeeded) < len(job.keys):
+    if op == "store" and succeeded != frozenset(job.keys):
         succeeded = frozenset()  # a store succeeds or fails as a whole job
     failed = frozenset(job.keys) - succeeded
     return JobResult(job.job_id, op, succeeded, failed, error, frozenset(corrupt))
