@@ -52,7 +52,12 @@ class ObjectClient:
         self.bucket = config.bucket
         self.endpoint = config.endpoint_override or "AWS S3"
         self._secrets = [s for s in (config.access_key, config.secret_key) if s]
-        self._store = S3Store(config.bucket, **_store_options(config))
+        options = _store_options(config)
+        try:
+            self._store = S3Store(config.bucket, **options)
+        except Exception as exc:
+            reason = self._first_line(str(exc))
+            raise ConfigError(f"obj tier: cannot build the S3 client: {reason}") from None
 
     def put(self, name: str, data: memoryview) -> None:
         """Write ``data`` as object ``name`` in one request."""
@@ -77,8 +82,7 @@ class ObjectClient:
 
     def check_bucket(self, probe_name: str) -> None:
         """List at most one object: proves the endpoint, the bucket and the credentials."""
-        listing = obstore.list(self._store, prefix=probe_name, chunk_size=1)
-        self._call(next, iter(listing), None)
+        self._call(lambda: next(iter(obstore.list(self._store, probe_name, chunk_size=1)), None))
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
