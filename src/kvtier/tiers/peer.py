@@ -14,7 +14,8 @@ per peer; the manager's thread only queues commands and reads answers:
 * ``submit_store`` pushes the chunks to one peer that accepts stores, each payload frame sent
   straight out of its host slot. A store succeeds only when the peer stored every key.
 * ``hint(keys, host, port)``: an orchestrator's guess of which instance holds a prefix. Lookups
-  of those keys ask that peer only, and loads prefer it; a peer not in the config is connected.
+  of those keys ask that peer only, and loads prefer it. A peer not in the config is connected
+  (up to ``MAX_PEERS``) and from then on asked like the configured ones.
 
 A slow or dead peer costs at most ``timeout_s``: its requests then fail (misses), and it is
 reconnected in the background (see ``peer_link``).
@@ -186,9 +187,14 @@ class PeerTier(SecondaryTier):
         address = f"{host}:{port}"
         link = self._links.get(address)
         if link is None and len(self._links) < MAX_PEERS:
-            link = PeerLink(host, port, self._transport, self._settings, self._done, self._counters)
+            link = PeerLink(
+                host, port, self._transport, self._settings, self._done, self._down, self._counters
+            )
             self._links[address] = link
         return link
+
+    def _down(self, link: PeerLink) -> None:
+        self._answers.forget_peer(link.address)
 
     def _drain_commands(self) -> None:
         lookups: list[ChunkKey] = []

@@ -8,7 +8,7 @@ again after a backoff that doubles up to ``MAX_BACKOFF_S``. A peer that answers 
 lost our session (it restarted): the link shakes hands again.
 
 Each request finishes exactly once, through ``on_done(link, request, reply)`` with the peer's
-validated reply, or ``None`` when it failed.
+validated reply, or ``None`` when it failed. ``on_down(link)`` is called when the link goes down.
 
 Thread safety: none; a link belongs to the peer tier's I/O thread.
 """
@@ -65,10 +65,12 @@ class PeerLink:
         transport: Transport,
         settings: tuple[bytes, int, float],  # identity digest, chunk bytes, timeout_s
         on_done: Done,
+        on_down: Callable[[PeerLink], None],
         counters: Counter[str],
     ) -> None:
         self.host, self.port, self.address = host, port, f"{host}:{port}"
-        self._transport, self._on_done, self._counters = transport, on_done, counters
+        self._transport, self._on_done, self._on_down = transport, on_done, on_down
+        self._counters = counters
         self._digest, self._chunk_bytes, self._timeout = settings
         self.state, self.accepts_stores = State.DOWN, False
         self._channel: Channel | None = None
@@ -198,6 +200,7 @@ class PeerLink:
         self._queued.clear()
         for request in failed:
             self._on_done(self, request, None)
+        self._on_down(self)
 
     def close(self) -> None:
         """Close the channel; requests still out finish as failed."""
