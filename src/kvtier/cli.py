@@ -121,11 +121,47 @@ def _add_events_command(commands: Any) -> None:
     events.set_defaults(handler=_events)
 
 
+def _add_bench_command(commands: Any) -> None:
+    from kvtier.bench import cli as bench_cli
+
+    bench = commands.add_parser(
+        "bench",
+        help="the multi-turn benchmark: when tiering beats recompute, and by how much",
+        description="Sweep conversations x strategies (recompute, host, host + tiers, ceiling); "
+        "print a table, write JSON and a PNG chart.",
+    )
+    bench_cli.add_arguments(bench)
+    bench.set_defaults(handler=bench_cli.run)
+
+
+def _peer_keygen(args: argparse.Namespace) -> int:
+    from kvtier.tiers.transport import write_keypair  # lazy: pyzmq is optional
+
+    try:
+        public, secret = write_keypair(args.out, args.name)
+    except FileExistsError as exc:
+        print(f"error: {exc.filename} exists; not overwriting a key", file=sys.stderr)
+        return 2
+    print(f"public key: {public}\nsecret key: {secret} (mode 0600; keep it private)")
+    return 0
+
+
+def _add_peer_commands(commands: Any) -> None:
+    peer = commands.add_parser("peer", help="peer-to-peer tier tools")
+    sub = peer.add_subparsers(dest="peer_command", required=True)
+    keygen = sub.add_parser("keygen", help="write a CURVE key pair (NAME.public, NAME.secret)")
+    keygen.add_argument("--out", required=True, help="directory for the key files")
+    keygen.add_argument("--name", default="kvtier", help="file name stem (default: kvtier)")
+    keygen.set_defaults(handler=_peer_keygen)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvtier", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_config_commands(commands)
     _add_events_command(commands)
+    _add_bench_command(commands)
+    _add_peer_commands(commands)
     return parser
 
 

@@ -1,0 +1,7 @@
+"""``kvtier bench``: the multi-turn conversation benchmark, the main job of the CLI.
+
+``workload`` makes the conversations, ``engine`` serves them with one strategy, ``runner``
+sweeps strategies and numbers of conversations, ``report`` prints and draws the results, and
+``cli`` wires it to ``kvtier bench``. Only ``cli`` is imported by ``kvtier.cli``; it imports
+torch and transformers when the command runs.
+"""

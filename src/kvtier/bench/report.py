@@ -1,0 +1,171 @@
+"""Reports of ``kvtier bench``: a terminal table, a JSON file and a PNG chart.
+
+Every strategy is also read as a fraction of the ``ceiling`` run at the same N. ``headline``
+picks the figures of the largest N: the fullest tiered strategy's throughput over recompute and
+as a fraction of the ceiling, and TTFT p50 of follow-up turns (a long cached prefix) against
+recompute.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtier.bench.engine import RunResult
+from kvtier.bench.runner import CEILING, HOST, RECOMPUTE, Sweep
+from kvtier.integrations.transformers import ACCELERATOR, RECOMPUTED
+
+
+def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    if not seconds:
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    values = np.percentile(np.asarray(seconds) * 1000, [50, 95, 99])
+    return {name: round(float(v), 2) for name, v in zip(("p50", "p95", "p99"), values, strict=True)}
+
+
+def summarize(result: RunResult, ceiling: RunResult | None) -> dict[str, Any]:
+    """One row: throughput, fraction of the ceiling, TTFT, token sources, output agreement."""
+    prompt_tokens = sum(result.sources.values()) or 1
+    ceiling_tps = ceiling.throughput if ceiling is not None else 0.0
+    same = [result.outputs[k] == v for k, v in ceiling.outputs.items()] if ceiling else []
+    return {
+        "conversations": result.num_conversations,
+        "strategy": result.strategy,
+        "throughput_tok_s": round(result.throughput, 1),
+        "fraction_of_ceiling": round(result.throughput / ceiling_tps, 3) if ceiling_tps else None,
+        "seconds": round(result.seconds, 3),
+        "tokens": result.tokens,
+        "ttft_ms": percentiles_ms(result.ttft_s),
+        "follow_up_ttft_ms": percentiles_ms(result.follow_up_ttft_s),
+        "prompt_tokens_from": dict(result.sources),
+        "prompt_fraction_from": {k: round(v / prompt_tokens, 4) for k, v in result.sources.items()},
+        "answers_equal_to_ceiling": round(sum(same) / len(same), 4) if same else None,
+    }
+
+
+def rows(sweep: Sweep) -> list[dict[str, Any]]:
+    ceilings = {r.num_conversations: r for r in sweep.results if r.strategy == CEILING}
+    return [summarize(r, ceilings.get(r.num_conversations)) for r in sweep.results]
+
+
+def headline(sweep: Sweep, table: list[dict[str, Any]]) -> dict[str, Any]:
+    largest = max(row["conversations"] for row in table)
+    at = {row["strategy"]: row for row in table if row["conversations"] == largest}
+    tiered, recompute = at[sweep.strategies[2]], at[RECOMPUTE]
+    return {
+        "conversations": largest,
+        "strategy": tiered["strategy"],
+        "throughput_over_recompute": round(
+            tiered["throughput_tok_s"] / recompute["throughput_tok_s"], 2
+        ),
+        "fraction_of_ceiling": tiered["fraction_of_ceiling"],
+        "follow_up_ttft_p50_ms": tiered["follow_up_ttft_ms"]["p50"],
+        "recompute_follow_up_ttft_p50_ms": recompute["follow_up_ttft_ms"]["p50"],
+    }
+
+
+def source_columns(table: list[dict[str, Any]]) -> list[str]:
+    seen = {name for row in table for name in row["prompt_tokens_from"]}
+    tiers = sorted(seen - {ACCELERATOR, HOST, RECOMPUTED})
+    return [ACCELERATOR, HOST, *tiers, RECOMPUTED]
+
+
+def format_table(table: list[dict[str, Any]]) -> str:
+    """The terminal table: one line per (N, strategy)."""
+    sources = source_columns(table)
+    head = (f"{'N':>4} {'strategy':<14} {'tok/s':>8} {'of best':>7} {'TTFT p50':>9} "
+            f"{'p95':>8} {'p99':>8} {'follow-up':>9} "
+            + " ".join(f"{s[:8]:>8}" for s in sources))  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for row in table:
+        ttft, fractions = row["ttft_ms"], row["prompt_fraction_from"]
+        share = row["fraction_of_ceiling"]
+        lines.append(
+            f"{row['conversations']:>4} {row['strategy']:<14} {row['throughput_tok_s']:>8.0f} "
+            f"{share if share is None else format(share, '.0%'):>7} {ttft['p50']:>7.1f}ms "
+            f"{ttft['p95']:>6.1f}ms {ttft['p99']:>6.1f}ms "
+            f"{row['follow_up_ttft_ms']['p50']:>7.1f}ms "
+            + " ".join(f"{fractions.get(s, 0.0):>8.0%}" for s in sources)
+        )
+    lines.append("TTFT of all requests, then TTFT p50 of follow-up turns (a cached prefix); "
+                 "the last columns say where prompt tokens came from.")
+    return "\n".join(lines)
+
+
+def format_headline(top: dict[str, Any]) -> str:
+    return (
+        f"At {top['conversations']} conversations, {top['strategy']} serves "
+        f"{top['throughput_over_recompute']}x the throughput of recompute, "
+        f"{top['fraction_of_ceiling']:.0%} of the ceiling; follow-up TTFT p50 "
+        f"{top['follow_up_ttft_p50_ms']:.1f} ms against "
+        f"{top['recompute_follow_up_ttft_p50_ms']:.1f} ms recomputed."
+    )
+
+
+def to_json(sweep: Sweep, table: list[dict[str, Any]]) -> dict[str, Any]:
+    options = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(sweep.options).items()}
+    return {
+        "options": options,
+        "model": sweep.identity.describe(),
+        "capacities": sweep.capacities,
+        "strategies": sweep.strategies,
+        "results": table,
+        "headline": headline(sweep, table),
+    }
+
+
+def write_json(document: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def write_chart(sweep: Sweep, table: list[dict[str, Any]], path: Path) -> None:
+    """Throughput and follow-up TTFT p50 against conversations, one line per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for name in sweep.strategies:
+        mine = [row for row in table if row["strategy"] == name]
+        xs = [row["conversations"] for row in mine]
+        style = "--" if name == CEILING else "-"
+        left.plot(xs, [row["throughput_tok_s"] for row in mine], style, marker="o", label=name)
+        right.plot(xs, [row["follow_up_ttft_ms"]["p50"] for row in mine], style, marker="o",
+                   label=name)  # fmt: skip
+    _shade_regimes(left, sweep.capacities, sweep.options.conversations)
+    left.set(title="Throughput", xlabel="conversations", ylabel="tokens / s")
+    right.set(title="TTFT p50, follow-up turns", xlabel="conversations", ylabel="ms", yscale="log")
+    for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(sweep.options.conversations, [str(n) for n in sweep.options.conversations])
+        axis.grid(alpha=0.3)
+    left.set_ylim(bottom=0)
+    left.legend(loc="lower left")
+    options = sweep.options
+    fig.suptitle(f"kvtier bench: {options.model} model, {options.rounds + 1} turns per "
+                 f"conversation, first prompt {options.first_prompt_tokens} tokens")  # fmt: skip
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _shade_regimes(axis: Any, capacities: dict[str, Any], sweep: tuple[int, ...]) -> None:
+    """Background bands: where the accelerator, host memory, or only a storage tier holds all."""
+    low, high = min(sweep) / 1.25, max(sweep) * 1.25
+    device, host = capacities["device_conversations"], capacities["host_conversations"]
+    regimes = [(low, device, "accelerator holds it"), (device, host, "host offload holds it"),
+               (host, high, "storage tier holds it")]  # fmt: skip
+    for (start, stop, label), color in zip(regimes, ("#e8f4e8", "#e8eef8", "#f8efe4"), strict=True):
+        start, stop = max(start, low), min(stop, high)
+        if start >= stop:
+            continue
+        axis.axvspan(start, stop, color=color, zorder=0)
+        axis.text((start * stop) ** 0.5, 0.98, label, transform=axis.get_xaxis_transform(),
+                  ha="center", va="top", fontsize=8, color="#555")  # fmt: skip
+    axis.set_xlim(low, high)
