@@ -1,0 +1,108 @@
+"""CURVE between real processes: keys from ``kvtier peer keygen``, an allow-list, refusals."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvtier.cli import main
+from kvtier.config import ServeConfig
+from kvtier.errors import ConfigError
+from kvtier.region import HostRegion
+from kvtier.tiers.base import HIT, MISS, TransferJob
+from kvtier.tiers.transport import server_keys
+from tests.conftest import collect, holds, make_keys, settle_lookup
+from tests.tiers.peer_node import PeerNode
+from tests.tiers.s3_server import free_port
+
+
+@pytest.fixture(scope="module")
+def keys_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """server, alice (allowed: her public key is in clients/) and mallory (not allowed)."""
+    root = tmp_path_factory.mktemp("curve")
+    for name in ("server", "alice", "mallory"):
+        assert main(["peer", "keygen", "--out", str(root), "--name", name]) == 0
+    (root / "clients").mkdir()
+    shutil.copy(root / "alice.public", root / "clients" / "alice.public")
+    return root
+
+
+@pytest.fixture(scope="module")
+def node(keys_dir: Path) -> Iterator[PeerNode]:
+    served = PeerNode(free_port(), "--store", "4", "--curve", str(keys_dir)).start()
+    yield served
+    served.kill()
+
+
+@pytest.fixture
+def region(identity) -> HostRegion:
+    return HostRegion(8, identity.layout.chunk_bytes)
+
+
+def curve(keys_dir: Path, client: str, server: str = "server") -> dict[str, object]:
+    return {
+        "curve_secret_key_file": str(keys_dir / f"{client}.secret"),
+        "curve_server_key_file": str(keys_dir / f"{server}.public"),
+        "timeout_s": 0.5,
+    }
+
+
+def test_keygen_writes_a_private_secret_and_refuses_to_overwrite(keys_dir):
+    assert stat.S_IMODE((keys_dir / "alice.secret").stat().st_mode) == 0o600
+    assert len((keys_dir / "alice.public").read_bytes().strip()) == 40
+    assert main(["peer", "keygen", "--out", str(keys_dir), "--name", "alice"]) == 2
+
+
+def test_an_allowed_client_fetches_byte_identical_chunks(node, keys_dir, identity, region):
+    keys = make_keys(identity, 4)
+    tier = node.tier(region, identity, **curve(keys_dir, "alice"))
+    try:
+        assert all(settle_lookup(tier, key) is HIT for key in keys)
+        tier.submit_load(TransferJob(1, tuple(keys), (0, 1, 2, 3)))
+        assert collect(tier, [1])[1].succeeded == frozenset(keys)
+        assert all(holds(region, slot, key) for slot, key in enumerate(keys))
+    finally:
+        tier.close()
+
+
+@pytest.mark.parametrize(
+    "who",
+    ["key not on the allow-list", "no CURVE at all", "wrong server key"],
+)
+def test_unauthenticated_clients_are_refused(node, keys_dir, identity, region, who):
+    options = {
+        "key not on the allow-list": curve(keys_dir, "mallory"),
+        "no CURVE at all": {"timeout_s": 0.5},
+        "wrong server key": curve(keys_dir, "alice", server="mallory"),
+    }[who]
+    tier = node.tier(region, identity, **options)
+    try:
+        key = make_keys(identity, 1)[0]
+        assert settle_lookup(tier, key) is MISS
+        tier.submit_load(TransferJob(1, (key,), (0,)))
+        assert collect(tier, [1])[1].succeeded == frozenset()
+        assert tier.stats()["peer_failures"] >= 1
+    finally:
+        tier.close()
+
+
+def test_curve_options_come_in_pairs_and_need_keys(tmp_path):
+    with pytest.raises(ConfigError, match="curve_client_keys_dir"):
+        ServeConfig(port=1, curve_secret_key_file="x")
+    main(["peer", "keygen", "--out", str(tmp_path / "keys"), "--name", "s"])
+    (tmp_path / "nobody").mkdir()
+    with pytest.raises(ConfigError, match=r"no \*\.public key files"):
+        server_keys(str(tmp_path / "keys" / "s.secret"), str(tmp_path / "nobody"))
+    (tmp_path / "bad.secret").write_text("not a key\n")
+    with pytest.raises(ConfigError, match="Z85 CURVE key"):
+        server_keys(str(tmp_path / "bad.secret"), str(tmp_path / "keys"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        server_keys(str(tmp_path / "missing.secret"), str(tmp_path / "keys"))
+
+
+def test_the_server_binds_loopback_unless_told_otherwise():
+    assert ServeConfig(port=1).host == "127.0.0.1"
