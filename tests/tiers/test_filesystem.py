@@ -20,6 +20,7 @@ from kvtier.tiers.base import HIT, MISS, RETRY, TransferJob
 from kvtier.tiers.codec import HEADER_BYTES
 from kvtier.tiers.filesystem import FilesystemTier
 from kvtier.tiers.fs_files import HOST_TAG, STALE_TMP_S
+from kvtier.tiers.fs_io import PIECE_BYTES
 from tests.conftest import collect, fill, holds, make_keys, settle_lookup, wait_for
 
 MakeTier = Callable[..., FilesystemTier]
@@ -65,10 +66,11 @@ def chunk_files(tier: FilesystemTier) -> dict[ChunkKey, Path]:
 
 # -- layout and lookups ----------------------------------------------------------------------
 @pytest.mark.parametrize("o_direct", ["off", "on"])
-@pytest.mark.parametrize("slot_bytes", [4096, 5000])
+@pytest.mark.parametrize("slot_bytes", [4096, 5000, 3 * PIECE_BYTES - 1000])
 def test_round_trip_and_on_disk_layout(make_tier, identity, tmp_path, o_direct, slot_bytes):
     """Chunks land as <ns>/<ab>/<cd>/<key hex>, header + payload exactly, and load back intact,
-    buffered or O_DIRECT, with slots that are or are not a multiple of 4096 bytes."""
+    buffered or O_DIRECT, with slots that are or are not a multiple of 4096 bytes, in one piece
+    or several."""
     reg = HostRegion(32, slot_bytes)
     try:
         tier = make_tier(reg=reg, o_direct=o_direct)
@@ -86,6 +88,33 @@ def test_round_trip_and_on_disk_layout(make_tier, identity, tmp_path, o_direct, 
     assert result.succeeded == frozenset(keys)
     assert all(holds(reg, 16 + i, key) for i, key in enumerate(keys))
     assert tier.stats()["loaded_bytes"] == 3 * (HEADER_BYTES + slot_bytes)
+
+
+@pytest.mark.parametrize(
+    ("offset", "new_size", "reason"),
+    [
+        (HEADER_BYTES + 2 * PIECE_BYTES + 7, None, "checksum"),  # a byte of the last piece
+        (None, HEADER_BYTES + PIECE_BYTES + 100, "length"),  # cut inside the second piece
+        (None, HEADER_BYTES + PIECE_BYTES, "length"),  # cut exactly at a piece boundary
+    ],
+)
+def test_damage_in_a_later_piece_is_detected(make_tier, identity, offset, new_size, reason):
+    reg = HostRegion(4, 3 * PIECE_BYTES - 1000)
+    tier = make_tier(reg=reg, o_direct="off")
+    keys = make_keys(identity, 1)
+    assert store(tier, reg, keys)
+    path = chunk_files(tier)[keys[0]]
+    with open(path, "r+b") as file:
+        if offset is not None:
+            file.seek(offset)
+            byte = file.read(1)
+            file.seek(offset)
+            file.write(bytes([byte[0] ^ 0x10]))
+        if new_size is not None:
+            file.truncate(new_size)
+    assert load(tier, keys, first_slot=1).integrity_failed == frozenset(keys)
+    assert tier.stats()[f"integrity.{reason}"] == 1
+    assert not path.exists()
 
 
 def test_lookup_answers_known_keys_at_once_and_probes_unknown_ones(make_tier, region, identity):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 
@@ -50,11 +51,25 @@ def checksum(payload: bytes | memoryview) -> bytes:
     return xxhash.xxh3_128_digest(payload)
 
 
-def encode_header(identity_digest: bytes, key: bytes, payload: bytes | memoryview) -> bytes:
-    """The ``HEADER_BYTES`` header block for ``payload``."""
+def checksum_stream() -> Any:
+    """A streaming hasher (``update(part)``, ``digest()``) giving the same value as ``checksum``.
+
+    For callers that hash a large payload piece by piece while each piece is still in CPU cache.
+    """
+    return xxhash.xxh3_128()
+
+
+def encode_header(
+    identity_digest: bytes,
+    key: bytes,
+    payload: bytes | memoryview,
+    payload_checksum: bytes | None = None,
+) -> bytes:
+    """The ``HEADER_BYTES`` header block for ``payload`` (``payload_checksum`` if already known)."""
+    digest = checksum(payload) if payload_checksum is None else payload_checksum
     fields = _FIELDS.pack(
         MAGIC, FORMAT_VERSION, CHECKSUM_XXH3_128, HEADER_BYTES,
-        identity_digest, key, len(payload), checksum(payload),
+        identity_digest, key, len(payload), digest,
     )  # fmt: skip
     check = _HEADER_CHECK.pack(xxhash.xxh3_64_intdigest(fields))
     return fields + check + bytes(HEADER_BYTES - _USED)
@@ -78,9 +93,16 @@ def decode_header(block: bytes | memoryview) -> ChunkHeader:
 
 
 def verify(
-    block: bytes | memoryview, payload: bytes | memoryview, identity_digest: bytes, key: bytes
+    block: bytes | memoryview,
+    payload: bytes | memoryview,
+    identity_digest: bytes,
+    key: bytes,
+    payload_checksum: bytes | None = None,
 ) -> None:
-    """Raise ``IntegrityError`` unless ``block`` + ``payload`` is chunk ``key`` of the identity."""
+    """Raise ``IntegrityError`` unless ``block`` + ``payload`` is chunk ``key`` of the identity.
+
+    ``payload_checksum``: the payload's ``checksum``, when the caller computed it while reading.
+    """
     header = decode_header(block)
     if header.identity_digest != identity_digest:
         raise IntegrityError("chunk belongs to another cache identity", "identity")
@@ -90,5 +112,6 @@ def verify(
         raise IntegrityError(
             f"payload is {len(payload)} bytes, header says {header.payload_len}", "length"
         )
-    if checksum(payload) != header.checksum:
+    digest = checksum(payload) if payload_checksum is None else payload_checksum
+    if digest != header.checksum:
         raise IntegrityError("payload checksum mismatch", "checksum")

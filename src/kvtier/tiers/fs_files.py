@@ -27,7 +27,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -36,6 +36,13 @@ from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.codec import FORMAT_VERSION, HEADER_BYTES, encode_header, verify
+from kvtier.tiers.fs_io import (
+    payload_checksum,
+    pread_all,
+    pwrite_all,
+    read_hashing,
+    write_hashing,
+)
 
 #: A temporary file older than this is stale whoever wrote it (a write takes far less).
 STALE_TMP_S = 600.0
@@ -105,20 +112,20 @@ class ChunkFiles:
         fd = self._open_tmp(tmp)
         try:
             payload = region.view(slot)
-            header = encode_header(self._digest, key, payload)
-            size = HEADER_BYTES + len(payload)
             if self.o_direct:
                 scratch = self._scratch()
-                scratch[:] = header
-                _pwrite_all(fd, [scratch, region.aligned_view(slot)])
-                os.ftruncate(fd, size)  # drop the slot's alignment padding
+                digest = payload_checksum(payload)
+                scratch[:] = encode_header(self._digest, key, payload, digest)
+                pwrite_all(fd, [scratch, region.aligned_view(slot)])
+                os.ftruncate(fd, HEADER_BYTES + len(payload))  # drop the slot's padding
             else:
-                _pwrite_all(fd, [header, payload])
+                digest = write_hashing(fd, payload)
+                pwrite_all(fd, [encode_header(self._digest, key, payload, digest)])
             if self._fsync:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        return size
+        return HEADER_BYTES + len(payload)
 
     def _open_tmp(self, tmp: str) -> int:
         try:
@@ -140,10 +147,14 @@ class ChunkFiles:
         try:
             stat = os.fstat(fd)
             header, payload = self._scratch(), region.view(slot)
-            buffers = [header, region.aligned_view(slot) if self.o_direct else payload]
-            got = _pread_all(fd, buffers, stat.st_size)
+            if self.o_direct:
+                buffers = [header, region.aligned_view(slot)]
+                got = pread_all(fd, buffers, 0, stat.st_size)
+                digest = payload_checksum(payload[: max(0, got - HEADER_BYTES)])
+            else:
+                got, digest = read_hashing(fd, header, payload, stat.st_size)
             try:
-                self._verify(key, header, payload, got, stat.st_size)
+                self._verify(key, header, payload, got, stat.st_size, digest)
             except IntegrityError:
                 _unlink_if_same(path, stat)
                 raise
@@ -152,12 +163,19 @@ class ChunkFiles:
         return stat.st_size
 
     def _verify(
-        self, key: ChunkKey, header: memoryview, payload: memoryview, got: int, size: int
+        self,
+        key: ChunkKey,
+        header: memoryview,
+        payload: memoryview,
+        got: int,
+        size: int,
+        digest: bytes,
     ) -> None:
+        """Check what was read: ``got`` bytes of a ``size``-byte file (``digest``: of payload)."""
         if got < HEADER_BYTES:
             raise IntegrityError(f"file is {got} bytes, shorter than a header", "short")
         payload_got = min(got - HEADER_BYTES, len(payload))
-        verify(header, payload[:payload_got], self._digest, key)
+        verify(header, payload[:payload_got], self._digest, key, digest)
         if size != HEADER_BYTES + len(payload) or payload_got != len(payload):
             raise IntegrityError(f"file is {size} bytes, not a chunk of {len(payload)}", "length")
 
@@ -255,33 +273,6 @@ def _create_namespace(root_dir: str, namespace: str, identity: CacheIdentity, ta
         raise TierError(
             f"fs tier: cannot write under root_dir {root_dir!r}: {exc.strerror or exc}"
         ) from exc
-
-
-def _pwrite_all(fd: int, buffers: Sequence[bytes | memoryview]) -> None:
-    total, done = sum(len(b) for b in buffers), 0
-    while done < total:
-        done += os.pwritev(fd, _skip(buffers, done), done)
-
-
-def _pread_all(fd: int, buffers: Sequence[memoryview], size: int) -> int:
-    """Fill ``buffers`` from offset 0 up to ``size`` bytes (less at EOF); returns bytes read."""
-    want, done = min(size, sum(len(b) for b in buffers)), 0
-    while done < want:
-        got = os.preadv(fd, _skip(buffers, done), done)
-        if got == 0:
-            break
-        done += got
-    return done
-
-
-def _skip(buffers: Sequence[bytes | memoryview], nbytes: int) -> list[memoryview]:
-    """The buffers without their first ``nbytes`` bytes (for resuming a short transfer)."""
-    rest = []
-    for buffer in buffers:
-        view = memoryview(buffer)
-        rest.append(view[min(nbytes, len(view)) :])
-        nbytes = max(0, nbytes - len(view))
-    return [view for view in rest if len(view)]
 
 
 def _entries(directory: str) -> list[os.DirEntry[str]]:
