@@ -232,6 +232,17 @@ def test_missing_file_is_a_plain_miss(make_tier, region, identity):
     assert stats["load_missing"] == 1 and not any(k.startswith("integrity") for k in stats)
 
 
+def test_storing_again_rewrites_a_file_another_instance_deleted(make_tier, region, identity):
+    tier = make_tier()
+    keys = make_keys(identity, 2)
+    store(tier, region, keys)
+    chunk_files(tier)[keys[0]].unlink()
+    assert store(tier, region, keys, job_id=3)
+    assert set(chunk_files(tier)) == set(keys)
+    assert tier.stats()["store_skipped_present"] == 1
+    assert load(tier, keys, job_id=4).succeeded == frozenset(keys)
+
+
 def test_store_failure_fails_the_job_and_loads_keep_working(make_tier, region, identity):
     """An injected ENOSPC fails the store job, leaves no file behind, and is counted."""
     tier = make_tier()

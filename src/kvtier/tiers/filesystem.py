@@ -184,10 +184,10 @@ class FilesystemTier(SecondaryTier):
 
     def _store_one(self, key: ChunkKey, slot: int) -> None:
         """Write one chunk unless already on disk; raises ``TierError`` when it cannot."""
-        if self._index.touch(key):
-            self._counters.add("store_skipped_present")
-            return
         try:
+            if self._on_disk(key):
+                self._counters.add("store_skipped_present")
+                return
             self._write(key, slot)
         except (OSError, CapacityError) as exc:
             reason = _errno_name(exc) if isinstance(exc, OSError) else "capacity"
@@ -196,6 +196,15 @@ class FilesystemTier(SecondaryTier):
         self._misses.discard(key)
         self._counters.add("stored_chunks")
         self._counters.add("stored_bytes", self._file_bytes)
+
+    def _on_disk(self, key: ChunkKey) -> bool:
+        """Whether an indexed ``key`` still has its file (another instance may have evicted it)."""
+        if not self._index.touch(key):
+            return False
+        if self._files.size_of(key) is not None:
+            return True
+        self._index.discard(key)
+        return False
 
     def _write(self, key: ChunkKey, slot: int) -> None:
         nbytes = self._file_bytes
