@@ -122,43 +122,56 @@ def write_json(document: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(document, indent=2) + "\n")
 
 
+#: The chart's panels: title, y label, and the value of a row.
+PANELS: list[tuple[str, str, Any]] = [
+    ("Throughput", "tokens / s", lambda row: row["throughput_tok_s"]),
+    ("Throughput as a fraction of the ceiling", "of ceiling",
+     lambda row: row["fraction_of_ceiling"] or 0.0),
+    ("TTFT p50, follow-up turns (cached prefix)", "ms",
+     lambda row: row["follow_up_ttft_ms"]["p50"]),
+]  # fmt: skip
+
+
 def write_chart(sweep: Sweep, table: list[dict[str, Any]], path: Path) -> None:
-    """Throughput and follow-up TTFT p50 against conversations, one line per strategy."""
+    """Throughput (absolute and as a fraction of the ceiling) and follow-up TTFT p50 against
+    conversations, one line per strategy, over bands that mark the three regimes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    for name in sweep.strategies:
-        mine = [row for row in table if row["strategy"] == name]
-        xs = [row["conversations"] for row in mine]
-        style = "--" if name == CEILING else "-"
-        left.plot(xs, [row["throughput_tok_s"] for row in mine], style, marker="o", label=name)
-        right.plot(xs, [row["follow_up_ttft_ms"]["p50"] for row in mine], style, marker="o",
-                   label=name)  # fmt: skip
-    _shade_regimes(left, sweep.capacities, sweep.options.conversations)
-    left.set(title="Throughput", xlabel="conversations", ylabel="tokens / s")
-    right.set(title="TTFT p50, follow-up turns", xlabel="conversations", ylabel="ms", yscale="log")
-    for axis in (left, right):
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(sweep.options.conversations, [str(n) for n in sweep.options.conversations])
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(16, 4.8))
+    sizes = sweep.options.conversations
+    for axis, (title, unit, value) in zip(axes, PANELS, strict=True):
+        for name in sweep.strategies:
+            mine = [row for row in table if row["strategy"] == name]
+            axis.plot([row["conversations"] for row in mine], [value(row) for row in mine],
+                      "--" if name == CEILING else "-", marker="o", label=name)  # fmt: skip
+        _shade_regimes(axis, sweep.capacities, sizes)
+        axis.set(title=title, xlabel="conversations", ylabel=unit, xscale="log")
+        axis.set_xticks(sizes, [str(n) for n in sizes])
+        axis.minorticks_off()
+        axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
-    left.set_ylim(bottom=0)
-    left.legend(loc="lower left")
+    axes[0].legend(loc="lower left")
     options = sweep.options
     fig.suptitle(f"kvtier bench: {options.model} model, {options.rounds + 1} turns per "
                  f"conversation, first prompt {options.first_prompt_tokens} tokens")  # fmt: skip
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def _shade_regimes(axis: Any, capacities: dict[str, Any], sweep: tuple[int, ...]) -> None:
-    """Background bands: where the accelerator, host memory, or only a storage tier holds all."""
+    """Background bands: where the accelerator, host memory, or only a storage tier holds all.
+
+    A tier holds N conversations while N <= its capacity, so each band ends half a
+    conversation past it.
+    """
     low, high = min(sweep) / 1.25, max(sweep) * 1.25
-    device, host = capacities["device_conversations"], capacities["host_conversations"]
+    device = capacities["device_conversations"] + 0.5
+    host = capacities["host_conversations"] + 0.5
     regimes = [(low, device, "accelerator holds it"), (device, host, "host offload holds it"),
                (host, high, "storage tier holds it")]  # fmt: skip
     for (start, stop, label), color in zip(regimes, ("#e8f4e8", "#e8eef8", "#f8efe4"), strict=True):
