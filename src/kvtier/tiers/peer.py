@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from kvtier.config import P2PTierConfig
 from kvtier.errors import IntegrityError
 from kvtier.identity import CacheIdentity
@@ -334,7 +336,8 @@ class PeerTier(SecondaryTier):
                 self._counters[f"integrity_failed_{exc.reason}"] += 1
                 job.integrity_failed.add(key)
                 continue
-            self._region.view(slot)[:] = payload
+            # numpy copies without holding the GIL, so the other threads keep moving bytes
+            self._region.numpy(slot)[:] = np.frombuffer(payload, dtype=np.uint8)
             job.succeeded.add(key)
             self._counters["fetched_chunks"] += 1
 
