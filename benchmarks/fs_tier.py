@@ -13,7 +13,8 @@ Buffered rows run page-cache hot (the files were just written; the machine has R
 O_DIRECT rows (when the filesystem allows it) compare the tier with ``o_direct: "on"`` against
 raw O_DIRECT threads. Each figure is the best of ``--repeats`` rounds, rounds of the two sides
 interleaved, each in a fresh directory, after one untimed warm-up round; throughput is chunk
-payload bytes per second (GB = 1e9).
+payload bytes per second (GB = 1e9). ``*_cpu_s_per_GB`` is the CPU time of the whole process per
+GB moved (best round): on a shared, oversubscribed machine it is steadier than wall time.
 """
 
 from __future__ import annotations
@@ -43,24 +44,35 @@ SIZES = (256 << 10, 2 << 20, 8 << 20)
 IDENTITY = CacheIdentity(model="bench/model", layout=KVLayout(1, 1, 64))
 
 
-def run_threads(n_threads: int, n_chunks: int, work: Callable[[int], None]) -> float:
-    """Seconds for ``n_threads`` threads to run ``work(i)`` for every chunk index, split evenly."""
+Timing = tuple[float, float]  # (wall seconds, CPU seconds of the whole process)
+
+
+def timed(fn: Callable[[], None]) -> Timing:
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def run_threads(n_threads: int, n_chunks: int, work: Callable[[int], None]) -> Timing:
+    """Time ``n_threads`` threads running ``work(i)`` for every chunk index, split evenly."""
 
     def worker(first: int) -> None:
         for index in range(first, n_chunks, n_threads):
             work(index)
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return time.perf_counter() - start
+
+    def run() -> None:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    return timed(run)
 
 
-def raw_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> tuple[float, float]:
-    """(store seconds, load seconds) of plain pwrite/preadv threads, one file per chunk."""
+def raw_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> list[Timing]:
+    """[store, load] timings of plain pwrite/preadv threads, one file per chunk."""
     flags = O_DIRECT if direct else 0
     paths = [str(root / f"chunk-{i}") for i in range(region.num_slots)]
 
@@ -81,13 +93,11 @@ def raw_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> t
         finally:
             os.close(fd)
 
-    return run_threads(n_threads, region.num_slots, write), run_threads(
-        n_threads, region.num_slots, read
-    )
+    return [run_threads(n_threads, region.num_slots, fn) for fn in (write, read)]
 
 
-def tier_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> tuple[float, float]:
-    """(store seconds, load seconds) through a FilesystemTier, one job per thread."""
+def tier_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> list[Timing]:
+    """[store, load] timings through a FilesystemTier, one job per thread."""
     mode = "on" if direct else "off"
     config = FsTierConfig(str(root), n_read_threads=n_threads, n_write_threads=n_threads,
                           o_direct=mode)  # fmt: skip
@@ -101,15 +111,13 @@ def tier_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> 
             (tuple(keys[t :: n_threads]), tuple(range(region.num_slots))[t :: n_threads])
             for t in range(n_threads)
         ]
-        store_s = run_jobs(tier, jobs, tier.submit_store)
-        load_s = run_jobs(tier, jobs, tier.submit_load)
+        store = timed(lambda: run_jobs(tier, jobs, tier.submit_store))
+        return [store, timed(lambda: run_jobs(tier, jobs, tier.submit_load))]
     finally:
         tier.close()
-    return store_s, load_s
 
 
-def run_jobs(tier: FilesystemTier, jobs: list, submit: Callable[[TransferJob], None]) -> float:
-    start = time.perf_counter()
+def run_jobs(tier: FilesystemTier, jobs: list, submit: Callable[[TransferJob], None]) -> None:
     for job_id, (keys, slots) in enumerate(jobs):
         submit(TransferJob(job_id, keys, slots))
     pending = len(jobs)
@@ -119,7 +127,6 @@ def run_jobs(tier: FilesystemTier, jobs: list, submit: Callable[[TransferJob], N
             raise RuntimeError(f"a tier job failed: {[r.error for r in results if not r.ok]}")
         pending -= len(results)
         time.sleep(0.001)
-    return time.perf_counter() - start
 
 
 def measure(size: int, args: argparse.Namespace, direct: bool) -> dict[str, object]:
@@ -127,19 +134,20 @@ def measure(size: int, args: argparse.Namespace, direct: bool) -> dict[str, obje
     region = HostRegion(n_chunks, size, pin=False)
     for slot in range(n_chunks):
         region.numpy(slot)[:] = np.random.default_rng(slot).integers(0, 256, size, dtype=np.uint8)
-    best: dict[str, float] = {}
+    best: dict[str, Timing] = {}
     for round_index in range(-1, args.repeats):  # round -1 warms memory and disk up, untimed
         for side, fn in (("raw", raw_round), ("tier", tier_round)):
             root = Path(tempfile.mkdtemp(prefix=f"fs-bench-{side}-", dir=args.dir))
             try:
-                store_s, load_s = fn(region, root, args.threads, direct)
+                timings = fn(region, root, args.threads, direct)
             finally:
                 shutil.rmtree(root, ignore_errors=True)
-            if round_index < 0:
-                continue
-            best[f"{side}_store"] = min(best.get(f"{side}_store", 1e9), store_s)
-            best[f"{side}_load"] = min(best.get(f"{side}_load", 1e9), load_s)
-    gbps = {k: n_chunks * size / v / 1e9 for k, v in best.items()}
+            for op, (wall, cpu) in zip(("store", "load"), timings, strict=True):
+                old_wall, old_cpu = best.get(f"{side}_{op}", (1e9, 1e9))
+                if round_index >= 0:
+                    best[f"{side}_{op}"] = (min(old_wall, wall), min(old_cpu, cpu))
+    gbytes = n_chunks * size / 1e9
+    gbps = {k: gbytes / wall for k, (wall, _) in best.items()}
     return {
         "chunk_bytes": size,
         "mode": "o_direct" if direct else "buffered (page cache hot)",
@@ -147,6 +155,7 @@ def measure(size: int, args: argparse.Namespace, direct: bool) -> dict[str, obje
         **{f"{k}_GBps": round(v, 2) for k, v in gbps.items()},
         "store_ratio": round(gbps["tier_store"] / gbps["raw_store"], 3),
         "load_ratio": round(gbps["tier_load"] / gbps["raw_load"], 3),
+        **{f"{k}_cpu_s_per_GB": round(cpu / gbytes, 4) for k, (_, cpu) in best.items()},
     }
 
 
@@ -184,6 +193,7 @@ def main() -> None:
         "tier_level_dirs": "created before timing (steady state)",
         "results": results,
         "cpus": os.cpu_count(),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
     }, indent=2))  # fmt: skip
 
