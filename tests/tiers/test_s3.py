@@ -71,7 +71,7 @@ def test_objects_are_named_by_prefix_identity_and_key(s3_server, tiers, region, 
     assert b'"model": "test/model"' in bytes(described)
 
 
-CORRUPTIONS = ["checksum", "identity", "key", "length", "magic"]
+CORRUPTIONS = ["checksum", "identity", "key", "length", "longer", "magic"]
 
 
 def corrupt(body: bytes, kind: str, identity: CacheIdentity, other_key: bytes) -> bytes:
@@ -84,6 +84,8 @@ def corrupt(body: bytes, kind: str, identity: CacheIdentity, other_key: bytes) -
         return codec.encode_header(identity.digest, other_key, payload) + payload
     if kind == "length":
         return body[:-100]
+    if kind == "longer":
+        return body + bytes(100)
     return bytes(len(body))
 
 
@@ -101,7 +103,8 @@ def test_corrupted_or_foreign_objects_are_never_served(kind, s3_server, tiers, r
     result = collect(tier, [2])[2]
     assert result.succeeded == frozenset() and result.failed == {key}
     assert result.integrity_failed == {key}
-    assert tier.stats()[f"integrity_failed_{kind}"] == 1
+    reason = "length" if kind == "longer" else kind
+    assert tier.stats()[f"integrity_failed_{reason}"] == 1
     assert tier.lookup(key) is MISS
 
 
