@@ -182,3 +182,10 @@ def test_device_cache_evicts_a_tail_before_its_prefix(identity: CacheIdentity) -
     assert device.match(keys) == 3 and device.num_evicted == 1
     assert [float(c) for c in device.get(keys[:3])] == [0.0, 1.0, 2.0]
     assert DeviceChunkCache(capacity=0).match(keys) == 0
+
+
+def test_decoding_stops_after_a_stop_token(model: Any, identity: CacheIdentity) -> None:
+    tiered = TieredModel(model, identity)
+    tokens = prompt(12, seed=20)
+    free = tiered.generate(tokens, 6).tokens
+    assert tiered.generate(tokens, 6, stop_tokens={free[2]}).tokens == free[: free.index(free[2]) + 1]

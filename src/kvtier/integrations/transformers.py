@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,8 +180,13 @@ class TieredModel:
         self._events: list[KVEvent] = []
 
     @torch.inference_mode()
-    def generate(self, token_ids: Sequence[int], max_new_tokens: int = 1) -> Generation:
-        """Greedy-decode ``max_new_tokens`` after ``token_ids``, reusing cached prefix chunks."""
+    def generate(
+        self, token_ids: Sequence[int], max_new_tokens: int = 1, stop_tokens: Collection[int] = ()
+    ) -> Generation:
+        """Greedy-decode up to ``max_new_tokens`` after ``token_ids``, reusing cached prefixes.
+
+        Decoding ends early after a token of ``stop_tokens`` (e.g. the end-of-sequence token).
+        """
         started = time.perf_counter()
         self._finish_stores()
         prompt = [int(t) for t in token_ids]
@@ -193,14 +198,15 @@ class TieredModel:
         logits = self.model(input_ids=ids, cache=cache, use_cache=True).logits[0]
         tokens = [int(logits[-1].argmax())]
         first_token_s = time.perf_counter() - started
-        tokens += self._decode(cache, tokens[0], max_new_tokens - 1)
+        if tokens[0] not in stop_tokens:
+            tokens += self._decode(cache, tokens[0], max_new_tokens - 1, stop_tokens)
         restored.sources[RECOMPUTED] += len(prompt) - cached
         self._store(prompt + tokens[:-1], cache, len(restored.chunks))
         return Generation(tokens, logits, cached, dict(restored.sources), first_token_s)
 
-    def _decode(self, cache: Any, token: int, steps: int) -> list[int]:
-        tokens = []
-        for _ in range(steps):
+    def _decode(self, cache: Any, token: int, steps: int, stop: Collection[int]) -> list[int]:
+        tokens: list[int] = []
+        while len(tokens) < steps and token not in stop:
             ids = torch.tensor([[token]], device=self.model.device)
             logits = self.model(input_ids=ids, cache=cache, use_cache=True).logits
             token = int(logits[0, -1].argmax())
