@@ -187,6 +187,8 @@ class TieredModel:
 
         Decoding ends early after a token of ``stop_tokens`` (e.g. the end-of-sequence token).
         """
+        if not token_ids or max_new_tokens < 1:
+            raise ValueError("generate needs a non-empty prompt and max_new_tokens >= 1")
         started = time.perf_counter()
         self._finish_stores()
         prompt = [int(t) for t in token_ids]
