@@ -340,13 +340,17 @@ class TieringManager:
         from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.prometheus_collector())
+        return registry
+
+    def prometheus_collector(self) -> TelemetryCollector:
+        """The collector behind ``prometheus_registry``, to register on a registry of your own."""
         gauges = {
             "kvtier_host_slots": ("Host slots by state", self._slot_gauges),
             "kvtier_host_fill_ratio": ("Share of host slots holding a chunk", self._fill_gauge),
             "kvtier_tier_stat": ("Each tier's own stats() values", self._tier_stat_gauges),
         }
-        registry.register(TelemetryCollector(self.metrics.telemetry, gauges))
-        return registry
+        return TelemetryCollector(self.metrics.telemetry, gauges)
 
     def _slot_gauges(self) -> dict[Labels, float]:
         held, used = self.host.num_held, len(self.host)

@@ -181,6 +181,16 @@ def _buckets(hist: Histogram) -> list[tuple[str, float]]:
     return out
 
 
+class DelegatingCollector:
+    """Collects from whichever collector is ``current`` (e.g. the manager the bench runs now)."""
+
+    def __init__(self) -> None:
+        self.current: TelemetryCollector | None = None
+
+    def collect(self) -> Iterator[Any]:
+        return iter(()) if self.current is None else self.current.collect()
+
+
 class MetricsServer:
     """Serves ``/metrics`` for a registry over HTTP until ``close``."""
 

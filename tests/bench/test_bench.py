@@ -77,3 +77,28 @@ def test_command_line_options() -> None:
     assert quick.conversations == (3, 5) and quick.rounds == 2 and quick.host_convs == 4.0
     with pytest.raises(SystemExit):
         parse(["bench", "--conversations", "0,2"])
+
+
+def test_metrics_port_serves_the_fullest_strategy(tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    from kvtier.bench.cli import _export_metrics
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = BenchOptions(model="tiny", conversations=(2,), device_convs=1.0, host_convs=1.0,
+                           first_prompt_tokens=40, rounds=1, user_turn_tokens=6, new_tokens=2,
+                           block_size=4, blocks_per_chunk=2, output_dir=str(tmp_path))
+    bench = Bench(options)
+    server = _export_metrics(bench, port)
+    try:
+        bench.sweep()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        server.close()
+    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+               if line.startswith("kvtier_") and " " in line}
+    assert samples["kvtier_stored_chunks_total"] > 0
+    assert samples['kvtier_tier_bytes_total{op="store",tier="fs"}'] > 0

@@ -49,7 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_path", help="JSON path (OUTPUT_DIR/bench.json)")
     parser.add_argument("--chart", dest="chart_path", help="PNG path (OUTPUT_DIR/bench.png)")
     parser.add_argument("--threads", type=int, help="torch threads (1: stable timings)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")  # fmt: skip
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--metrics-port", type=int,
+                        help="serve the fullest strategy's metrics on this port")  # fmt: skip
 
 
 def options_from(args: argparse.Namespace) -> Any:
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     json_path = Path(args.json_path) if args.json_path else out / "bench.json"
     chart_path = Path(args.chart_path) if args.chart_path else out / "bench.png"
     bench = Bench(options)
+    exporter = None if args.metrics_port is None else _export_metrics(bench, args.metrics_port)
     print(_describe(bench), file=sys.stderr)
     bench.warm_up()
     with tqdm(total=bench.num_requests(), unit="req", disable=args.no_progress) as bar:
@@ -84,7 +87,29 @@ def run(args: argparse.Namespace) -> int:
     report.write_json(document, json_path)
     report.write_chart(sweep, table, chart_path)
     print(f"wrote {json_path} and {chart_path}")
+    if exporter is not None:
+        exporter.close()
     return 0
+
+
+def _export_metrics(bench: Any, port: int) -> Any:
+    """Serve ``/metrics`` of whichever run of the fullest strategy is active."""
+    from prometheus_client import CollectorRegistry
+
+    from kvtier.metrics import DelegatingCollector, MetricsServer
+
+    collector = DelegatingCollector()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+
+    def watch(run: Any) -> None:
+        collector.current = run.manager.prometheus_collector()
+
+    bench.on_full_run = watch
+    server = MetricsServer(registry, port, "127.0.0.1")
+    print(f"metrics of {bench.strategy_names()[2]} on http://127.0.0.1:{server.port}/metrics",
+          file=sys.stderr)  # fmt: skip
+    return server
 
 
 def _describe(bench: Any) -> str:

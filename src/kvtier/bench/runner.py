@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +98,8 @@ class Bench:
         self.identity = identity_for(self.model, layout, name=f"kvtier-bench/{options.model}")
         self.tiers_dir = Path(options.output_dir) / "tiers"
         self._runs = 0
+        #: Called with every run of the fullest tiered strategy when it starts (metrics export).
+        self.on_full_run: Callable[[StrategyRun], None] | None = None
 
     @property
     def chunks_per_conversation(self) -> int:
@@ -148,7 +150,10 @@ class Bench:
     def start(self, strategy: Strategy, num_conversations: int) -> StrategyRun:
         self._runs += 1
         spec = self.options.spec(num_conversations, self.vocab_size)
-        return StrategyRun(self.model, self.identity, strategy, spec, f"bench-run-{self._runs}")
+        run = StrategyRun(self.model, self.identity, strategy, spec, f"bench-run-{self._runs}")
+        if self.on_full_run is not None and strategy.name == self.strategy_names()[2]:
+            self.on_full_run(run)
+        return run
 
     def warm_up(self) -> None:
         """Run every prompt shape once (the first call at a new length is much slower)."""
