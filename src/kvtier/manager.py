@@ -181,8 +181,17 @@ class TieringManager:
 
     # -- load --------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[ChunkKey]) -> int | Lookup:
-        """How many leading ``keys`` are ready in host, or ``RETRY`` while promotions run."""
+        """How many leading ``keys`` are ready in host, or ``RETRY`` while promotions run.
+
+        For a layout that resumes from a trailing window (``layout.window_chunks``, sliding and
+        state layers only), the answer ``n`` is the prefix that can be resumed: only its chunks
+        from ``layout.resume_start(n)`` on are ready in host, and only those need loading.
+        """
         self.poll()
+        window = self.identity.layout.window_chunks
+        if window is not None:
+            self.metrics.count("lookups")
+            return self._promoter.lookup_window(keys, window)
         is_ready = self.host.is_ready
         ready = 0
         for key in keys:

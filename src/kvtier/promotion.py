@@ -7,6 +7,11 @@ the chunk into a reserved host slot (one job per tier, however many keys). The a
 tier again until it is stored anew (no livelock). When the walk stops at a chunk held nowhere,
 the chunks from there on are recomputed and counted under one reason (``MISS_REASONS``).
 
+``Promoter.lookup_window`` serves layouts whose layers resume from a trailing window of chunks
+(sliding-window and state-space layers, ``KVLayout.window_chunks``): a prefix of ``n`` chunks can
+be resumed once its last ``window`` chunks are in host, because the key of chunk ``i`` names the
+whole prefix up to ``i``. The chunks before the window are never looked up nor promoted.
+
 Thread safety: none; it belongs to the manager's thread.
 """
 
@@ -84,6 +89,7 @@ class Walk:
     waiting: bool = False
     wanted: list[tuple[int, ChunkKey]] = field(default_factory=list)
     stop_reason: str | None = None
+    stopped_at: int | None = None  # index of the key the walk stopped at
 
 
 class Promoter:
@@ -108,14 +114,7 @@ class Promoter:
     def lookup_beyond(self, keys: Sequence[ChunkKey], ready: int) -> int | Lookup:
         """Continue a lookup whose first ``ready`` keys are ready in host."""
         walk = self._walk(keys[ready:])
-        protect = keys[:ready]
-        self.host.hold(protect)
-        try:
-            room = self.host.num_allocatable
-            started = [self._promote(i, ks) for i, ks in _by_tier(walk.wanted[:room]).items()]
-        finally:
-            self.host.release(protect)
-        if walk.waiting or any(started):
+        if walk.waiting or self._start(walk.wanted, keys[:ready]):
             return RETRY
         reason = "host_full" if walk.wanted else walk.stop_reason
         if walk.wanted:
@@ -124,20 +123,64 @@ class Promoter:
             self.metrics.count("recomputed_chunks", len(keys) - ready, reason=reason)
         return ready
 
+    def lookup_window(self, keys: Sequence[ChunkKey], window: int) -> int | Lookup:
+        """Longest prefix of ``keys`` whose last ``window`` chunks are ready in host, or RETRY.
+
+        The whole prefix is tried first; a chunk of its window held nowhere moves the prefix's
+        end before that chunk. The first window whose every chunk is held somewhere has its
+        missing chunks promoted (``RETRY`` until they land).
+        """
+        end, reason = len(keys), None
+        while end > 0:
+            start = max(0, end - window)
+            walk = self._walk(keys[start:end])
+            if walk.stopped_at is None:
+                return self._finish_window(keys, start, end, walk, reason)
+            reason = reason or walk.stop_reason
+            end = start + walk.stopped_at
+        self._count_recomputed(len(keys), reason)
+        return 0
+
+    def _finish_window(self, keys: Sequence[ChunkKey], start: int, end: int, walk: Walk,
+                       reason: str | None) -> int | Lookup:  # fmt: skip
+        ready = [k for k in keys[start:end] if self.host.is_ready(k)]
+        if walk.waiting or self._start(walk.wanted, ready):
+            return RETRY
+        if walk.wanted:
+            self.metrics.count("lookup_host_full")
+            end, reason = 0, "host_full"
+        self._count_recomputed(len(keys) - end, reason)
+        return end
+
+    def _count_recomputed(self, num_chunks: int, reason: str | None) -> None:
+        if num_chunks and reason is not None:
+            self.metrics.count("recomputed_chunks", num_chunks, reason=reason)
+
+    def _start(self, wanted: list[tuple[int, ChunkKey]], protect: Sequence[ChunkKey]) -> bool:
+        """Promote what fits of ``wanted`` without evicting ``protect``; whether any started."""
+        self.host.hold(protect)
+        try:
+            room = self.host.num_allocatable
+            started = [self._promote(i, ks) for i, ks in _by_tier(wanted[:room]).items()]
+        finally:
+            self.host.release(protect)
+        return any(started)
+
     def _walk(self, keys: Sequence[ChunkKey]) -> Walk:
         """Walk keys past the ready prefix until one is held nowhere."""
         walk = Walk()
-        for key in keys:
+        for index, key in enumerate(keys):
             state = self.host.state_of(key)
             if state is not None:
                 if state == WRITING and key not in self.promoting:
-                    walk.stop_reason = "store_in_flight"
+                    walk.stop_reason, walk.stopped_at = "store_in_flight", index
                     return walk
                 walk.waiting = walk.waiting or state == WRITING
                 continue
             holder, unavailable = self._find_holder(key)
             if holder is MISS:
                 walk.stop_reason = self._miss_reason(key, unavailable)
+                walk.stopped_at = index
                 return walk
             if isinstance(holder, int):
                 walk.wanted.append((holder, key))
