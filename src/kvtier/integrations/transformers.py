@@ -8,13 +8,19 @@
    are taken from there; the following ones are asked of ``TieringManager.lookup`` (``RETRY`` is
    waited out, up to ``retry_timeout_s``, while secondary tiers promote chunks into host) and
    copied from their host slots by the ``TransferEngine``.
-3. Those chunks become the model's ``DynamicCache``; the model runs only on the rest of the
-   prompt, then decodes greedily.
+3. Those chunks become the model's ``DynamicCache`` (``hf_cache.CacheSession``); the model runs
+   only on the rest of the prompt, then decodes greedily.
 4. Every new full chunk of prompt and output goes into the device cache and is stored into host
    memory (from where the manager writes it through to every secondary tier).
 
 Where each prompt token came from is counted in ``Generation.sources``: ``accelerator``,
-``host``, the name of a secondary tier (for chunks it promoted), or ``recomputed``.
+``host``, the name of a secondary tier (for chunks it promoted), or ``recomputed``; and
+``skipped`` for the tokens of a restored prefix that no layer needs (a model whose layers all
+resume from a trailing window, ``KVLayout.window_chunks``: only that window is looked up and
+loaded).
+
+Layer types: full, sliding-window and latent (MLA) attention, and state-space layers (Mamba);
+see ``hf_cache`` for how each maps to the layout.
 Anything doubtful (a lookup that never settles, a failed copy) is a miss: the tokens are
 recomputed, never served wrong.
 
@@ -24,6 +30,7 @@ Thread safety: none; one engine thread calls ``generate``.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Sequence
@@ -32,37 +39,20 @@ from typing import Any
 
 import torch
 import xxhash
-from transformers import DynamicCache
 
 from kvtier.errors import ConfigError, KVTierError
 from kvtier.events import EventKind, KVEvent
 from kvtier.identity import CacheIdentity
+from kvtier.integrations.hf_cache import CacheSession, StateMember, layout_for, probe
 from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.layout import KVLayout
 from kvtier.manager import TieringManager
 from kvtier.tiers.base import RETRY
-from kvtier.transfer import TORCH_DTYPES, TransferEngine, pack_chunks, unpack_chunks
+from kvtier.transfer import TransferEngine
 
-ACCELERATOR, HOST, RECOMPUTED = "accelerator", "host", "recomputed"
-_DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+__all__ = ["DeviceChunkCache", "Generation", "TieredModel", "identity_for", "layout_for"]
 
-
-def layout_for(model: Any, block_size: int = 16, blocks_per_chunk: int = 16) -> KVLayout:
-    """The ``KVLayout`` of a full-attention causal LM's KV cache, in the model's dtype."""
-    config = model.config.get_text_config(decoder=True)
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if layer_types != {"full_attention"}:
-        raise ConfigError(f"layer_types: only full attention is supported, got {layer_types}")
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return KVLayout(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-        head_dim=head_dim,
-        dtype=_DTYPE_NAMES[model.dtype],
-        block_size=block_size,
-        blocks_per_chunk=blocks_per_chunk,
-    )
+ACCELERATOR, HOST, RECOMPUTED, SKIPPED = "accelerator", "host", "recomputed", "skipped"
 
 
 def identity_for(model: Any, layout: KVLayout, name: str | None = None) -> CacheIdentity:
@@ -105,6 +95,16 @@ class DeviceChunkCache:
             count += 1
         return count
 
+    def match_window(self, keys: Sequence[ChunkKey], window: int) -> int:
+        """The longest prefix of ``keys`` whose last ``window`` chunks are all cached."""
+        end = len(keys)
+        while end > 0:
+            missing = [i for i in range(max(0, end - window), end) if keys[i] not in self._chunks]
+            if not missing:
+                return end
+            end = missing[-1]
+        return 0
+
     def get(self, keys: Sequence[ChunkKey]) -> list[torch.Tensor]:
         """The chunks of ``keys`` (all cached), marked most recently used."""
         self.touch(keys)
@@ -146,8 +146,15 @@ class Generation:
 
 @dataclass
 class _Restored:
+    """Chunks ``first ..`` of the prompt, restored; the prefix ends at chunk ``end``."""
+
     chunks: list[torch.Tensor] = field(default_factory=list)
     sources: Counter[str] = field(default_factory=Counter)
+    first: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.chunks)
 
 
 class TieredModel:
@@ -176,6 +183,7 @@ class TieredModel:
         self.transfer = None if manager is None else TransferEngine(
             self.layout, manager.region, model.device
         )  # fmt: skip
+        self.members = self._state_members()
         self._stores: dict[int, list[ChunkKey]] = {}
         self._events: list[KVEvent] = []
 
@@ -194,36 +202,43 @@ class TieredModel:
         prompt = [int(t) for t in token_ids]
         keys = chunk_keys(prompt, self.identity, self.salt)
         restored = self._restore(keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk])
-        cached = len(restored.chunks) * self.layout.tokens_per_chunk
-        cache = self._cache_from(restored.chunks)
-        ids = torch.tensor([prompt[cached:]], device=self.model.device)
-        logits = self.model(input_ids=ids, cache=cache, use_cache=True).logits[0]
+        cached = restored.end * self.layout.tokens_per_chunk
+        stacked = torch.stack(restored.chunks) if restored.chunks else None
+        session = CacheSession(self.model, self.layout, self.members, stacked, restored.first)
+        logits = session.forward(prompt[cached:])
         tokens = [int(logits[-1].argmax())]
         first_token_s = time.perf_counter() - started
         if tokens[0] not in stop_tokens:
-            tokens += self._decode(cache, tokens[0], max_new_tokens - 1, stop_tokens)
+            tokens += self._decode(session, tokens[0], max_new_tokens - 1, stop_tokens)
         restored.sources[RECOMPUTED] += len(prompt) - cached
-        self._store(prompt + tokens[:-1], cache, len(restored.chunks))
+        self._store(prompt + tokens[:-1], session, restored.end)
         return Generation(tokens, logits, cached, dict(restored.sources), first_token_s)
 
-    def _decode(self, cache: Any, token: int, steps: int, stop: Collection[int]) -> list[int]:
+    def _decode(self, session: CacheSession, token: int, steps: int,
+                stop: Collection[int]) -> list[int]:  # fmt: skip
         tokens: list[int] = []
         while len(tokens) < steps and token not in stop:
-            ids = torch.tensor([[token]], device=self.model.device)
-            logits = self.model(input_ids=ids, cache=cache, use_cache=True).logits
-            token = int(logits[0, -1].argmax())
+            token = int(session.forward([token])[-1].argmax())
             tokens.append(token)
         return tokens
 
-    def _cache_from(self, chunks: list[torch.Tensor]) -> Any:
-        if not chunks:
-            return DynamicCache(config=self.model.config)
-        layers = unpack_chunks(torch.stack(chunks), self.layout)
-        return DynamicCache(layers, config=self.model.config)
+    def _state_members(self) -> dict[int, tuple[StateMember, ...]]:
+        """The model's state tensors per state layer, checked against the layout."""
+        section = self.layout.section("state")
+        if section is None:
+            return {}
+        members = probe(self.model).states
+        sizes = {sum(math.prod(m.shape) for m in members.get(i, ())) for i in section.layers}
+        if sizes != {section.page_shape[0]}:
+            raise ConfigError("layout: its state pages do not match the model's state tensors")
+        return members
 
     # -- restore -----------------------------------------------------------------------------
     def _restore(self, keys: list[ChunkKey]) -> _Restored:
         """The longest prefix of ``keys`` available: device cache first, then kvtier."""
+        window = self.layout.window_chunks
+        if window is not None:
+            return self._restore_window(keys, window)
         restored = _Restored()
         on_device = self.device_cache.match(keys)
         restored.chunks = self.device_cache.get(keys[:on_device])
@@ -235,23 +250,49 @@ class TieredModel:
         restored.chunks += loaded
         return restored
 
+    def _restore_window(self, keys: list[ChunkKey], window: int) -> _Restored:
+        """The longest prefix of ``keys`` whose trailing ``window`` chunks are available.
+
+        Only that window is loaded; its earlier chunks count as ``skipped``.
+        """
+        restored = _Restored()
+        end = on_device = self.device_cache.match_window(keys, window)
+        if on_device < len(keys) and self.manager is not None and self.transfer is not None:
+            end = max(on_device, self._lookup(keys))
+        restored.first = self.layout.resume_start(end)
+        needed = keys[restored.first : end]
+        if end == on_device:
+            restored.chunks = self.device_cache.get(needed)
+            restored.sources[ACCELERATOR] = len(needed) * self.layout.tokens_per_chunk
+            if self.manager is not None:
+                self.manager.touch(needed)
+        else:
+            restored.chunks = self._copy_in(needed, restored.sources)
+            self.device_cache.put(needed[: len(restored.chunks)], restored.chunks)
+        if not restored.chunks:
+            restored.first = 0
+        restored.sources[SKIPPED] = restored.first * self.layout.tokens_per_chunk
+        return restored
+
     def _load(self, keys: list[ChunkKey], sources: Counter[str]) -> list[torch.Tensor]:
         if self.manager is None or self.transfer is None or not keys:
             return []
-        ready = self._lookup(keys)
-        if not ready:
+        return self._copy_in(keys[: self._lookup(keys)], sources)
+
+    def _copy_in(self, keys: list[ChunkKey], sources: Counter[str]) -> list[torch.Tensor]:
+        """Copy chunks ready in host to the device; none if the copy fails."""
+        if self.manager is None or self.transfer is None or not keys:
             return []
-        loading = keys[:ready]
-        slots = self.manager.prepare_load(loading)
+        slots = self.manager.prepare_load(keys)
         try:
             job_id = self.transfer.submit_load(slots)
             chunks = self.transfer.wait(job_id, self.retry_timeout_s).chunks
         except KVTierError:
             return []
         finally:
-            self.manager.complete_load(loading)
+            self.manager.complete_load(keys)
         assert chunks is not None
-        self._attribute(loading, sources)
+        self._attribute(keys, sources)
         return list(chunks.unbind(0))
 
     def _lookup(self, keys: list[ChunkKey]) -> int:
@@ -275,8 +316,8 @@ class TieredModel:
             sources[promoted.get(key, HOST)] += self.layout.tokens_per_chunk
 
     # -- store -------------------------------------------------------------------------------
-    def _store(self, tokens: list[int], cache: Any, first_chunk: int) -> None:
-        """Put chunks ``first_chunk ..`` of the tokens whose KV ``cache`` holds everywhere.
+    def _store(self, tokens: list[int], session: CacheSession, first_chunk: int) -> None:
+        """Put chunks ``first_chunk ..`` of the tokens ``session`` has run everywhere.
 
         Afterwards every chunk of the sequence is marked used, its first chunk most recently,
         so that caches under pressure evict a conversation's tail before its prefix.
@@ -284,8 +325,7 @@ class TieredModel:
         all_keys = chunk_keys(tokens, self.identity, self.salt)
         keys = all_keys[first_chunk:]
         if keys:
-            kv = [(layer.keys, layer.values) for layer in cache.layers]
-            chunks = pack_chunks(kv, self.layout, first_chunk, len(keys))
+            chunks = session.pack(first_chunk, len(keys))
             self.device_cache.put(keys, list(chunks.unbind(0)))
             self._store_in_host(keys, chunks)
         self.device_cache.touch(all_keys)
