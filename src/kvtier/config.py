@@ -369,8 +369,9 @@ def _coerce_scalar(value: Any, hint: Any, path: str) -> Any:
     if hint is Any or hint is Mapping[str, Any]:
         return value
     if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
-        if value < 0:
-            raise ConfigError(f"{path}: expected a non-negative number, got {value}")
+        if value < 0 or (value == 0 and path.endswith("timeout_s")):
+            kind = "positive" if path.endswith("timeout_s") else "non-negative"
+            raise ConfigError(f"{path}: expected a {kind} number of seconds, got {value}")
         return float(value)
     if hint is int and isinstance(value, int) and not isinstance(value, bool):
         if value < 0 or (value == 0 and not path.endswith("_bytes")):

@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from kvtier.keys import ChunkKey
 from kvtier.metrics import Telemetry, TierMetrics
@@ -138,6 +138,19 @@ class SecondaryTier(ABC):
         return {}
 
 
+T = TypeVar("T")
+
+
+def drain(results: queue.SimpleQueue[T]) -> list[T]:
+    """Everything in ``results`` now, without waiting (for ``get_finished_jobs``)."""
+    items = []
+    while True:
+        try:
+            items.append(results.get_nowait())
+        except queue.Empty:
+            return items
+
+
 JobFunction = Callable[[], "Iterable[ChunkKey] | JobOutcome"]
 
 
@@ -174,7 +187,7 @@ class JobRunner:
     @staticmethod
     def _result(op: Op, job: TransferJob, outcome: JobOutcome, error: str | None) -> JobResult:
         succeeded = frozenset(outcome.succeeded)
-        if op == "store" and len(succeeded) < len(job.keys):
+        if op == "store" and len(succeeded) < len(set(job.keys)):
             succeeded = frozenset()
         failed = frozenset(job.keys) - succeeded
         if error is None and failed:
@@ -183,12 +196,7 @@ class JobRunner:
         return JobResult(job.job_id, op, succeeded, failed, error, bad)
 
     def finished(self) -> list[JobResult]:
-        results = []
-        while True:
-            try:
-                results.append(self._results.get_nowait())
-            except queue.Empty:
-                return results
+        return drain(self._results)
 
     def close(self, cancel: bool = False) -> None:
         """Stop accepting jobs; finish (or cancel queued) jobs and join the threads."""

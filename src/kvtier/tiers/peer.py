@@ -44,8 +44,8 @@ from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers import codec
 from kvtier.tiers import peer_protocol as proto
-from kvtier.tiers.base import RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob
-from kvtier.tiers.peer_answers import PeerAnswers
+from kvtier.tiers.answers import Answers
+from kvtier.tiers.base import RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob, drain
 from kvtier.tiers.peer_link import PeerLink, PeerRequest, State
 from kvtier.tiers.transport import Transport, ZmqTransport, client_keys
 
@@ -89,7 +89,7 @@ class PeerTier(SecondaryTier):
             transport = ZmqTransport(curve_client=curve)
         self._transport = transport
         self._settings = (identity.digest, region.slot_bytes, config.timeout_s)
-        self._answers = PeerAnswers(config.hit_ttl_s, MISS_TTL_S)
+        self._answers = Answers(MISS_TTL_S, hit_ttl_s=config.hit_ttl_s)
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._results: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
         self._counters: Counter[str] = Counter()  # written by the I/O thread only
@@ -122,12 +122,7 @@ class PeerTier(SecondaryTier):
         self._command("store", job)
 
     def get_finished_jobs(self) -> list[JobResult]:
-        results = []
-        while True:
-            try:
-                results.append(self._results.get_nowait())
-            except queue.Empty:
-                return results
+        return drain(self._results)
 
     @property
     def available(self) -> bool:  # type: ignore[override]
@@ -196,7 +191,7 @@ class PeerTier(SecondaryTier):
         return link
 
     def _down(self, link: PeerLink) -> None:
-        self._answers.forget_peer(link.address)
+        self._answers.forget_holder(link.address)
 
     def _drain_commands(self) -> None:
         lookups: list[ChunkKey] = []
@@ -249,10 +244,10 @@ class PeerTier(SecondaryTier):
             return
         if holder is not None:
             del self._probes[key]
-            self._answers.hit(key, holder)
+            self._answers.found(key, holder)
         elif remaining <= 1:
             del self._probes[key]
-            self._answers.miss(key)
+            self._answers.missing(key)
         else:
             self._probes[key] = remaining - 1
 

@@ -40,9 +40,9 @@ from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers import codec
-from kvtier.tiers.base import MISS, RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob
+from kvtier.tiers.answers import Answers
+from kvtier.tiers.base import MISS, RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob, drain
 from kvtier.tiers.circuit import CircuitBreaker
-from kvtier.tiers.known_keys import KnownKeys
 from kvtier.tiers.s3_client import ObjectClient, ObjectRefused
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class ObjectStoreTier(SecondaryTier):
         self._prefix = prefix
         self._identity_doc = json.dumps(identity.describe(), indent=1, sort_keys=True).encode()
         self._client = ObjectClient(config)
-        self._known = KnownKeys(config.negative_ttl_s)
+        self._known = Answers(config.negative_ttl_s)
         self._counters: Counter[str] = Counter()
         self._counters_lock = threading.Lock()
         self._staging = threading.local()
@@ -162,12 +162,7 @@ class ObjectStoreTier(SecondaryTier):
         self._fan_out("load", job)
 
     def get_finished_jobs(self) -> list[JobResult]:
-        finished = []
-        while True:
-            try:
-                finished.append(self._results.get_nowait())
-            except queue.Empty:
-                return finished
+        return drain(self._results)
 
     def _fan_out(self, op: Op, job: TransferJob) -> None:
         """One request per key on the I/O pool; the last key to finish reports the job."""
