@@ -25,8 +25,7 @@ import enum
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvtier.keys import ChunkKey
 
@@ -39,8 +38,9 @@ class EventKind(enum.Enum):
     REMOVED = "removed"  # secondary tier -> gone
 
 
-@dataclass(frozen=True)
-class KVEvent:
+class KVEvent(NamedTuple):
+    """One chunk movement (a tuple: cheap to make on the manager's hot path)."""
+
     seq: int
     kind: EventKind
     key: ChunkKey

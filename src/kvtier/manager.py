@@ -11,17 +11,22 @@ promotes chunks from the tiers and answers ``RETRY`` until they land.
 Observability: every decision is counted in ``self.metrics`` (Prometheus on ``metrics_port``),
 and every chunk movement is a KV event (``take_events``; published on ZeroMQ with ``kv_events``).
 
-Thread safety: none. Call every method from one thread (the engine's scheduler loop).
+Thread safety: call the methods from one thread (the engine's scheduler loop). They also take an
+internal lock, so that a peer server (``serve``) can answer peers from its own driver thread
+while the engine is idle; a call never waits on I/O, only, briefly, on that thread's ``poll``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from kvtier.config import TieringConfig
 from kvtier.errors import ConfigError, KVTierError
@@ -39,6 +44,22 @@ if TYPE_CHECKING:
     from kvtier.serve import PeerServer
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _serialized(
+    method: Callable[Concatenate[TieringManager, P], R],
+) -> Callable[Concatenate[TieringManager, P], R]:
+    """Run ``method`` under the manager's lock (shared with a peer server's driver thread)."""
+
+    def locked(manager: TieringManager, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with manager._lock:
+            return method(manager, *args, **kwargs)
+
+    functools.update_wrapper(locked, method)
+    return locked
 
 
 @dataclass(frozen=True)
@@ -111,6 +132,7 @@ class TieringManager:
         self._publisher: EventPublisher | None = None
         self._exporter: MetricsServer | None = None
         self.peer_server: PeerServer | None = None
+        self._lock = threading.RLock()
         self._closed = False
         self.tiers: list[SecondaryTier] = list(tiers) if tiers is not None else []
         try:
@@ -141,8 +163,10 @@ class TieringManager:
 
             self.peer_server = PeerServer(self.config.serve, self.region, self.identity)
             self.add_service(self.peer_server)
+            self.peer_server.drive(self.poll)
 
     # -- store -------------------------------------------------------------------------------
+    @_serialized
     def prepare_store(self, keys: Sequence[ChunkKey]) -> StorePlan | None:
         """Reserve host slots for the keys not already in host; ``None`` if none can be freed."""
         new = [k for k in dict.fromkeys(keys) if k not in self.host]
@@ -153,6 +177,7 @@ class TieringManager:
         self._mark_started(new)
         return StorePlan(new, slots)
 
+    @_serialized
     def complete_store(self, keys: Sequence[ChunkKey], success: bool = True) -> None:
         """The engine finished copying ``keys`` into their slots (or failed to)."""
         promoting = self._promoter.promoting
@@ -180,6 +205,7 @@ class TieringManager:
             self._on_result(index, failed_result(job, "store", exc))
 
     # -- load --------------------------------------------------------------------------------
+    @_serialized
     def lookup(self, keys: Sequence[ChunkKey]) -> int | Lookup:
         """How many leading ``keys`` are ready in host, or ``RETRY`` while promotions run.
 
@@ -207,23 +233,27 @@ class TieringManager:
             self.metrics.count("prompt_tokens", missed, source="recomputed")
         return answer
 
+    @_serialized
     def prepare_load(self, keys: Sequence[ChunkKey]) -> list[int]:
         """Pin ready chunks for reading; returns their slots. Every key must be ready."""
         missing = [k for k in keys if not self.host.is_ready(k)]
         if missing:
             raise KVTierError(f"prepare_load: {len(missing)} chunk(s) not ready in host memory")
         tokens = self.identity.layout.tokens_per_chunk
-        for key in keys:
-            self.metrics.count("prompt_tokens", tokens, source=self._promoter.source_of(key))
+        sources = Counter(self._promoter.source_of(key) for key in keys)
+        for source, chunks in sources.items():
+            self.metrics.count("prompt_tokens", chunks * tokens, source=source)
         self._mark_started(keys)
         self.host.touch(keys)
         return self.host.hold(keys)
 
+    @_serialized
     def complete_load(self, keys: Sequence[ChunkKey]) -> None:
         """The engine finished copying out of the slots ``prepare_load`` pinned."""
         self._record_transfer("host_to_accelerator", keys)
         self.host.release(keys)
 
+    @_serialized
     def touch(self, keys: Sequence[ChunkKey]) -> None:
         """Recency for chunks the engine hit in its own accelerator cache (counted as such)."""
         tokens = len(keys) * self.identity.layout.tokens_per_chunk
@@ -231,10 +261,12 @@ class TieringManager:
         self.host.touch(keys)
 
     # -- background progress -----------------------------------------------------------------
+    @_serialized
     def add_service(self, service: ManagerService) -> None:
         """Run ``service.step(self)`` at every ``poll``; the manager closes it on ``close``."""
         self._services.append(service)
 
+    @_serialized
     def poll(self) -> int:
         """Collect finished tier jobs, step the services, publish events; returns jobs seen."""
         for service in self._services:
@@ -324,10 +356,12 @@ class TieringManager:
             seconds = time.monotonic() - min(starts)
             self.metrics.transfer(direction, len(starts) * self.chunk_bytes, seconds)
 
+    @_serialized
     def take_events(self) -> list[KVEvent]:
         """Events since the last call, oldest first."""
         return self._events.take()
 
+    @_serialized
     def stats(self) -> dict[str, Any]:
         """A snapshot: host occupancy, every counter (``name{labels}``), and each tier's stats."""
         return {

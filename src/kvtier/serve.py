@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,7 @@ class PeerServer:
         self._sending: list[_Sending] = []
         self._counters: Counter[str] = Counter()
         self._counters_lock = threading.Lock()
+        self._driver: threading.Thread | None = None
         self._thread = threading.Thread(target=self._run, name="kvtier-peer-server", daemon=True)
         self._thread.start()
         log.info("peer server listening on %s:%d", config.host, config.port)
@@ -104,6 +106,25 @@ class PeerServer:
     @property
     def port(self) -> int:
         return self._listener.port
+
+    def drive(self, poll: Callable[[], object]) -> None:
+        """Call ``poll`` (the manager's) from a thread of our own whenever a request waits.
+
+        So peers are answered even while the engine is idle and polls nobody; the manager's
+        lock keeps this thread and the engine's apart.
+        """
+        self._driver = threading.Thread(
+            target=self._drive, args=(poll,), name="kvtier-peer-driver", daemon=True
+        )
+        self._driver.start()
+
+    def _drive(self, poll: Callable[[], object]) -> None:
+        while not self._stop.is_set():
+            if self.wait_for_work(0.05) and not self._stop.is_set():
+                try:
+                    poll()
+                except Exception as exc:  # the driver must outlive one bad turn
+                    log.warning("peer server driver: poll failed: %s", exc)
 
     def wait_for_work(self, timeout: float) -> bool:
         """Block until a request is waiting for ``step`` (or ``timeout``); for serve loops."""
@@ -302,5 +323,7 @@ class PeerServer:
         self._stop.set()
         self._transport.wake()
         self._thread.join()
+        if self._driver is not None:
+            self._driver.join()
         self._listener.close()
         self._transport.close()

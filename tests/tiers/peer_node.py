@@ -2,7 +2,7 @@
 
 ``python -m tests.tiers.peer_node PORT [--store N --seed S] [--accept-stores] [--curve DIR]``
 stores N chunks (``chunk_pattern`` bytes) of the small test layout, prints ``READY``, and runs the
-manager's serve loop until SIGTERM. With ``--curve DIR`` it uses ``DIR/server.secret`` and allows
+idle (never polling) until SIGTERM: the peer server's own driver answers. With ``--curve DIR`` it uses ``DIR/server.secret`` and allows
 the client keys in ``DIR/clients``. ``--fs DIR`` adds a filesystem tier under the host tier.
 """
 
@@ -106,11 +106,8 @@ def main() -> None:
         manager.complete_store(plan.keys, success=True)
         manager.wait_idle(timeout=30)
         print("READY", flush=True)
-        server = manager.peer_server
-        assert server is not None
-        while not stop.is_set():
-            server.wait_for_work(0.05)
-            manager.poll()
+        # Idle like an engine with no requests: the server's driver thread answers peers.
+        stop.wait()
     sys.exit(0)
 
 
