@@ -11,7 +11,6 @@ from typing import Any
 from kvtier.config import ExternalTierConfig, TierConfig, TieringConfig
 from kvtier.errors import KVTierError
 from kvtier.layout import DTYPE_SIZES, KVLayout
-from kvtier.manager import host_slots_for
 from kvtier.region import ALIGNMENT, round_up
 
 
@@ -42,7 +41,7 @@ def _short(value: Any) -> str:
 
 def describe_config(config: TieringConfig, layout: KVLayout) -> str:
     stride = round_up(layout.chunk_bytes, ALIGNMENT)
-    num_slots = host_slots_for(config, layout.chunk_bytes)
+    num_slots = config.host_slots(layout.chunk_bytes)
     lines = []
     if config.kv_connector:
         lines.append(f"connector:       {config.kv_connector} ({config.kv_role or 'no role'})")

@@ -29,14 +29,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from kvtier.config import TieringConfig
-from kvtier.errors import ConfigError, KVTierError
+from kvtier.errors import KVTierError
 from kvtier.events import EventKind, EventLog, EventPublisher, KVEvent
 from kvtier.host import WRITING, HostTier
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
-from kvtier.metrics import Labels, ManagerMetrics, MetricsServer, TelemetryCollector
+from kvtier.metrics import ManagerMetrics, MetricsServer, TelemetryCollector, state_gauges
 from kvtier.promotion import JobBook, Promoter, failed_result
-from kvtier.region import ALIGNMENT, HostRegion, round_up
+from kvtier.region import HostRegion
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier
 from kvtier.tiers.registry import build_tier
 
@@ -81,29 +81,6 @@ class ManagerService(Protocol):
     def close(self) -> None: ...
 
 
-def host_slots_for(config: TieringConfig, chunk_bytes: int) -> int:
-    """How many host slots ``cpu_bytes_to_use`` holds for chunks of ``chunk_bytes``."""
-    num_slots = config.cpu_bytes_to_use // round_up(chunk_bytes, ALIGNMENT)
-    if num_slots == 0:
-        raise ConfigError(
-            f"cpu_bytes_to_use: {config.cpu_bytes_to_use} bytes cannot hold one chunk "
-            f"of {chunk_bytes} bytes"
-        )
-    return num_slots
-
-
-def check_chunking(config: TieringConfig, identity: CacheIdentity) -> None:
-    """The config's chunk size, when it gives one, must be the layout's."""
-    layout = identity.layout
-    wanted = config.blocks_per_chunk_for(layout.block_size)
-    if wanted is not None and wanted != layout.blocks_per_chunk:
-        key = "blocks_per_chunk" if config.blocks_per_chunk is not None else "block_size"
-        raise ConfigError(
-            f"{key}: the configuration asks for {wanted} engine blocks per chunk but the layout "
-            f"has {layout.blocks_per_chunk} ({layout.tokens_per_chunk} tokens per chunk)"
-        )
-
-
 class TieringManager:
     """Host tier plus secondary tiers behind the engine-facing API of DESIGN.md.
 
@@ -118,10 +95,10 @@ class TieringManager:
         *,
         tiers: Sequence[SecondaryTier] | None = None,
     ) -> None:
-        check_chunking(config, identity)
+        config.check_layout(identity.layout)
         self.config, self.identity = config, identity
         self.chunk_bytes = identity.layout.chunk_bytes
-        num_slots = host_slots_for(config, self.chunk_bytes)
+        num_slots = config.host_slots(self.chunk_bytes)
         self.region = HostRegion(num_slots, self.chunk_bytes)
         self.host = HostTier(num_slots, config.eviction_policy)
         self.metrics = ManagerMetrics()
@@ -388,27 +365,7 @@ class TieringManager:
 
     def prometheus_collector(self) -> TelemetryCollector:
         """The collector behind ``prometheus_registry``, to register on a registry of your own."""
-        gauges = {
-            "kvtier_host_slots": ("Host slots by state", self._slot_gauges),
-            "kvtier_host_fill_ratio": ("Share of host slots holding a chunk", self._fill_gauge),
-            "kvtier_tier_stat": ("Each tier's own stats() values", self._tier_stat_gauges),
-        }
-        return TelemetryCollector(self.metrics.telemetry, gauges)
-
-    def _slot_gauges(self) -> dict[Labels, float]:
-        held, used = self.host.num_held, len(self.host)
-        states = {"free": self.host.num_free, "held": held, "evictable": used - held}
-        return {(("state", state),): value for state, value in states.items()}
-
-    def _fill_gauge(self) -> dict[Labels, float]:
-        return {(): len(self.host) / self.host.num_slots}
-
-    def _tier_stat_gauges(self) -> dict[Labels, float]:
-        return {
-            (("stat", stat), ("tier", tier.name)): float(value)
-            for tier in self.tiers
-            for stat, value in tier.stats().items()
-        }
+        return TelemetryCollector(self.metrics.telemetry, state_gauges(self.host, self.tiers))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 #: Seconds; spans a page-cache hit (tens of µs) to a slow object store (seconds).
 LATENCY_BUCKETS = (
@@ -179,6 +179,50 @@ def _buckets(hist: Histogram) -> list[tuple[str, float]]:
         cumulative += count
         out.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
     return out
+
+
+class HostView(Protocol):
+    num_slots: int
+
+    @property
+    def num_free(self) -> int: ...
+
+    @property
+    def num_held(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
+class TierView(Protocol):
+    name: str
+
+    def stats(self) -> dict[str, int]: ...
+
+
+def state_gauges(
+    host: HostView, tiers: Sequence[TierView]
+) -> dict[str, tuple[str, GaugeSource]]:
+    """Gauges read at scrape time: host slots by state, host fill, and every tier's stats."""
+
+    def slots() -> dict[Labels, float]:
+        held, used = host.num_held, len(host)
+        states = {"free": host.num_free, "held": held, "evictable": used - held}
+        return {(("state", state),): value for state, value in states.items()}
+
+    def tier_stats() -> dict[Labels, float]:
+        return {
+            (("stat", stat), ("tier", tier.name)): float(value)
+            for tier in tiers
+            for stat, value in tier.stats().items()
+        }
+
+    return {
+        "kvtier_host_slots": ("Host slots by state", slots),
+        "kvtier_host_fill_ratio": (
+            "Share of host slots holding a chunk", lambda: {(): len(host) / host.num_slots}
+        ),
+        "kvtier_tier_stat": ("Each tier's own stats() values", tier_stats),
+    }
 
 
 class DelegatingCollector:

@@ -12,7 +12,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.config import ExternalTierConfig, FaultTierConfig, TierConfig, parse_dataclass
+from kvtier.config import ExternalTierConfig, FaultTierConfig, TierConfig
+from kvtier.config_parser import parse_dataclass
 from kvtier.errors import ConfigError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
