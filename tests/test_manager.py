@@ -283,15 +283,28 @@ def test_close_drains_and_joins_every_thread(identity):
     m.close()
 
 
-def test_configuration_must_fit_the_layout(identity):
+def test_host_memory_must_hold_a_chunk(identity):
     too_small = TieringConfig.from_dict({"cpu_bytes_to_use": 100})
     with pytest.raises(ConfigError, match="cpu_bytes_to_use: 100 bytes cannot hold one chunk"):
         TieringManager(too_small, identity)
-    with pytest.raises(ConfigError, match="blocks_per_chunk"):
-        TieringManager(config(2, blocks_per_chunk=3), identity)
-    with pytest.raises(ConfigError, match="block_size"):
-        TieringManager(config(2, block_size=4 * 3), identity)
+
+
+@pytest.mark.parametrize("extra", [{"blocks_per_chunk": 3}, {"block_size": 12}, {"block_size": 5}])
+def test_a_chunk_size_that_disagrees_with_the_layout_is_reported_and_the_layout_wins(
+    identity, caplog, extra
+):
+    """The layout is part of the cache identity (it decides the keys), so it decides."""
+    with TieringManager(config(2, **extra), identity) as m:
+        assert m.region.slot_bytes == identity.layout.chunk_bytes
+        store(m, make_keys(identity, 2))
+        assert m.lookup(make_keys(identity, 2)) == 2
+    assert "chunks follow the cache identity's layout" in caplog.text
+    assert next(iter(extra)) in caplog.text
+
+
+def test_a_chunk_size_that_agrees_is_silent(identity, caplog):
     TieringManager(config(2, block_size=identity.layout.tokens_per_chunk), identity).close()
+    assert "layout" not in caplog.text
 
 
 class CountingService:

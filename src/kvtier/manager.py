@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from kvtier.config import TieringConfig
-from kvtier.errors import KVTierError
+from kvtier.errors import ConfigError, KVTierError
 from kvtier.events import EventKind, EventLog, EventPublisher, KVEvent
 from kvtier.host import WRITING, HostTier
 from kvtier.identity import CacheIdentity
@@ -95,7 +95,10 @@ class TieringManager:
         *,
         tiers: Sequence[SecondaryTier] | None = None,
     ) -> None:
-        config.check_layout(identity.layout)
+        try:
+            config.check_layout(identity.layout)
+        except ConfigError as exc:  # the identity's layout decides the keys, so it wins
+            log.warning("%s; chunks follow the cache identity's layout", exc)
         self.config, self.identity = config, identity
         self.chunk_bytes = identity.layout.chunk_bytes
         num_slots = config.host_slots(self.chunk_bytes)
