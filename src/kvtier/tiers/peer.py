@@ -8,9 +8,10 @@ per peer; the manager's thread only queues commands and reads answers:
   ``LOOKUP_BATCH_S`` of each other go to each peer in one LOOKUP message. A key is a hit when
   some asked peer holds it, a miss when all said no or failed.
 * ``submit_load`` fetches each key from the peer that answered the lookup (else the hinted peer,
-  else the first peer). Each payload arrives as a ZeroMQ frame (no copy on receipt), is verified
-  against its header, the cache identity and the key (``codec.verify``), and is then copied once
-  into its host slot; a key that fails verification is reported in ``integrity_failed``.
+  else the first peer). Each payload is received straight into its host slot (one copy, out of
+  the transport's buffer) and verified there against its header, the cache identity and the key
+  (``codec.verify``) before the key is reported loaded; a key that fails verification is
+  reported in ``integrity_failed`` (its slot's bytes are then undefined).
 * ``submit_store`` pushes the chunks to one peer that accepts stores, each payload frame sent
   straight out of its host slot. A store succeeds only when the peer stored every key.
 * ``hint(keys, host, port)``: an orchestrator's guess of which instance holds a prefix. Lookups
@@ -261,6 +262,7 @@ class PeerTier(SecondaryTier):
         self._start_job(_Job(job, "load", len(requests)))
         for address, part in requests:
             request = PeerRequest(proto.FETCH, [k for k, _ in part], (job.job_id, part))
+            request.landing = [self._region.view(slot) for _, slot in part]
             self._send_or_fail(address, request)
 
     def _source_of(self, key: ChunkKey) -> str:
@@ -331,10 +333,15 @@ class PeerTier(SecondaryTier):
                 self._counters[f"integrity_failed_{exc.reason}"] += 1
                 job.integrity_failed.add(key)
                 continue
-            # numpy copies without holding the GIL, so the other threads keep moving bytes
-            self._region.numpy(slot)[:] = np.frombuffer(payload, dtype=np.uint8)
+            self._land(payload, slot)
             job.succeeded.add(key)
             self._counters["fetched_chunks"] += 1
+
+    def _land(self, payload: memoryview, slot: int) -> None:
+        """Copy a verified payload into ``slot`` unless it was received there already."""
+        source, target = np.frombuffer(payload, dtype=np.uint8), self._region.numpy(slot)
+        if source.ctypes.data != target.ctypes.data:
+            target[:] = source  # numpy copies without holding the GIL
 
     def _maybe_finish(self, job: _Job) -> None:
         if job.remaining > 0:

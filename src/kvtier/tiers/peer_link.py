@@ -7,6 +7,11 @@ or handshake left unanswered past ``timeout_s`` takes the link ``DOWN``: its cha
 again after a backoff that doubles up to ``MAX_BACKOFF_S``. A peer that answers "hello first"
 lost our session (it restarted): the link shakes hands again.
 
+A FETCH request may name a ``landing`` buffer per key (its host slot): the payload frames of
+its reply are then received straight into them (``transport.Place``), but only while the request
+is in flight here, so a late reply never writes into a slot that was given back. Landed bytes
+are not verified yet; the caller verifies them before it reports success.
+
 Each request finishes exactly once, through ``on_done(link, request, reply)`` with the peer's
 validated reply, or ``None`` when it failed. ``on_down(link)`` is called when the link goes down.
 
@@ -48,6 +53,7 @@ class PeerRequest:
     keys: Sequence[Any]
     context: Any = None
     frames: list[Buffer] = field(default_factory=list)  # STORE: header and payload per key
+    landing: list[memoryview] = field(default_factory=list)  # FETCH: where each payload lands
     req_id: int = 0
     deadline: float = 0.0
 
@@ -79,6 +85,7 @@ class PeerLink:
         self._in_flight: dict[int, PeerRequest] = {}
         self._queued: deque[PeerRequest] = deque()
         self._backoff, self._retry_at = MIN_BACKOFF_S, 0.0
+        self._landing: list[memoryview] = []  # of the reply being received
         self._open(State.CONNECTING)
 
     # -- requests ----------------------------------------------------------------------------
@@ -107,7 +114,7 @@ class PeerLink:
     # -- replies -----------------------------------------------------------------------------
     def receive(self) -> None:
         """Handle every reply that has arrived."""
-        while self._channel is not None and (frames := self._channel.recv()) is not None:
+        while self._channel is not None and (frames := self._channel.recv(self._place)) is not None:
             try:
                 reply = proto.decode_reply(frames, self._chunk_bytes)
             except proto.ProtocolError as exc:
@@ -120,6 +127,25 @@ class PeerLink:
                 self._on_refused(reply)
             else:
                 self._on_reply(reply)
+
+    def _place(self, index: int, frames: Sequence[memoryview]) -> memoryview | None:
+        """Frame ``index`` of a reply: a payload of an in-flight FETCH lands in its buffer."""
+        if index == 1:
+            self._landing = self._landing_for(frames[0])
+        found = index // 2 - 1  # frames: meta, then header and payload per found key
+        if index % 2 or found >= len(self._landing):
+            return None
+        return self._landing[found]
+
+    def _landing_for(self, meta: memoryview) -> list[memoryview]:
+        fetched = proto.fetch_flags(meta)
+        request = self._in_flight.get(fetched[0]) if fetched is not None else None
+        if fetched is None or request is None or request.kind != proto.FETCH:
+            return []
+        flags = fetched[1]
+        if len(flags) != len(request.keys) or len(request.landing) != len(flags):
+            return []
+        return [buffer for buffer, found in zip(request.landing, flags, strict=True) if found]
 
     def _on_hello(self, reply: proto.HelloReply) -> None:
         if reply.req_id != self._hello_id or self.state not in (State.CONNECTING, State.PROBING):

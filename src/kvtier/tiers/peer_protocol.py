@@ -136,6 +136,21 @@ def decode_reply(frames: Sequence[memoryview], chunk_bytes: int) -> HelloReply |
     return Reply(kind, req_id, tuple(body), _chunks(frames, num_chunks, chunk_bytes))
 
 
+def fetch_flags(meta: memoryview) -> tuple[int, list[bool]] | None:
+    """``(req_id, flags)`` when ``meta`` is frame 0 of a FETCH reply, else ``None``.
+
+    Read before the chunk frames arrive, to choose where they land; the whole message is still
+    validated by ``decode_reply`` afterwards.
+    """
+    try:
+        kind, req_id, body = _meta([meta])
+    except ProtocolError:
+        return None
+    if kind != FETCH or not isinstance(body, list) or not all(_is_bool(f) for f in body):
+        return None
+    return req_id, body
+
+
 def _meta(frames: Sequence[memoryview]) -> tuple[int, int, Any]:
     _expect(1 <= len(frames) <= 1 + 2 * MAX_KEYS, f"{len(frames)} frames")
     _expect(len(frames[0]) <= MAX_META_BYTES, "oversized metadata frame")

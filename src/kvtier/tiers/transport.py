@@ -4,8 +4,9 @@ The peer tier and the peer server use only ``Transport``, ``Channel`` and ``List
 transport moves lists of frames (buffers) and never looks inside them. ``ZmqTransport`` is the
 TCP implementation: a DEALER per connected peer, one ROUTER per listener, ``copy=False`` both
 ways (a payload frame is sent straight out of the caller's buffer, whose release is reported by a
-``SendReceipt``; received frames are views of ZeroMQ's own message buffers). An RDMA transport
-(UCX, NIXL) implements the same three protocols.
+``SendReceipt``; received frames are views of ZeroMQ's own message buffers, or land in a buffer
+the receiver chose with a ``Place``). An RDMA transport (UCX, NIXL) implements the same three
+protocols.
 
 CURVE (``CurveClient``/``CurveServer``) encrypts and authenticates: a listener with a
 ``CurveServer`` admits only clients whose public key is in ``allowed``; the handshake of any
@@ -20,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -33,6 +34,11 @@ from kvtier.errors import ConfigError, TierError
 log = logging.getLogger(__name__)
 
 Buffer = bytes | memoryview
+#: ``place(i, frames)``: called before frame ``i >= 1`` of a message is received, with frames
+#: ``0..i-1``; returns a writable buffer for frame ``i`` to land in, or ``None`` (the frame is then
+#: received as usual). A landed frame comes back as that buffer cut to the frame's length; a frame
+#: longer than its buffer is cut off and comes back empty.
+Place = Callable[[int, Sequence[memoryview]], memoryview | None]
 
 
 class SendReceipt(Protocol):
@@ -49,7 +55,7 @@ class Channel(Protocol):
         """Queue one message; ``False`` when it cannot be queued now."""
         ...
 
-    def recv(self) -> list[memoryview] | None:
+    def recv(self, place: Place | None = None) -> list[memoryview] | None:
         """The next whole message, or ``None`` when none has arrived (never blocks)."""
         ...
 
@@ -157,12 +163,23 @@ class _Dealer:
             return False
         return True
 
-    def recv(self) -> list[memoryview] | None:
+    def recv(self, place: Place | None = None) -> list[memoryview] | None:
         try:
-            parts = self._socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            first = self._socket.recv(flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return None
-        return [part.buffer for part in parts]
+        frames = [first.buffer]
+        more = first.more  # ZeroMQ delivers a message whole: its other frames are here already
+        while more:
+            frames.append(self._next_frame(place(len(frames), frames) if place else None))
+            more = bool(self._socket.getsockopt(zmq.RCVMORE))
+        return frames
+
+    def _next_frame(self, landing: memoryview | None) -> memoryview:
+        if landing is None:
+            return self._socket.recv(copy=False).buffer
+        size = self._socket.recv_into(landing)  # one copy, without the GIL
+        return landing[:size] if size <= len(landing) else landing[:0]
 
     def close(self) -> None:
         self._transport.forget(self._socket)
