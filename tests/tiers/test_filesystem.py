@@ -20,7 +20,6 @@ from kvtier.tiers.base import HIT, MISS, RETRY, TransferJob
 from kvtier.tiers.codec import HEADER_BYTES
 from kvtier.tiers.filesystem import FilesystemTier
 from kvtier.tiers.fs_files import HOST_TAG, STALE_TMP_S
-from kvtier.tiers.fs_io import PIECE_BYTES
 from tests.conftest import collect, fill, holds, make_keys, settle_lookup, wait_for
 
 MakeTier = Callable[..., FilesystemTier]
@@ -62,6 +61,9 @@ def load(tier: FilesystemTier, keys: list[ChunkKey], job_id: int = 2, first_slot
 
 def chunk_files(tier: FilesystemTier) -> dict[ChunkKey, Path]:
     return {ChunkKey(bytes.fromhex(p.name)): p for p in Path(tier.namespace).glob("??/??/*")}
+
+
+PIECE_BYTES = 256 << 10  # damage lands at several depths of a multi-page payload
 
 
 # -- layout and lookups ----------------------------------------------------------------------

@@ -38,10 +38,8 @@ from kvtier.region import HostRegion
 from kvtier.tiers.codec import FORMAT_VERSION, HEADER_BYTES, encode_header, verify
 from kvtier.tiers.fs_io import (
     payload_checksum,
-    pread_all,
     pwrite_all,
-    read_hashing,
-    write_hashing,
+    read_chunk,
 )
 
 #: A temporary file older than this is stale whoever wrote it (a write takes far less).
@@ -119,8 +117,8 @@ class ChunkFiles:
                 pwrite_all(fd, [scratch, region.aligned_view(slot)])
                 os.ftruncate(fd, HEADER_BYTES + len(payload))  # drop the slot's padding
             else:
-                digest = write_hashing(fd, payload)
-                pwrite_all(fd, [encode_header(self._digest, key, payload, digest)])
+                header = encode_header(self._digest, key, payload, payload_checksum(payload))
+                pwrite_all(fd, [header, payload])
             if self._fsync:
                 os.fsync(fd)
         finally:
@@ -147,12 +145,9 @@ class ChunkFiles:
         try:
             stat = os.fstat(fd)
             header, payload = self._scratch(), region.view(slot)
-            if self.o_direct:
-                buffers = [header, region.aligned_view(slot)]
-                got = pread_all(fd, buffers, 0, stat.st_size)
-                digest = payload_checksum(payload[: max(0, got - HEADER_BYTES)])
-            else:
-                got, digest = read_hashing(fd, header, payload, stat.st_size)
+            # O_DIRECT reads whole aligned pages: the slot's padding takes the rounding.
+            target = region.aligned_view(slot) if self.o_direct else payload
+            got, digest = read_chunk(fd, header, target, stat.st_size)
             try:
                 self._verify(key, header, payload, got, stat.st_size, digest)
             except IntegrityError:
