@@ -45,6 +45,17 @@ def test_module_path_with_plain_options(identity):
         assert m.tiers[0].options == {"a": 1}
 
 
+def test_module_path_constructors_are_matched_by_parameter_name(identity):
+    with manager_with(
+        identity,
+        {"module_path": PLUGIN, "type": "KeywordTier", "label": "k"},
+        {"module_path": PLUGIN, "type": "ConfigFirstTier", "x": 1},
+    ) as m:
+        keyword, config_first = m.tiers
+        assert keyword.label == "k"
+        assert config_first.config == {"x": 1} and config_first.identity == identity
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
@@ -60,6 +71,10 @@ def test_module_path_with_plain_options(identity):
             "label: expected a string",
         ),
         ({"type": "fault", "inner": {"type": "memory"}, "fail_keys": ["zz"]}, "fail_keys"),
+        (
+            {"module_path": PLUGIN, "type": "KeywordTier", "colour": "red"},
+            "KeywordTier does not take these options",
+        ),
     ],
 )
 def test_clear_errors(identity, entry, message):

@@ -60,3 +60,21 @@ class MeteredTier(MemoryTier):
 
     def stats(self) -> dict[str, int]:
         return {"circuit_state": 1}
+
+
+class KeywordTier(MemoryTier):
+    """Takes the region by name and its options as keywords."""
+
+    def __init__(
+        self, region: HostRegion, *, capacity_bytes: int = 1 << 20, label: str = ""
+    ) -> None:
+        super().__init__(MemoryTierConfig(capacity_bytes=capacity_bytes), region, None)  # type: ignore[arg-type]
+        self.label = label
+
+
+class ConfigFirstTier(MemoryTier):
+    """Names its parameters region, identity and config, in an order of its own."""
+
+    def __init__(self, region: HostRegion, identity: CacheIdentity, config: Any) -> None:
+        super().__init__(MemoryTierConfig(), region, identity)
+        self.config, self.identity = dict(config), identity

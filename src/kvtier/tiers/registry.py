@@ -1,15 +1,18 @@
 """Builds secondary tiers from their configuration: built-in types, or ``module_path`` + class.
 
 Built-in types are imported lazily so that a tier's heavy dependencies (an S3 client, ZeroMQ)
-are only needed when that tier is configured. A tier class outside the package is built as
-``cls(options, region, identity)``; when it declares a dataclass ``config_class``, the options
-are validated into it first, with the same errors as built-in tiers.
+are only needed when that tier is configured. A tier class outside the package is built by
+``construct``: its constructor's ``region``, ``identity`` and ``options`` (or ``config``)
+parameters are matched by name, otherwise it gets ``cls(options, region, identity)``; when it
+declares a dataclass ``config_class``, the options are validated into it first, with the same
+errors as built-in tiers.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvtier.config import ExternalTierConfig, FaultTierConfig, TierConfig
@@ -38,13 +41,45 @@ def build_tier(config: TierConfig, region: HostRegion, identity: CacheIdentity) 
         config_class = getattr(cls, "config_class", None)
         if config_class is not None:
             options = parse_dataclass(config_class, options, config.class_name)
-        tier = cls(options, region, identity)
+        tier = construct(cls, options, region, identity)
     else:
         module_path, class_name = BUILTIN_TIERS[config.type_name].split(":")
         tier = load_tier_class(module_path, class_name)(config, region, identity)
     if config.name:
         tier.name = config.name
     return tier
+
+
+#: Constructor parameter names that receive the tier's options as one object.
+OPTION_NAMES = ("options", "config", "opts", "settings")
+
+
+def construct(
+    cls: Callable[..., SecondaryTier], options: Any, region: HostRegion, identity: CacheIdentity
+) -> SecondaryTier:
+    """Build an outside tier, matching its constructor's parameters by name.
+
+    ``region`` and ``identity`` go to parameters of those names, the options object to one named
+    like ``options`` or ``config``; with neither, plain-dict options are spread as keywords
+    (``def __init__(self, region, **options)``). A constructor without such names gets
+    ``(options, region, identity)`` by position.
+    """
+    params = inspect.signature(cls).parameters
+    known = {"region": region, "identity": identity}
+    if not (known.keys() & params.keys()):
+        return cls(options, region, identity)
+    kwargs = {name: value for name, value in known.items() if name in params}
+    holder = next((name for name in OPTION_NAMES if name in params), None)
+    if holder is not None:
+        kwargs[holder] = options
+    elif isinstance(options, Mapping):
+        kwargs.update(options)
+    try:
+        bound = inspect.signature(cls).bind(**kwargs)
+    except TypeError as exc:
+        name = getattr(cls, "__name__", cls)
+        raise ConfigError(f"type: {name} does not take these options: {exc}") from None
+    return cls(*bound.args, **bound.kwargs)
 
 
 def _build_fault(
