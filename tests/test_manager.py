@@ -328,3 +328,45 @@ def test_services_step_on_every_poll_and_close_with_the_manager(build):
     assert service.steps == 2
     m.close()
     assert service.closed
+
+
+def engine_counters(m):
+    return [n for n in m.stats()["counters"] if n.startswith(("kvtier_lookups", "kvtier_recomp"))]
+
+
+def test_promote_for_peer_brings_chunks_back_without_engine_metrics(build, identity):
+    """A peer asks for chunks only the tier holds: they come back; no lookup is counted."""
+    m = build(4, plain)
+    old, new = make_keys(identity, 4), make_keys(identity, 2, seed=5)
+    store(m, old)
+    push_out(m, identity, 4)
+    assert m.promote_for_peer([*old[:2], new[0]]) == set(old[:2])
+    assert m.wait_idle(10)
+    assert all(m.host.is_ready(k) for k in old[:2])
+    assert engine_counters(m) == []
+
+
+def test_promote_for_peer_never_evicts_held_chunks(build, identity):
+    """Every slot is pinned by a reader: nothing is promoted, the readers keep their chunks."""
+    m = build(4, plain)
+    old = make_keys(identity, 2)
+    store(m, old)
+    pinned = make_keys(identity, 4, seed=1000)
+    push_out(m, identity, 4)
+    m.prepare_load(pinned)
+    assert m.promote_for_peer(old) == set()
+    m.complete_load(pinned)
+    assert m.promote_for_peer([old[0], *pinned[:3]]) == {old[0]}, "the asked ready ones stay"
+    assert all(m.host.is_ready(k) for k in pinned[:3])
+
+
+def test_promote_for_peer_asks_no_failed_tier_and_no_peer_tier(build, identity):
+    m = build(4, faulty(fail_load=True), plain)
+    m.tiers[1].reads_peers = True  # stands in for a p2p tier
+    keys = make_keys(identity, 1)
+    store(m, keys)
+    push_out(m, identity, 4)
+    assert m.promote_for_peer(keys) == set(keys)
+    assert m.wait_idle(10) and not m.host.is_ready(keys[0])
+    assert m.promote_for_peer(keys) == set(), "a failed promotion is not retried for a peer"
+    assert m.tiers[0].calls["load"] == 1

@@ -214,6 +214,11 @@ class TieringManager:
         return answer
 
     @_serialized
+    def promote_for_peer(self, keys: Sequence[ChunkKey]) -> set[ChunkKey]:
+        """For a peer server: the keys on their way to host (``Promoter.promote_for_peer``)."""
+        return self._promoter.promote_for_peer(keys)
+
+    @_serialized
     def prepare_load(self, keys: Sequence[ChunkKey]) -> list[int]:
         """Pin ready chunks for reading; returns their slots. Every key must be ready."""
         missing = [k for k in keys if not self.host.is_ready(k)]

@@ -12,6 +12,9 @@ the chunks from there on are recomputed and counted under one reason (``MISS_REA
 be resumed once its last ``window`` chunks are in host, because the key of chunk ``i`` names the
 whole prefix up to ``i``. The chunks before the window are never looked up nor promoted.
 
+``Promoter.promote_for_peer`` serves a peer server: it promotes the keys a peer asked for from
+this instance's own storage tiers, without a prefix walk and without engine-facing metrics.
+
 Thread safety: none; it belongs to the manager's thread.
 """
 
@@ -156,15 +159,42 @@ class Promoter:
         if num_chunks and reason is not None:
             self.metrics.count("recomputed_chunks", num_chunks, reason=reason)
 
-    def _start(self, wanted: list[tuple[int, ChunkKey]], protect: Sequence[ChunkKey]) -> bool:
-        """Promote what fits of ``wanted`` without evicting ``protect``; whether any started."""
+    def promote_for_peer(self, keys: Sequence[ChunkKey]) -> set[ChunkKey]:
+        """Start promoting, for a peer, the ``keys`` not in host; returns the keys on their way.
+
+        On their way: being written into host (a store or a promotion), held by a tier whose
+        answer is pending, or promoted by this call. Each key is independent (no prefix walk).
+        Tiers that read other instances (``reads_peers``) are not asked, so two servers never
+        relay a lookup to each other; a (tier, key) whose promotion failed is not asked again.
+        Promotions take free or evictable slots only, never one held nor one of ``keys`` ready
+        now; what does not fit is not promoted. No engine-facing metric is counted.
+        """
+        coming: set[ChunkKey] = set()
+        wanted: list[tuple[int, ChunkKey]] = []
+        for key in dict.fromkeys(keys):
+            if key in self.host:
+                if not self.host.is_ready(key):
+                    coming.add(key)
+                continue
+            holder, _ = self._find_holder(key, ask_peers=False)
+            if isinstance(holder, int):
+                wanted.append((holder, key))
+            elif holder is RETRY:
+                coming.add(key)
+        ready = [k for k in dict.fromkeys(keys) if self.host.is_ready(k)]
+        return coming | self._start(wanted, ready)
+
+    def _start(
+        self, wanted: list[tuple[int, ChunkKey]], protect: Sequence[ChunkKey]
+    ) -> set[ChunkKey]:
+        """Promote what fits of ``wanted`` without evicting ``protect``; the keys started."""
         self.host.hold(protect)
         try:
             room = self.host.num_allocatable
-            started = [self._promote(i, ks) for i, ks in _by_tier(wanted[:room]).items()]
+            groups = _by_tier(wanted[:room]).items()
+            return {k for i, ks in groups if self._promote(i, ks) for k in ks}
         finally:
             self.host.release(protect)
-        return any(started)
 
     def _walk(self, keys: Sequence[ChunkKey]) -> Walk:
         """Walk keys past the ready prefix until one is held nowhere."""
@@ -188,11 +218,11 @@ class Promoter:
                 walk.waiting = True
         return walk
 
-    def _find_holder(self, key: ChunkKey) -> tuple[int | Lookup, bool]:
+    def _find_holder(self, key: ChunkKey, ask_peers: bool = True) -> tuple[int | Lookup, bool]:
         """The first tier that holds ``key`` (or RETRY, or MISS), and whether a tier was down."""
         maybe = unavailable = False
         for index, tier in enumerate(self.tiers):
-            if (index, key) in self.failed:
+            if (index, key) in self.failed or (tier.reads_peers and not ask_peers):
                 continue
             answer = self._ask(tier, key)
             unavailable = unavailable or answer is None or not tier.available

@@ -7,16 +7,22 @@ work so that the host tier is only ever touched on the manager's thread:
   hands (protocol version and cache identity, else refused and logged), verifies stored chunks,
   and puts work on the inbox; it encodes fetch replies and sends each payload frame straight
   out of its host slot (zero-copy), watching the send receipt;
-* ``step`` (the manager's thread, at every ``poll``) answers lookups from ``host.is_ready``,
-  holds the slots of fetched chunks and hands their views to the server thread, reserves slots
-  for stored chunks, and releases holds once their bytes are sent.
+* ``step`` (the manager's thread, at every ``poll``) answers lookups, holds the slots of
+  fetched chunks and hands their views to the server thread, reserves slots for stored chunks,
+  and releases holds once their bytes are sent.
 
-Only host-resident chunks are served; chunks in this instance's secondary tiers are not promoted
-for a peer. A hold lasts at most ``hold_timeout_s``: a client too slow to drain its replies then
-gets its slot released while bytes may still be queued; the header's checksum was taken while
-the slot was held, so the client's verification turns any overwritten bytes into a miss.
+A lookup answers HELD for a chunk ready in host, COMING for one on its way there: a lookup of a
+chunk that only this instance's own storage tiers hold starts its promotion
+(``TieringManager.promote_for_peer``), and the client asks again. A fetch serves host-ready
+chunks only. While tier jobs are pending the driver polls every ``BUSY_POLL_S``, so promotions
+land while the engine is idle. A hold lasts at most ``hold_timeout_s``: a client too slow to
+drain its replies then gets its slot released while bytes may still be queued; the header's
+checksum was taken while the slot was held, so the client's verification turns any overwritten
+bytes into a miss.
 
-Thread safety: the inbox and outbox are thread-safe queues; ``_counters`` has its own lock.
+Thread safety: the inbox and outbox are thread-safe queues; ``_counters`` has its own lock;
+``_jobs_pending`` is written on the manager's thread and read by the driver (a stale read costs
+one idle wait at most).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ log = logging.getLogger(__name__)
 
 MAX_CLIENTS = 4096  # handshaken connections remembered; the oldest are forgotten first
 MAX_MESSAGES_PER_TURN = 256
+BUSY_POLL_S, IDLE_POLL_S = 0.005, 0.05
 
 
 @dataclass
@@ -99,6 +106,7 @@ class PeerServer:
         self._counters: Counter[str] = Counter()
         self._counters_lock = threading.Lock()
         self._driver: threading.Thread | None = None
+        self._jobs_pending = False  # the manager had tier jobs out at the last step
         self._thread = threading.Thread(target=self._run, name="kvtier-peer-server", daemon=True)
         self._thread.start()
         log.info("peer server listening on %s:%d", config.host, config.port)
@@ -120,7 +128,9 @@ class PeerServer:
 
     def _drive(self, poll: Callable[[], object]) -> None:
         while not self._stop.is_set():
-            if self.wait_for_work(0.05) and not self._stop.is_set():
+            busy = self._jobs_pending  # a finished promotion wakes nobody: poll for it
+            woken = self.wait_for_work(BUSY_POLL_S if busy else IDLE_POLL_S)
+            if (woken or busy) and not self._stop.is_set():
                 try:
                     poll()
                 except Exception as exc:  # the driver must outlive one bad turn
@@ -147,15 +157,22 @@ class PeerServer:
             try:
                 work = self._inbox.get_nowait()
             except queue.Empty:
+                self._jobs_pending = manager.num_pending_jobs > 0
                 return
             handler = getattr(self, f"_on_{work.op}")
             handler(manager, work)
 
     def _on_lookup(self, manager: TieringManager, work: _Work) -> None:
-        flags = [manager.host.is_ready(k) for k in work.keys]
-        self._count("lookup_keys", len(flags))
-        self._count("lookup_hits", sum(flags))
-        self._reply(work.peer, proto.encode(proto.LOOKUP, work.req_id, flags))
+        held = [manager.host.is_ready(k) for k in work.keys]
+        coming = set() if all(held) else manager.promote_for_peer(work.keys)
+        states = [
+            proto.HELD if ready else proto.COMING if key in coming else proto.MISSING
+            for key, ready in zip(work.keys, held, strict=True)
+        ]
+        self._count("lookup_keys", len(states))
+        self._count("lookup_hits", sum(held))
+        self._count("lookup_coming", states.count(proto.COMING))
+        self._reply(work.peer, proto.encode(proto.LOOKUP, work.req_id, states))
 
     def _on_fetch(self, manager: TieringManager, work: _Work) -> None:
         flags = [manager.host.is_ready(k) for k in work.keys]

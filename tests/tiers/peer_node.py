@@ -1,9 +1,11 @@
 """A kvtier instance in its own process that serves its host tier to peers (for the p2p tests).
 
 ``python -m tests.tiers.peer_node PORT [--store N --seed S] [--accept-stores] [--curve DIR]``
-stores N chunks (``chunk_pattern`` bytes) of the small test layout, prints ``READY``, and runs the
-idle (never polling) until SIGTERM: the peer server's own driver answers. With ``--curve DIR`` it uses ``DIR/server.secret`` and allows
-the client keys in ``DIR/clients``. ``--fs DIR`` adds a filesystem tier under the host tier.
+stores N chunks (``chunk_pattern`` bytes) of the small test layout, prints ``READY``, and runs
+idle (never polling) until SIGTERM: the peer server's own driver answers. With ``--curve DIR`` it
+uses ``DIR/server.secret`` and allows the client keys in ``DIR/clients``. ``--fs DIR`` adds a
+filesystem tier under the host tier; chunks are stored ``--slots`` at a time, so with more chunks
+than slots the older ones leave host memory and live on in that tier.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from kvtier import CacheIdentity, TieringManager
 from kvtier.config import P2PTierConfig
+from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.peer import PeerTier
 from tests.conftest import SMALL_LAYOUT, config, fill, make_keys
@@ -92,19 +95,23 @@ def serve_config(args: argparse.Namespace) -> dict[str, object]:
     return extra
 
 
+def store(manager: TieringManager, keys: list[ChunkKey], batch: int) -> None:
+    for start in range(0, len(keys), batch):
+        plan = manager.prepare_store(keys[start : start + batch])
+        assert plan is not None
+        for key, slot in zip(plan.keys, plan.slots, strict=True):
+            fill(manager.region, slot, key)
+        manager.complete_store(plan.keys, success=True)
+        assert manager.wait_idle(timeout=30)
+
+
 def main() -> None:
     args = parse_args()
     identity = CacheIdentity(model=args.model, revision="r1", layout=SMALL_LAYOUT)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with TieringManager(config(args.slots, **serve_config(args)), identity) as manager:
-        keys = make_keys(identity, args.store, seed=args.seed)[args.skip :]
-        plan = manager.prepare_store(keys)
-        assert plan is not None
-        for key, slot in zip(plan.keys, plan.slots, strict=True):
-            fill(manager.region, slot, key)
-        manager.complete_store(plan.keys, success=True)
-        manager.wait_idle(timeout=30)
+        store(manager, make_keys(identity, args.store, seed=args.seed)[args.skip :], args.slots)
         print("READY", flush=True)
         # Idle like an engine with no requests: the server's driver thread answers peers.
         stop.wait()

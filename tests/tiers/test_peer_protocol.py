@@ -36,6 +36,21 @@ def test_a_fetch_reply_carries_two_frames_per_found_key():
         proto.decode_reply(views(meta, *chunk), CHUNK)
 
 
+def test_a_lookup_reply_says_held_coming_or_missing():
+    meta = proto.encode(proto.LOOKUP, 2, [proto.HELD, proto.COMING, proto.MISSING])
+    reply = proto.decode_reply(views(meta), CHUNK)
+    assert isinstance(reply, proto.Reply) and reply.flags == (True, False, False)
+    assert reply.states == (proto.HELD, proto.COMING, proto.MISSING)
+
+
+@pytest.mark.parametrize("body", [[3], [True], ["1"], [-1], None])
+def test_lookup_replies_with_other_states_are_rejected(body):
+    with pytest.raises(proto.ProtocolError):
+        proto.decode_reply(views(proto.encode(proto.LOOKUP, 2, body)), CHUNK)
+    with pytest.raises(proto.ProtocolError):
+        proto.decode_reply(views(proto.encode(proto.LOOKUP, 2, [1]), b"extra"), CHUNK)
+
+
 @pytest.mark.parametrize(
     ("frames", "reason"),
     [

@@ -92,12 +92,14 @@ class SecondaryTier(ABC):
     """A storage tier below host memory. See the module docstring for the contract.
 
     ``available`` is False while the tier knows it cannot serve (endpoint down, circuit open);
-    the manager then counts its misses as "tier unavailable".
+    the manager then counts its misses as "tier unavailable". ``reads_peers`` is True for a
+    tier that reads other instances' memory (p2p): a peer server never asks it for a peer.
     """
 
     #: Name used in stats, metrics and events; the manager makes it unique per instance.
     name: str = "tier"
     available: bool = True
+    reads_peers: bool = False
     _metrics: TierMetrics | None = None
 
     @property

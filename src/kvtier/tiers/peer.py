@@ -6,7 +6,8 @@ per peer; the manager's thread only queues commands and reads answers:
 * ``lookup`` answers from remembered answers (hits expire after ``hit_ttl_s``: the peer may
   evict); an unknown key answers ``RETRY`` and joins a batch: keys asked within
   ``LOOKUP_BATCH_S`` of each other go to each peer in one LOOKUP message. A key is a hit when
-  some asked peer holds it, a miss when all said no or failed.
+  some asked peer holds it in host memory, a miss when all said no or failed; a peer that is
+  bringing it in from a storage tier of its own is asked again shortly (``peer_probes``).
 * ``submit_load`` fetches each key from the peer that answered the lookup (else the hinted peer,
   else the first peer). Each payload is received straight into its host slot (one copy, out of
   the transport's buffer) and verified there against its header, the cache identity and the key
@@ -48,6 +49,7 @@ from kvtier.tiers import peer_protocol as proto
 from kvtier.tiers.answers import Answers
 from kvtier.tiers.base import RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob, drain
 from kvtier.tiers.peer_link import PeerLink, PeerRequest, State
+from kvtier.tiers.peer_probes import Probes
 from kvtier.tiers.transport import Transport, ZmqTransport, client_keys
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,8 @@ class _Job:
 class PeerTier(SecondaryTier):
     """Fetches from (and stores to) peer instances; see the module docstring."""
 
+    reads_peers = True
+
     def __init__(
         self,
         config: P2PTierConfig,
@@ -96,7 +100,7 @@ class PeerTier(SecondaryTier):
         self._counters: Counter[str] = Counter()  # written by the I/O thread only
         self._links: dict[str, PeerLink] = {}
         self._hints: OrderedDict[ChunkKey, str] = OrderedDict()
-        self._probes: dict[ChunkKey, int] = {}  # key -> peers yet to answer its lookup
+        self._probes = Probes(self._answers, config.timeout_s)
         self._jobs: dict[int, _Job] = {}
         self._stop = threading.Event()
         self._usable = True
@@ -176,6 +180,9 @@ class PeerTier(SecondaryTier):
     def _turn(self) -> None:
         self._drain_commands()
         now = time.monotonic()
+        for address, keys in self._probes.due(now).items():
+            self._counters["lookup_reasks"] += len(keys)
+            self._ask(address, keys)
         for link in list(self._links.values()):
             link.receive()
             link.tick(now)
@@ -227,30 +234,22 @@ class PeerTier(SecondaryTier):
         for key in dict.fromkeys(keys):
             hinted = self._hints.get(key)
             targets = [hinted] if hinted in self._links else list(self._links)
-            self._probes[key] = len(targets)
+            self._probes.start(key, len(targets))
             for address in targets:
                 per_link.setdefault(address, []).append(key)
-        if not self._links:
-            for key in keys:
-                self._answer(key, None)
         self._counters["lookup_keys"] += len(keys)
         for address, batch in per_link.items():
-            for part in _batches(batch, proto.MAX_KEYS):
-                self._counters["lookup_messages"] += 1
-                self._links[address].send(PeerRequest(proto.LOOKUP, part))
+            self._ask(address, batch)
 
-    def _answer(self, key: ChunkKey, holder: str | None) -> None:
-        remaining = self._probes.get(key)
-        if remaining is None:
-            return
-        if holder is not None:
-            del self._probes[key]
-            self._answers.found(key, holder)
-        elif remaining <= 1:
-            del self._probes[key]
-            self._answers.missing(key)
-        else:
-            self._probes[key] = remaining - 1
+    def _ask(self, address: str, keys: list[ChunkKey]) -> None:
+        link, now = self._links.get(address), time.monotonic()
+        for part in _batches(keys, proto.MAX_KEYS):
+            if link is None:
+                for key in part:
+                    self._probes.answer(key, address, proto.MISSING, now)
+                continue
+            self._counters["lookup_messages"] += 1
+            link.send(PeerRequest(proto.LOOKUP, part))
 
     # -- loads and stores --------------------------------------------------------------------
     def _on_load(self, job: TransferJob) -> None:
@@ -309,9 +308,10 @@ class PeerTier(SecondaryTier):
     def _done(self, link: PeerLink | None, request: PeerRequest, reply: proto.Reply | None) -> None:
         """A request to ``link`` finished: ``reply`` is its validated answer, or ``None``."""
         if request.kind == proto.LOOKUP:
-            flags = reply.flags if reply is not None else [False] * len(request.keys)
-            for key, held in zip(request.keys, flags, strict=True):
-                self._answer(key, link.address if held and link is not None else None)
+            states = reply.states if reply is not None else [proto.MISSING] * len(request.keys)
+            address, now = link.address if link is not None else "", time.monotonic()
+            for key, state in zip(request.keys, states, strict=True):
+                self._probes.answer(key, address, state, now)
             return
         job = self._jobs[request.context[0]]
         if reply is not None and request.kind == proto.FETCH:

@@ -6,7 +6,9 @@ header of ``codec`` and the payload, so a payload frame can be sent straight fro
 and verified where it lands. Requests (client → server):
 
 * ``HELLO  [version, identity digest]``            reply ``[ok, accepts_stores, reason]``
-* ``LOOKUP [key, ...]``                             reply ``[held?, ...]``
+* ``LOOKUP [key, ...]``                             reply ``[state, ...]``: ``MISSING``, ``HELD``
+  (ready in the server's host memory now) or ``COMING`` (a tier of the server's holds it and it
+  is being brought into host memory: ask again soon)
 * ``FETCH  [key, ...]``                             reply ``[found?, ...]`` + 2 frames per found key
 * ``STORE  [key, ...]`` + 2 frames per key          reply ``[stored?, ...]``
 
@@ -26,8 +28,11 @@ import msgpack
 from kvtier.keys import KEY_BYTES, ChunkKey
 from kvtier.tiers.codec import HEADER_BYTES
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 REFUSED, HELLO, LOOKUP, FETCH, STORE = 0, 1, 2, 3, 4
+#: A LOOKUP reply's answer for one key.
+MISSING, HELD, COMING = 0, 1, 2
+LOOKUP_STATES = (MISSING, HELD, COMING)
 KEYED_KINDS = (LOOKUP, FETCH, STORE)
 #: Bounds on what a peer may send; anything larger is malformed.
 MAX_KEYS = 1024
@@ -73,12 +78,16 @@ class HelloReply:
 
 @dataclass(frozen=True)
 class Reply:
-    """Answer to a keyed request: one flag per key; FETCH adds a chunk per true flag, in order."""
+    """Answer to a keyed request: one flag per key; FETCH adds a chunk per true flag, in order.
+
+    A LOOKUP reply also has ``states`` (one of ``LOOKUP_STATES`` per key); its flags say HELD.
+    """
 
     kind: int
     req_id: int
     flags: tuple[bool, ...]
     chunks: tuple[Chunk, ...] = ()
+    states: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,10 @@ def decode_reply(frames: Sequence[memoryview], chunk_bytes: int) -> HelloReply |
         _expect(_is_bool(ok) and _is_bool(accepts_stores) and _is_reason(reason), "hello fields")
         return HelloReply(req_id, ok, accepts_stores, reason)
     _expect(kind in KEYED_KINDS, f"unknown reply kind {kind!r}")
+    if kind == LOOKUP:
+        _expect(len(frames) == 1 and isinstance(body, list), "lookup reply")
+        _expect(all(type(s) is int and s in LOOKUP_STATES for s in body), "lookup states")
+        return Reply(kind, req_id, tuple(s == HELD for s in body), states=tuple(body))
     _expect(isinstance(body, list) and all(_is_bool(f) for f in body), "flags")
     num_chunks = sum(body) if kind == FETCH else 0
     return Reply(kind, req_id, tuple(body), _chunks(frames, num_chunks, chunk_bytes))
