@@ -205,3 +205,28 @@ class JobRunner:
         self._closed.set()
         self._readers.shutdown(wait=True, cancel_futures=cancel)
         self._writers.shutdown(wait=True, cancel_futures=cancel)
+
+
+class PooledTier(SecondaryTier):
+    """A tier whose jobs are plain functions run on a ``JobRunner``'s read and write pools.
+
+    Subclasses set ``self._runner`` and implement ``_store(job)`` and ``_load(job)``, each
+    returning the keys that succeeded (or a ``JobOutcome``); ``close`` must close the runner.
+    """
+
+    _runner: JobRunner
+
+    def submit_store(self, job: TransferJob) -> None:
+        self._runner.submit("store", job, lambda: self._store(job))
+
+    def submit_load(self, job: TransferJob) -> None:
+        self._runner.submit("load", job, lambda: self._load(job))
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        return self._runner.finished()
+
+    @abstractmethod
+    def _store(self, job: TransferJob) -> Iterable[ChunkKey] | JobOutcome: ...
+
+    @abstractmethod
+    def _load(self, job: TransferJob) -> Iterable[ChunkKey] | JobOutcome: ...

@@ -43,10 +43,9 @@ from kvtier.tiers.base import (
     MISS,
     RETRY,
     JobOutcome,
-    JobResult,
     JobRunner,
     Lookup,
-    SecondaryTier,
+    PooledTier,
     TransferJob,
 )
 from kvtier.tiers.codec import HEADER_BYTES
@@ -82,7 +81,7 @@ class _Counters:
             return dict(self._counts)
 
 
-class FilesystemTier(SecondaryTier):
+class FilesystemTier(PooledTier):
     """Chunks as files under ``config.root_dir``; see the module docstring.
 
     Raises ``TierError`` at start when ``root_dir`` cannot be written (or ``o_direct`` is "on"
@@ -135,15 +134,6 @@ class FilesystemTier(SecondaryTier):
                 self._probing.add(key)
                 self._probes.submit(self._probe, key)
         return RETRY
-
-    def submit_store(self, job: TransferJob) -> None:
-        self._runner.submit("store", job, lambda: self._store(job))
-
-    def submit_load(self, job: TransferJob) -> None:
-        self._runner.submit("load", job, lambda: self._load(job))
-
-    def get_finished_jobs(self) -> list[JobResult]:
-        return self._runner.finished()
 
     def close(self) -> None:
         """Finish queued jobs, stop probing and scanning, and join every thread."""

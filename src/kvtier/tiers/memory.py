@@ -15,10 +15,10 @@ from kvtier.config import MemoryTierConfig
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers.base import HIT, MISS, JobResult, JobRunner, Lookup, SecondaryTier, TransferJob
+from kvtier.tiers.base import HIT, MISS, JobRunner, Lookup, PooledTier, TransferJob
 
 
-class MemoryTier(SecondaryTier):
+class MemoryTier(PooledTier):
     """Keeps up to ``capacity_bytes`` of chunks as ``bytes`` objects, evicting the oldest."""
 
     def __init__(
@@ -34,15 +34,6 @@ class MemoryTier(SecondaryTier):
     def lookup(self, key: ChunkKey) -> Lookup:
         with self._lock:
             return HIT if key in self._chunks else MISS
-
-    def submit_store(self, job: TransferJob) -> None:
-        self._runner.submit("store", job, lambda: self._store(job))
-
-    def submit_load(self, job: TransferJob) -> None:
-        self._runner.submit("load", job, lambda: self._load(job))
-
-    def get_finished_jobs(self) -> list[JobResult]:
-        return self._runner.finished()
 
     def close(self) -> None:
         self._runner.close()
