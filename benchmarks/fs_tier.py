@@ -108,7 +108,7 @@ def tier_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> 
         for key in keys:  # steady state: a used cache already has its two levels of directories
             os.makedirs(Path(tier.namespace) / key.hex()[:2] / key.hex()[2:4], exist_ok=True)
         jobs = [
-            (tuple(keys[t :: n_threads]), tuple(range(region.num_slots))[t :: n_threads])
+            (tuple(keys[t::n_threads]), tuple(range(region.num_slots))[t::n_threads])
             for t in range(n_threads)
         ]
         store = timed(lambda: run_jobs(tier, jobs, tier.submit_store))

@@ -67,7 +67,10 @@ def test_everything_that_changes_bytes_changes_the_identity() -> None:
     [
         (LayerGroup("full", (0,)),),  # layer 1 in no group
         (LayerGroup("full", (0, 1)), LayerGroup("sliding", (1,), window=4)),  # two KV groups
-        (LayerGroup("latent", (0,), latent_dims=(4,)), LayerGroup("latent", (1,), latent_dims=(4,))),
+        (
+            LayerGroup("latent", (0,), latent_dims=(4,)),
+            LayerGroup("latent", (1,), latent_dims=(4,)),
+        ),
         (LayerGroup("full", (0, 1, 2)),),  # no layer 2
     ],
 )
@@ -91,7 +94,13 @@ def test_impossible_group_fields_are_refused(fields: dict[str, object]) -> None:
     [
         ((LayerGroup("sliding", (0, 1), window=9),), 1),  # 8 tokens before the next query
         ((LayerGroup("sliding", (0, 1), window=10),), 2),  # 9 tokens: two 8-token chunks
-        ((LayerGroup("sliding", (0,), window=30), LayerGroup("state", (1,), state_shapes=((2,),))), 4),
+        (
+            (
+                LayerGroup("sliding", (0,), window=30),
+                LayerGroup("state", (1,), state_shapes=((2,),)),
+            ),
+            4,
+        ),
         ((LayerGroup("state", (0, 1), state_shapes=((2,),)),), 1),  # the last chunk's state
         ((LayerGroup("sliding", (0,), window=9), LayerGroup("full", (1,))), None),
     ],

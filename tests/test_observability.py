@@ -103,7 +103,9 @@ def test_metrics_over_http_match_the_workload(identity, tmp_path):
 
 def reason_counts(m) -> dict[str, float]:
     prefix = "kvtier_recomputed_chunks_total{reason="
-    return {k[len(prefix) : -1]: v for k, v in m.stats()["counters"].items() if k.startswith(prefix)}
+    return {
+        k[len(prefix) : -1]: v for k, v in m.stats()["counters"].items() if k.startswith(prefix)
+    }
 
 
 @pytest.mark.parametrize(
@@ -198,7 +200,10 @@ def test_events_on_the_socket_match_the_chunk_movements(identity, tmp_path):
         (e.kind.value, e.source, e.destination) for e in local
     ]
     assert {e.kind for e in local} == {
-        EventKind.STORED, EventKind.WRITTEN, EventKind.EVICTED, EventKind.PROMOTED
+        EventKind.STORED,
+        EventKind.WRITTEN,
+        EventKind.EVICTED,
+        EventKind.PROMOTED,
     }
     mediums = {(e[0], e[2] if e[0] == "BlockRemoved" else e[6]) for e in wire}
     assert mediums == {("BlockStored", "CPU"), ("BlockStored", "RAM"), ("BlockRemoved", "CPU")}
@@ -259,8 +264,13 @@ def test_grafana_dashboard_uses_only_exported_metrics():
 
     dashboard = Path(__file__).parent.parent / "docs" / "grafana" / "kvtier-dashboard.json"
     exprs = [t["expr"] for p in json.loads(dashboard.read_text())["panels"] for t in p["targets"]]
-    used = {re.sub(r"_(bucket|sum|count)$", "", n) for e in exprs for n in re.findall(r"kvtier_\w+", e)}
-    exported = {name for name, _, _ in MANAGER_FAMILIES} | {"kvtier_host_slots", "kvtier_host_fill_ratio"}
+    used = {
+        re.sub(r"_(bucket|sum|count)$", "", n) for e in exprs for n in re.findall(r"kvtier_\w+", e)
+    }
+    exported = {name for name, _, _ in MANAGER_FAMILIES} | {
+        "kvtier_host_slots",
+        "kvtier_host_fill_ratio",
+    }
     assert used and used <= exported
 
 

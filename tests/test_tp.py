@@ -33,7 +33,9 @@ def setup() -> tuple[Any, CacheIdentity, list[int], list[tuple[torch.Tensor, tor
     model = LlamaForCausalLM(LlamaConfig(**SHAPE)).eval()
     layout = KVLayout(2, 4, 16, "float32", block_size=4, blocks_per_chunk=2)
     identity = CacheIdentity("test/llama-4kv", layout, "r1")
-    tokens = torch.randint(0, 512, (CHUNKS * 8 + EXTRA,), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(
+        0, 512, (CHUNKS * 8 + EXTRA,), generator=torch.Generator().manual_seed(1)
+    )
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         model(input_ids=tokens[None, : CHUNKS * 8], cache=cache, use_cache=True)
@@ -41,7 +43,9 @@ def setup() -> tuple[Any, CacheIdentity, list[int], list[tuple[torch.Tensor, tor
     return model, identity, tokens.tolist(), kv
 
 
-def make_manager(identity: CacheIdentity, tiers: list[dict[str, Any]] | None = None) -> TieringManager:
+def make_manager(
+    identity: CacheIdentity, tiers: list[dict[str, Any]] | None = None
+) -> TieringManager:
     stride = round_up(identity.layout.chunk_bytes, ALIGNMENT)
     config = {"cpu_bytes_to_use": 8 * stride, "secondary_tiers": tiers or []}
     return TieringManager(TieringConfig.from_dict(config), identity)
@@ -55,12 +59,16 @@ def store_as_ranks(m: TieringManager, kv: list[Any], keys: list[Any], tp_size: i
         engine = TransferEngine(m.identity.layout, m.region, "cpu", tp_rank=rank, tp_size=tp_size)
         heads = m.identity.layout.rank_heads(rank, tp_size)
         local = [(k[:, heads.start : heads.stop], v[:, heads.start : heads.stop]) for k, v in kv]
-        engine.wait(engine.submit_store(pack_chunks(local, engine.local_layout, 0, len(keys)), plan.slots))
+        engine.wait(
+            engine.submit_store(pack_chunks(local, engine.local_layout, 0, len(keys)), plan.slots)
+        )
     m.complete_store(plan.keys)
     return plan.slots
 
 
-def load_as_ranks(m: TieringManager, keys: list[Any], tp_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def load_as_ranks(
+    m: TieringManager, keys: list[Any], tp_size: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every rank loads its runs; their heads, concatenated, are what a TP=1 engine holds."""
     slots = m.prepare_load(keys)
     shards = []
@@ -97,7 +105,9 @@ def recompute(model: Any, tokens: list[int]) -> tuple[torch.Tensor, list[int]]:
 
 
 @pytest.mark.parametrize(("writer", "readers"), [(2, (1, 4)), (1, (2,)), (4, (2,))])
-def test_any_tp_size_reads_what_another_wrote(setup: Any, writer: int, readers: tuple[int, ...]) -> None:
+def test_any_tp_size_reads_what_another_wrote(
+    setup: Any, writer: int, readers: tuple[int, ...]
+) -> None:
     """TP=2 writes, TP=1 and TP=4 read (and the reverse): identical K/V, identical outputs."""
     model, identity, tokens, kv = setup
     keys = chunk_keys(tokens, identity)[:CHUNKS]
@@ -125,7 +135,9 @@ def test_slot_bytes_do_not_depend_on_the_tp_size(setup: Any) -> None:
     assert written[1] == written[2] == written[4]
 
 
-def test_tp2_instance_shares_with_a_tp4_instance_through_the_filesystem(setup: Any, tmp_path: Path) -> None:
+def test_tp2_instance_shares_with_a_tp4_instance_through_the_filesystem(
+    setup: Any, tmp_path: Path
+) -> None:
     """Two instances of one model, TP=2 and TP=4, share chunks: one file per chunk."""
     model, identity, tokens, kv = setup
     keys = chunk_keys(tokens, identity)[:CHUNKS]
@@ -133,7 +145,10 @@ def test_tp2_instance_shares_with_a_tp4_instance_through_the_filesystem(setup: A
     with make_manager(identity, fs) as writer:
         store_as_ranks(writer, kv, keys, 2)
         assert writer.wait_idle(10)
-    assert len([p for p in (tmp_path / "kv").rglob("*") if p.is_file() and keys[0].hex() in p.name]) == 1
+    assert (
+        len([p for p in (tmp_path / "kv").rglob("*") if p.is_file() and keys[0].hex() in p.name])
+        == 1
+    )
     with make_manager(identity, fs) as reader:
         while (ready := reader.lookup(keys)) is RETRY:
             pass
@@ -163,7 +178,9 @@ HYBRID = KVLayout(3, 4, 8, "float32", block_size=4, blocks_per_chunk=2, groups=(
 ))  # fmt: skip
 
 
-@pytest.mark.parametrize("layout", [KVLayout(2, 4, 8, "float32", 4, 2), HYBRID], ids=["plain", "hybrid"])
+@pytest.mark.parametrize(
+    "layout", [KVLayout(2, 4, 8, "float32", 4, 2), HYBRID], ids=["plain", "hybrid"]
+)
 @pytest.mark.parametrize("tp_size", [2, 4])
 def test_a_rank_writes_exactly_its_runs(layout: KVLayout, tp_size: int) -> None:
     """Each rank's store changes only its K run and V run of each attention page (plus, on

@@ -23,7 +23,9 @@ LAYOUT = KVLayout(
 )
 
 
-def random_kv(layout: KVLayout, tokens: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def random_kv(
+    layout: KVLayout, tokens: int, seed: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     shape = (1, layout.num_kv_heads, tokens, layout.head_dim)
     dtype = TORCH_DTYPES[layout.dtype]

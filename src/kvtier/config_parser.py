@@ -31,6 +31,7 @@ VLLM_OUTER_KEYS = frozenset(
     }
 )  # fmt: skip
 
+
 def parse_config(data: Mapping[str, Any]) -> TieringConfig:
     """The whole vLLM kv-transfer-config, or just its ``kv_connector_extra_config``."""
     outer: dict[str, Any] = {}

@@ -199,9 +199,7 @@ class TierView(Protocol):
     def stats(self) -> dict[str, int]: ...
 
 
-def state_gauges(
-    host: HostView, tiers: Sequence[TierView]
-) -> dict[str, tuple[str, GaugeSource]]:
+def state_gauges(host: HostView, tiers: Sequence[TierView]) -> dict[str, tuple[str, GaugeSource]]:
     """Gauges read at scrape time: host slots by state, host fill, and every tier's stats."""
 
     def slots() -> dict[Labels, float]:
@@ -219,7 +217,8 @@ def state_gauges(
     return {
         "kvtier_host_slots": ("Host slots by state", slots),
         "kvtier_host_fill_ratio": (
-            "Share of host slots holding a chunk", lambda: {(): len(host) / host.num_slots}
+            "Share of host slots holding a chunk",
+            lambda: {(): len(host) / host.num_slots},
         ),
         "kvtier_tier_stat": ("Each tier's own stats() values", tier_stats),
     }

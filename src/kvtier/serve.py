@@ -190,8 +190,11 @@ class PeerServer:
             self._reply(work.peer, proto.encode(proto.STORE, work.req_id, [False] * len(work.keys)))
             return
         slot_of = dict(zip(plan.keys, plan.slots, strict=True))
-        copies = [(self._region.view(slot_of[k]), work.payloads[i]) for i, k in
-                  enumerate(work.keys) if k in slot_of and work.payloads[i] is not None]
+        copies = [
+            (self._region.view(slot_of[k]), work.payloads[i])
+            for i, k in enumerate(work.keys)
+            if k in slot_of and work.payloads[i] is not None
+        ]
         flags = [
             p is not None and (k in slot_of or manager.host.is_ready(k))
             for k, p in zip(work.keys, work.payloads, strict=True)

@@ -88,9 +88,19 @@ def test_metrics_port_serves_the_fullest_strategy(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    options = BenchOptions(model="tiny", conversations=(2,), device_convs=1.0, host_convs=1.0,
-                           first_prompt_tokens=40, rounds=1, user_turn_tokens=6, new_tokens=2,
-                           block_size=4, blocks_per_chunk=2, output_dir=str(tmp_path))
+    options = BenchOptions(
+        model="tiny",
+        conversations=(2,),
+        device_convs=1.0,
+        host_convs=1.0,
+        first_prompt_tokens=40,
+        rounds=1,
+        user_turn_tokens=6,
+        new_tokens=2,
+        block_size=4,
+        blocks_per_chunk=2,
+        output_dir=str(tmp_path),
+    )
     bench = Bench(options)
     server = _export_metrics(bench, port)
     try:
@@ -98,7 +108,10 @@ def test_metrics_port_serves_the_fullest_strategy(tmp_path: Path) -> None:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         server.close()
-    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-               if line.startswith("kvtier_") and " " in line}
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("kvtier_") and " " in line
+    }
     assert samples["kvtier_stored_chunks_total"] > 0
     assert samples['kvtier_tier_bytes_total{op="store",tier="fs"}'] > 0

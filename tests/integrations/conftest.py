@@ -46,7 +46,9 @@ def tier_config(kind: str, root: Path) -> dict[str, Any]:
     return {"type": kind}
 
 
-def manager(identity: CacheIdentity, host_slots: int, tiers: list[dict[str, Any]]) -> TieringManager:
+def manager(
+    identity: CacheIdentity, host_slots: int, tiers: list[dict[str, Any]]
+) -> TieringManager:
     stride = round_up(identity.layout.chunk_bytes, ALIGNMENT)
     config = {"cpu_bytes_to_use": host_slots * stride, "secondary_tiers": tiers}
     return TieringManager(TieringConfig.from_dict(config), identity)

@@ -45,7 +45,11 @@ def hybrid(request: pytest.FixtureRequest) -> tuple[str, Any, CacheIdentity]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = BUILDERS[request.param]().eval()
-    return request.param, model, identity_for(model, layout_for(model, BLOCK_SIZE, BLOCKS_PER_CHUNK))
+    return (
+        request.param,
+        model,
+        identity_for(model, layout_for(model, BLOCK_SIZE, BLOCKS_PER_CHUNK)),
+    )
 
 
 @pytest.fixture
@@ -64,7 +68,11 @@ def managers(hybrid: tuple[str, Any, CacheIdentity]) -> Any:
 def expected_sources(name: str, tokens: int, source: str, prefix_chunks: int) -> dict[str, int]:
     """A sliding-window model loads its last 2 chunks and skips the rest; others load them all."""
     if name != "mistral":
-        return {"accelerator": 0, source: prefix_chunks * 8, "recomputed": tokens - prefix_chunks * 8}
+        return {
+            "accelerator": 0,
+            source: prefix_chunks * 8,
+            "recomputed": tokens - prefix_chunks * 8,
+        }
     skipped = (prefix_chunks - 2) * 8
     return {source: 16, "skipped": skipped, "recomputed": tokens - prefix_chunks * 8}
 

@@ -166,7 +166,8 @@ def test_sliding_window_layers_get_their_own_group() -> None:
                          sliding_window=16, max_window_layers=1)  # fmt: skip
     layout = layout_for(Qwen2ForCausalLM(config), BLOCK_SIZE, BLOCKS_PER_CHUNK)
     assert [(g.kind, g.layers, g.window) for g in layout.groups] == [
-        ("full", (0,), 0), ("sliding", (1,), 16)
+        ("full", (0,), 0),
+        ("sliding", (1,), 16),
     ]
     assert layout.window_chunks is None  # the full-attention layer needs the whole prefix
 
@@ -200,4 +201,6 @@ def test_decoding_stops_after_a_stop_token(model: Any, identity: CacheIdentity) 
     tiered = TieredModel(model, identity)
     tokens = prompt(12, seed=20)
     free = tiered.generate(tokens, 6).tokens
-    assert tiered.generate(tokens, 6, stop_tokens={free[2]}).tokens == free[: free.index(free[2]) + 1]
+    assert (
+        tiered.generate(tokens, 6, stop_tokens={free[2]}).tokens == free[: free.index(free[2]) + 1]
+    )

@@ -46,7 +46,9 @@ def open_tier(root: str, blocks_per_chunk: int, slots: int) -> tuple[FilesystemT
     return FilesystemTier(config, region, identity), region
 
 
-def store_all(tier: FilesystemTier, region: HostRegion, keys: list[ChunkKey], first_id: int) -> bool:
+def store_all(
+    tier: FilesystemTier, region: HostRegion, keys: list[ChunkKey], first_id: int
+) -> bool:
     """Store ``keys`` in jobs of 4 (all submitted at once); whether every job succeeded."""
     ids = []
     for start in range(0, len(keys), 4):
@@ -59,7 +61,9 @@ def store_all(tier: FilesystemTier, region: HostRegion, keys: list[ChunkKey], fi
     return all(result.ok for result in collect(tier, ids, timeout=60).values())
 
 
-def load_and_check(tier: FilesystemTier, region: HostRegion, keys: list[ChunkKey]) -> dict[str, int]:
+def load_and_check(
+    tier: FilesystemTier, region: HostRegion, keys: list[ChunkKey]
+) -> dict[str, int]:
     """Settle lookups, load every key, and count byte-identical and wrong chunks."""
     for key in keys:
         while tier.lookup(key) is RETRY:

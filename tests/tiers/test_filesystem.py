@@ -55,7 +55,9 @@ def store(tier: FilesystemTier, region: HostRegion, keys: list[ChunkKey], job_id
 
 
 def load(tier: FilesystemTier, keys: list[ChunkKey], job_id: int = 2, first_slot: int = 16):
-    tier.submit_load(TransferJob(job_id, tuple(keys), tuple(range(first_slot, first_slot + len(keys)))))
+    tier.submit_load(
+        TransferJob(job_id, tuple(keys), tuple(range(first_slot, first_slot + len(keys))))
+    )
     return collect(tier, [job_id])[job_id]
 
 
@@ -296,7 +298,9 @@ def test_loads_are_not_stuck_behind_queued_stores(make_tier, region, identity):
     release = threading.Event()
     tier.fault_hook = lambda op, key: release.wait(10) if op == "store" else None
     for job in range(4):
-        tier.submit_store(TransferJob(10 + job, tuple(make_keys(identity, 1, seed=20 + job)), (job,)))
+        tier.submit_store(
+            TransferJob(10 + job, tuple(make_keys(identity, 1, seed=20 + job)), (job,))
+        )
     result = load(tier, stored, job_id=50)
     assert result.succeeded == frozenset(stored)
     assert tier.get_finished_jobs() == []  # no store has finished yet

@@ -51,8 +51,21 @@ def test_two_processes_share_chunks_and_write_the_same_keys_at_once(tmp_path):
     seeds = {"a": 1, "b": 2}
     processes = {
         name: worker(
-            "share", "--root", str(root), "--n", "32", "--go", str(go), "--done", done[name],
-            "--seed", str(seeds[name]), "--other", str(seeds[other]), "--other-done", done[other],
+            "share",
+            "--root",
+            str(root),
+            "--n",
+            "32",
+            "--go",
+            str(go),
+            "--done",
+            done[name],
+            "--seed",
+            str(seeds[name]),
+            "--other",
+            str(seeds[other]),
+            "--other-done",
+            done[other],
         )
         for name, other in (("a", "b"), ("b", "a"))
     }

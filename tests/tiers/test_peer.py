@@ -169,4 +169,3 @@ def test_one_request_is_served_by_the_filesystem_and_a_peer(identity, tmp_path):
     finally:
         node.kill()
     assert len(sources) == 2
-

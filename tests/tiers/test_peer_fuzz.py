@@ -175,7 +175,11 @@ def test_after_the_fuzzing_the_server_counted_and_survived(served, honest, socke
     assert stats["malformed_messages"] > 0
     assert stats.get("server_errors", 0) == 0
     bogus = make_keys(IDENTITY, 1, seed=31337)[0]
-    frames = [proto.keyed(proto.STORE, 5, [bogus]), codec.encode_header(IDENTITY.digest, bogus, b"x" * CHUNK), b"y" * CHUNK]
+    frames = [
+        proto.keyed(proto.STORE, 5, [bogus]),
+        codec.encode_header(IDENTITY.digest, bogus, b"x" * CHUNK),
+        b"y" * CHUNK,
+    ]
     sockets["greeted"].send_multipart(frames)
     barrier(sockets["greeted"])
     tier, _ = honest

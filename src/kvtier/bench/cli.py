@@ -29,12 +29,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``kvtier bench``; unset ones take ``BenchOptions``' (or ``--quick``'s) value."""
     parser.add_argument("--quick", action="store_true", help="tiny model and workload (< 1 min)")
     parser.add_argument("--model", help="tiny | small | base (random weights) or a model dir")
-    parser.add_argument("--conversations", type=_conversations, metavar="N,N,...",
-                        help="numbers of conversations to sweep (default 2,4,8,12,16,24)")
-    parser.add_argument("--device-convs", type=float,
-                        help="conversations the accelerator KV pool holds (default 4)")
-    parser.add_argument("--host-convs", type=float,
-                        help="conversations host memory holds (default 12; --config overrides)")
+    parser.add_argument(
+        "--conversations",
+        type=_conversations,
+        metavar="N,N,...",
+        help="numbers of conversations to sweep (default 2,4,8,12,16,24)",
+    )
+    parser.add_argument(
+        "--device-convs", type=float, help="conversations the accelerator KV pool holds (default 4)"
+    )
+    parser.add_argument(
+        "--host-convs",
+        type=float,
+        help="conversations host memory holds (default 12; --config overrides)",
+    )
     work = parser.add_argument_group("workload")
     work.add_argument("--first-prompt-tokens", type=int, help="first prompt length (768)")
     work.add_argument("--rounds", type=int, help="turns after the first (4)")
@@ -43,8 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--block-size", type=int, help="engine block size in tokens (16)")
     work.add_argument("--blocks-per-chunk", type=int, help="blocks per kvtier chunk (2)")
     work.add_argument("--seed", type=int)
-    parser.add_argument("--config", dest="config_path", metavar="FILE",
-                        help="tiering config for the fullest strategy (default: host + fs)")
+    parser.add_argument(
+        "--config",
+        dest="config_path",
+        metavar="FILE",
+        help="tiering config for the fullest strategy (default: host + fs)",
+    )
     parser.add_argument("--output-dir", help="where results go (bench-results)")
     parser.add_argument("--json", dest="json_path", help="JSON path (OUTPUT_DIR/bench.json)")
     parser.add_argument("--chart", dest="chart_path", help="PNG path (OUTPUT_DIR/bench.png)")

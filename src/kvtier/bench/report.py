@@ -90,8 +90,10 @@ def format_table(table: list[dict[str, Any]]) -> str:
             f"{row['follow_up_ttft_ms']['p50']:>7.1f}ms "
             + " ".join(f"{fractions.get(s, 0.0):>8.0%}" for s in sources)
         )
-    lines.append("TTFT of all requests, then TTFT p50 of follow-up turns (a cached prefix); "
-                 "the last columns say where prompt tokens came from.")
+    lines.append(
+        "TTFT of all requests, then TTFT p50 of follow-up turns (a cached prefix); "
+        "the last columns say where prompt tokens came from."
+    )
     return "\n".join(lines)
 
 

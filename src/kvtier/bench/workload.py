@@ -47,8 +47,10 @@ class WorkloadSpec:
     @property
     def max_context_tokens(self) -> int:
         """Tokens of a conversation's last prompt plus its answer: its largest KV."""
-        return self.first_prompt_tokens + self.rounds * self.user_turn_tokens + (
-            self.turns * self.new_tokens
+        return (
+            self.first_prompt_tokens
+            + self.rounds * self.user_turn_tokens
+            + (self.turns * self.new_tokens)
         )
 
 
