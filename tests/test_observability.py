@@ -75,6 +75,7 @@ def test_metrics_over_http_match_the_workload(identity, tmp_path):
         unknown = make_keys(identity, 2, seed=3)
         assert settle(m, unknown) == 0
         m.touch(make_keys(identity, 1, seed=4))
+        m.touch(make_keys(identity, 3, seed=5), hit=False)  # recency only: not a hit
         got = scrape(port)
 
     def value(name, **labels):

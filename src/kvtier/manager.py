@@ -239,10 +239,14 @@ class TieringManager:
         self.host.release(keys)
 
     @_serialized
-    def touch(self, keys: Sequence[ChunkKey]) -> None:
-        """Recency for chunks the engine hit in its own accelerator cache (counted as such)."""
-        tokens = len(keys) * self.identity.layout.tokens_per_chunk
-        self.metrics.count("prompt_tokens", tokens, source="accelerator")
+    def touch(self, keys: Sequence[ChunkKey], *, hit: bool = True) -> None:
+        """Recency for chunks the engine hit in its own accelerator cache (counted as such).
+
+        ``hit=False``: recency only, e.g. to order a sequence's chunks for eviction.
+        """
+        if hit:
+            tokens = len(keys) * self.identity.layout.tokens_per_chunk
+            self.metrics.count("prompt_tokens", tokens, source="accelerator")
         self.host.touch(keys)
 
     # -- background progress -----------------------------------------------------------------

@@ -104,7 +104,7 @@ def test_metrics_port_serves_the_fullest_strategy(tmp_path: Path) -> None:
     bench = Bench(options)
     server = _export_metrics(bench, port)
     try:
-        bench.sweep()
+        sweep = bench.sweep()
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         server.close()
@@ -115,3 +115,7 @@ def test_metrics_port_serves_the_fullest_strategy(tmp_path: Path) -> None:
     }
     assert samples["kvtier_stored_chunks_total"] > 0
     assert samples['kvtier_tier_bytes_total{op="store",tier="fs"}'] > 0
+    (full,) = [r for r in sweep.results if r.strategy == "host+fs"]
+    for source in ("accelerator", "host", "fs"):
+        exported = samples.get(f'kvtier_prompt_tokens_total{{source="{source}"}}', 0)
+        assert exported == full.sources[source], source

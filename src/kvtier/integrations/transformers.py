@@ -330,7 +330,7 @@ class TieredModel:
             self._store_in_host(keys, chunks)
         self.device_cache.touch(all_keys)
         if self.manager is not None:
-            self.manager.touch(all_keys[::-1])
+            self.manager.touch(all_keys[::-1], hit=False)
 
     def _store_in_host(self, keys: list[ChunkKey], chunks: torch.Tensor) -> None:
         if self.manager is None or self.transfer is None:
