@@ -174,13 +174,13 @@ def _shade_regimes(axis: Any, capacities: dict[str, Any], sweep: tuple[int, ...]
     low, high = min(sweep) / 1.25, max(sweep) * 1.25
     device = capacities["device_conversations"] + 0.5
     host = capacities["host_conversations"] + 0.5
-    regimes = [(low, device, "accelerator holds it"), (device, host, "host offload holds it"),
-               (host, high, "storage tier holds it")]  # fmt: skip
+    regimes = [(low, device, "accelerator\nholds it"), (device, host, "host offload\nholds it"),
+               (host, high, "storage tier\nholds it")]  # fmt: skip
     for (start, stop, label), color in zip(regimes, ("#e8f4e8", "#e8eef8", "#f8efe4"), strict=True):
         start, stop = max(start, low), min(stop, high)
         if start >= stop:
             continue
         axis.axvspan(start, stop, color=color, zorder=0)
         axis.text((start * stop) ** 0.5, 0.98, label, transform=axis.get_xaxis_transform(),
-                  ha="center", va="top", fontsize=8, color="#555")  # fmt: skip
+                  ha="center", va="top", fontsize=7, color="#555")  # fmt: skip
     axis.set_xlim(low, high)
