@@ -11,9 +11,10 @@ import torch
 from kvtier import CacheIdentity, ConfigError, KVLayout, TieringManager
 from kvtier.config import MemoryTierConfig
 from kvtier.layout import LAYOUT_VERSION, LayerGroup
+from kvtier.pages import pack_chunks, unpack_chunks, unpack_states
 from kvtier.region import HostRegion
 from kvtier.tiers.memory import MemoryTier
-from kvtier.transfer import TransferEngine, pack_chunks, unpack_chunks, unpack_states
+from kvtier.transfer import TransferEngine
 from tests.conftest import config, make_keys
 from tests.test_manager import push_out, read, settle, store
 

@@ -8,15 +8,9 @@ import torch
 
 from kvtier import KVLayout
 from kvtier.errors import KVTierError
+from kvtier.pages import TORCH_DTYPES, chunk_shape, pack_chunks, unpack_chunks
 from kvtier.region import HostRegion
-from kvtier.transfer import (
-    TORCH_DTYPES,
-    TransferEngine,
-    chunk_shape,
-    pack_chunks,
-    slot_tensor,
-    unpack_chunks,
-)
+from kvtier.transfer import TransferEngine, slot_tensor
 
 LAYOUT = KVLayout(
     num_layers=3, num_kv_heads=2, head_dim=8, dtype="float32", block_size=4, blocks_per_chunk=2

@@ -32,33 +32,10 @@ import torch
 
 from kvtier.errors import KVTierError
 from kvtier.layout import KVLayout
-from kvtier.pages import (
-    TORCH_DTYPES,
-    LayerKV,
-    chunk_dtype,
-    chunk_shape,
-    copy_rank,
-    pack_chunks,
-    section_views,
-    unpack_chunks,
-    unpack_states,
-)
+from kvtier.pages import chunk_dtype, chunk_shape, copy_rank
 from kvtier.region import HostRegion
 
-__all__ = [
-    "TORCH_DTYPES",
-    "CopyResult",
-    "LayerKV",
-    "TransferEngine",
-    "check_canonical",
-    "chunk_dtype",
-    "chunk_shape",
-    "pack_chunks",
-    "section_views",
-    "slot_tensor",
-    "unpack_chunks",
-    "unpack_states",
-]
+__all__ = ["CopyResult", "TransferEngine", "check_canonical", "slot_tensor"]
 
 Op = Literal["store", "load"]
 
