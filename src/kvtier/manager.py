@@ -34,6 +34,7 @@ from kvtier.events import EventKind, EventLog, EventPublisher, KVEvent
 from kvtier.host import WRITING, HostTier
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
+from kvtier.logs import ThrottledLog
 from kvtier.metrics import ManagerMetrics, MetricsServer, TelemetryCollector, state_gauges
 from kvtier.promotion import JobBook, Promoter, failed_result
 from kvtier.region import HostRegion
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from kvtier.serve import PeerServer
 
 log = logging.getLogger(__name__)
+warn = ThrottledLog(log)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -180,7 +182,8 @@ class TieringManager:
         try:
             self.tiers[index].submit_store(job)
         except Exception as exc:
-            log.warning("tier %s refused a store: %s", self.tiers[index].name, exc)
+            name = self.tiers[index].name
+            warn.warning(f"store:{name}", "tier %s refused a store: %s", name, exc)
             self.metrics.count("tier_errors", tier=self.tiers[index].name, where="submit")
             self._on_result(index, failed_result(job, "store", exc))
 
@@ -262,7 +265,7 @@ class TieringManager:
             try:
                 service.step(self)
             except Exception as exc:
-                log.warning("service %r failed: %s", service, exc)
+                warn.warning(f"service:{id(service)}", "service %r failed: %s", service, exc)
                 self.metrics.count("internal_errors", kind="service")
         collected = sum(self._poll_tier(index) for index in range(len(self.tiers)))
         if self._publisher is not None:
@@ -276,7 +279,7 @@ class TieringManager:
             results = tier.get_finished_jobs()
             removed = tier.take_removed()
         except Exception as exc:
-            log.warning("tier %s failed to report: %s", tier.name, exc)
+            warn.warning(f"poll:{tier.name}", "tier %s failed to report: %s", tier.name, exc)
             self.metrics.count("tier_errors", tier=tier.name, where="poll")
             return 0
         for result in results:

@@ -30,10 +30,12 @@ from itertools import count
 from kvtier.events import EventKind, EventLog
 from kvtier.host import WRITING, HostTier
 from kvtier.keys import ChunkKey
+from kvtier.logs import ThrottledLog
 from kvtier.metrics import ManagerMetrics
 from kvtier.tiers.base import HIT, MISS, RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob
 
 log = logging.getLogger(__name__)
+warn = ThrottledLog(log)
 
 #: How many promotion failures and evictions are remembered (for no-livelock and miss reasons).
 MEMORY = 1 << 16
@@ -235,7 +237,7 @@ class Promoter:
         try:
             answer = tier.lookup(key)
         except Exception as exc:
-            log.warning("tier %s lookup failed: %s", tier.name, exc)
+            warn.warning(f"lookup:{tier.name}", "tier %s lookup failed: %s", tier.name, exc)
             self.metrics.count("tier_errors", tier=tier.name, where="lookup")
             self.metrics.count("tier_lookups", tier=tier.name, result="error")
             return None
@@ -262,7 +264,8 @@ class Promoter:
         try:
             self.tiers[index].submit_load(job)
         except Exception as exc:
-            log.warning("tier %s refused a load: %s", self.tiers[index].name, exc)
+            name = self.tiers[index].name
+            warn.warning(f"load:{name}", "tier %s refused a load: %s", name, exc)
             self.metrics.count("tier_errors", tier=self.tiers[index].name, where="submit")
             pending = self.jobs.finish(index, job.job_id)
             assert pending is not None

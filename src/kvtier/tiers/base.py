@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from kvtier.keys import ChunkKey
+from kvtier.logs import ThrottledLog
 from kvtier.metrics import Telemetry, TierMetrics
 
 log = logging.getLogger(__name__)
+warn = ThrottledLog(log)
 
 
 class Lookup(enum.Enum):
@@ -180,7 +182,7 @@ class JobRunner:
         try:
             outcome, error = fn(), None
         except Exception as exc:  # a worker must report, never die silently
-            log.warning("%s job %d failed: %s", op, job.job_id, exc)
+            warn.warning(f"{op}:{type(exc).__name__}", "%s job %d failed: %s", op, job.job_id, exc)
             outcome, error = (), f"{type(exc).__name__}: {exc}"
         if not isinstance(outcome, JobOutcome):
             outcome = JobOutcome(outcome)
