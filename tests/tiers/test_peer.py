@@ -4,7 +4,6 @@ restarted peers, hints, and the peer tier alongside the filesystem tier."""
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from collections.abc import Iterator
 
@@ -96,7 +95,7 @@ def test_producer_killed_mid_fetch_then_restarted(producer, identity, region):
     tier = producer.tier(region, identity, timeout_s=1.0)
     try:
         assert all(settle_lookup(tier, key) is HIT for key in keys)
-        producer.signal(signal.SIGSTOP)  # the fetch goes out but is never answered
+        producer.freeze()  # the fetch goes out but is never answered
         tier.submit_load(TransferJob(1, tuple(keys), tuple(range(8))))
         time.sleep(0.2)
         producer.kill()
