@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -58,6 +61,25 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.002)
+
+
+def freeze_process(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and wait until every thread has stopped.
+
+    ``kill`` returns once the signal is sent, not once it is obeyed: meanwhile a busy thread may
+    still answer a request, which a test of a frozen peer must not see.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    tasks = Path(f"/proc/{pid}/task")
+    wait_for(lambda: all(_stopped(task) for task in tasks.iterdir()), timeout)
+
+
+def _stopped(task: Path) -> bool:
+    try:
+        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return True  # the thread is gone
+    return state in ("T", "t")
 
 
 def settle_lookup(tier: SecondaryTier, key: ChunkKey, timeout: float = 10.0) -> Lookup:

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from kvtier import CacheIdentity, TieringManager
@@ -24,7 +23,7 @@ from kvtier.config import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.peer import PeerTier
-from tests.conftest import SMALL_LAYOUT, config, fill, make_keys
+from tests.conftest import SMALL_LAYOUT, config, fill, freeze_process, make_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,17 +55,10 @@ class PeerNode:
         assert self._proc is not None
         os.kill(self._proc.pid, signum)
 
-    def freeze(self, timeout: float = 10.0) -> None:
-        """SIGSTOP, and wait until every thread is stopped (a signal is delivered, not obeyed,
-        by the time ``kill`` returns: a busy thread may still answer a request meanwhile)."""
+    def freeze(self) -> None:
+        """SIGSTOP, waiting until every thread of the node has stopped."""
         assert self._proc is not None
-        os.kill(self._proc.pid, signal.SIGSTOP)
-        tasks = Path(f"/proc/{self._proc.pid}/task")
-        deadline = time.monotonic() + timeout
-        while not all(_stopped(task) for task in tasks.iterdir()):
-            if time.monotonic() > deadline:
-                raise AssertionError("the peer node did not stop")
-            time.sleep(0.005)
+        freeze_process(self._proc.pid)
 
     def kill(self) -> None:
         if self._proc is not None:
@@ -81,14 +73,6 @@ class PeerNode:
         code = self._proc.wait(timeout=30)
         self._proc = None
         return code
-
-
-def _stopped(task: Path) -> bool:
-    try:
-        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return True  # the thread is gone
-    return state in ("T", "t")
 
 
 def parse_args() -> argparse.Namespace:

@@ -23,6 +23,7 @@ from kvtier.config import ObjTierConfig
 from kvtier.identity import CacheIdentity
 from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier
+from tests.conftest import freeze_process
 
 ACCESS_KEY, SECRET_KEY = "kvtier-test-access", "kvtier-test-secret"
 
@@ -72,7 +73,7 @@ class MotoServer:
     def freeze(self) -> None:
         """The process stops answering but keeps its sockets: requests hang until timeouts."""
         assert self._proc is not None
-        os.kill(self._proc.pid, signal.SIGSTOP)
+        freeze_process(self._proc.pid)
 
     def thaw(self) -> None:
         assert self._proc is not None
