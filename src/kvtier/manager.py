@@ -36,7 +36,7 @@ from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.logs import ThrottledLog
 from kvtier.metrics import ManagerMetrics, MetricsServer, TelemetryCollector, state_gauges
-from kvtier.promotion import JobBook, Promoter, failed_result
+from kvtier.promotion import JobBook, Promoter, submit
 from kvtier.region import HostRegion
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier
 from kvtier.tiers.registry import build_tier
@@ -179,13 +179,9 @@ class TieringManager:
         if not keys:
             return
         job = self._jobs.new("store", index, keys, self.host.hold(keys))
-        try:
-            self.tiers[index].submit_store(job)
-        except Exception as exc:
-            name = self.tiers[index].name
-            warn.warning(f"store:{name}", "tier %s refused a store: %s", name, exc)
-            self.metrics.count("tier_errors", tier=self.tiers[index].name, where="submit")
-            self._on_result(index, failed_result(job, "store", exc))
+        refused = submit(self.tiers[index], "store", job, self.metrics)
+        if refused is not None:
+            self._on_result(index, refused)
 
     # -- load --------------------------------------------------------------------------------
     @_serialized

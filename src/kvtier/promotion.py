@@ -74,8 +74,17 @@ class JobBook:
         return len(self._pending)
 
 
-def failed_result(job: TransferJob, op: Op, exc: BaseException) -> JobResult:
-    return JobResult(job.job_id, op, frozenset(), frozenset(job.keys), str(exc))
+def submit(
+    tier: SecondaryTier, op: Op, job: TransferJob, metrics: ManagerMetrics
+) -> JobResult | None:
+    """Hand ``job`` to ``tier``; if the tier raises, the failed result to apply at once."""
+    try:
+        (tier.submit_store if op == "store" else tier.submit_load)(job)
+    except Exception as exc:
+        warn.warning(f"{op}:{tier.name}", "tier %s refused a %s: %s", tier.name, op, exc)
+        metrics.count("tier_errors", tier=tier.name, where="submit")
+        return JobResult(job.job_id, op, frozenset(), frozenset(job.keys), str(exc))
+    return None
 
 
 class Bounded(OrderedDict[tuple[int, ChunkKey] | ChunkKey, str]):
@@ -261,17 +270,13 @@ class Promoter:
         job = self.jobs.new("load", index, keys, slots)
         for key in keys:
             self.promoting[key] = index
-        try:
-            self.tiers[index].submit_load(job)
-        except Exception as exc:
-            name = self.tiers[index].name
-            warn.warning(f"load:{name}", "tier %s refused a load: %s", name, exc)
-            self.metrics.count("tier_errors", tier=self.tiers[index].name, where="submit")
-            pending = self.jobs.finish(index, job.job_id)
-            assert pending is not None
-            self.finish(index, pending, failed_result(job, "load", exc))
-            return False
-        return True
+        refused = submit(self.tiers[index], "load", job, self.metrics)
+        if refused is None:
+            return True
+        pending = self.jobs.finish(index, job.job_id)
+        assert pending is not None
+        self.finish(index, pending, refused)
+        return False
 
     def finish(self, index: int, pending: PendingJob, result: JobResult) -> None:
         """A promotion job reported: the keys that arrived become ready, the others are freed."""
