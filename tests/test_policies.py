@@ -21,6 +21,19 @@ OPS = st.lists(
     ),
     max_size=60,
 )
+#: A cache's life as ``HostTier`` drives it: mostly (re)admissions and hits over few keys, so
+#: evicted keys come back while still ghosts (about half the examples hit B1, one in eight B2).
+FEW_KEYS = st.integers(0, 11)
+ACCESSES = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), FEW_KEYS),
+        st.tuples(st.just("add"), FEW_KEYS),
+        st.tuples(st.just("touch"), FEW_KEYS),
+        st.tuples(st.just("evict"), st.integers(0, 2), st.frozensets(FEW_KEYS, max_size=2)),
+    ),
+    min_size=10,
+    max_size=80,
+)
 
 
 class ReferenceLRU:
@@ -116,12 +129,18 @@ class ReferenceARC:
         return set(self.t1) | set(self.t2)
 
 
-def run(ops, policy, reference):
+def run(ops, policy, reference, capacity=None):
+    """Apply ``ops`` to both; with ``capacity``, an add into a full cache evicts one key first,
+    as ``HostTier.allocate`` does, so the resident set never outgrows the cache."""
     resident: set[int] = set()
     for op in ops:
         if op[0] == "add":
             if op[1] in resident:
                 continue
+            if capacity is not None and len(resident) >= capacity:
+                got, want = policy.evict(1, frozenset()), reference.evict(1, frozenset())
+                assert got == want and got is not None
+                resident -= set(got)
             policy.add(op[1])
             reference.add(op[1])
             resident.add(op[1])
@@ -138,6 +157,10 @@ def run(ops, policy, reference):
                 resident.discard(op[1])
         assert {k for k in range(16) if k in policy} == reference.resident() == resident
         assert len(policy) == len(resident)
+        if isinstance(reference, ReferenceARC):
+            assert policy.p == reference.p
+            ours = [list(x) for x in (policy.t1, policy.t2, policy.b1, policy.b2)]
+            assert ours == [reference.t1, reference.t2, reference.b1, reference.b2]
 
 
 @given(OPS)
@@ -145,11 +168,81 @@ def test_lru_matches_reference(ops):
     run(ops, LRUPolicy(), ReferenceLRU())
 
 
-@given(OPS)
+@given(ACCESSES)
 def test_arc_matches_reference(ops):
+    """Like ``HostTier``, every add into a full cache evicts first: T1 never outgrows the cache,
+    so ghosts survive and ghost hits (which move ``p``) are common."""
     policy = ARCPolicy(CAPACITY)
-    run(ops, policy, ReferenceARC(CAPACITY))
-    assert len(policy.b1) + len(policy.b2) + len(policy) <= 2 * CAPACITY or len(policy) > CAPACITY
+    run(ops, policy, ReferenceARC(CAPACITY), capacity=CAPACITY)
+    assert len(policy) <= CAPACITY
+    assert len(policy.t1) + len(policy.b1) <= CAPACITY
+    assert len(policy.b1) + len(policy.b2) + len(policy) <= 2 * CAPACITY
+
+
+@given(OPS)
+def test_arc_matches_reference_when_the_cache_overfills(ops):
+    """Adds without evictions (T1 may outgrow the capacity): still the reference's decisions."""
+    run(ops, ARCPolicy(CAPACITY), ReferenceARC(CAPACITY))
+
+
+def filled_arc(capacity: int, once: list[int], twice: list[int]) -> ARCPolicy[int]:
+    """An ARC holding ``once`` in T1 and ``twice`` in T2 (in that order)."""
+    policy: ARCPolicy[int] = ARCPolicy(capacity)
+    for key in [*twice, *once]:
+        policy.add(key)
+    for key in twice:
+        policy.touch(key)
+    return policy
+
+
+def test_a_ghost_hit_in_b1_grows_p_so_t1_keeps_more():
+    """Key 1 is evicted from T1 (into B1) and asked for again: T1 was too small, so ``p``, the
+    target size of T1, grows, and later victims come from T2 while T1 is within it."""
+    policy = filled_arc(4, once=[1, 2, 3], twice=[10])
+    assert policy.p == 0 and policy.evict(1, set()) == [1] and list(policy.b1) == [1]
+    policy.add(1)  # the B1 ghost hit
+    assert policy.p == 1
+    assert list(policy.t1) == [2, 3] and list(policy.t2) == [10, 1] and list(policy.b1) == []
+    assert policy.evict(1, set()) == [2], "T1 holds 2 keys, above its target p = 1"
+    assert policy.evict(1, set()) == [10], "T1 at its target size: the victim comes from T2"
+    policy.add(2)  # another B1 ghost hit: p grows by max(1, |B2| / |B1|) = 1
+    assert policy.p == 2
+
+
+def test_a_ghost_hit_in_b2_shrinks_p_so_t2_keeps_more():
+    """A key evicted from T2 (into B2) and asked for again: T2 was too small, ``p`` shrinks,
+    and the next victim comes from T1 again."""
+    policy = filled_arc(4, once=[1, 2], twice=[10, 11])
+    assert policy.evict(1, set()) == [1]
+    policy.add(1)  # B1 hit: p = 1
+    assert policy.p == 1 and list(policy.t1) == [2] and list(policy.t2) == [10, 11, 1]
+    assert policy.evict(1, set()) == [10], "T1 at its target: T2's oldest goes (to B2)"
+    assert list(policy.b2) == [10]
+    policy.add(10)  # the B2 ghost hit
+    assert policy.p == 0
+    assert 10 in policy.t2 and 10 not in policy.b2
+    assert policy.evict(1, set()) == [2], "with p back to 0, T1 gives up its key first"
+
+
+def test_p_moves_by_the_ratio_of_the_ghost_lists():
+    """The step is max(1, |B2| / |B1|) on a B1 hit and max(1, |B1| / |B2|) on a B2 hit."""
+    policy = filled_arc(8, once=[1, 2, 3, 4], twice=[10, 11, 12, 13])
+    policy.p = 4.0
+    assert policy.evict(3, set()) == [10, 11, 12]  # |T1| = 4 is not above p: T2 gives up 3
+    policy.p = 0.0
+    assert policy.evict(1, set()) == [1]
+    assert (list(policy.b1), list(policy.b2)) == ([1], [10, 11, 12])
+    policy.add(1)  # B1 hit: p grows by |B2| / |B1| = 3
+    assert policy.p == 3
+
+    policy = filled_arc(8, once=[1, 2, 3, 4], twice=[10, 11])
+    assert policy.evict(3, set()) == [1, 2, 3]  # p = 0: T1 gives up 3
+    policy.p = 8.0
+    assert policy.evict(1, set()) == [10]  # |T1| = 1 is not above p: T2 gives up 1
+    assert (list(policy.b1), list(policy.b2)) == ([1, 2, 3], [10])
+    policy.p = 5.0
+    policy.add(10)  # B2 hit: p shrinks by |B1| / |B2| = 3
+    assert policy.p == 2
 
 
 @pytest.mark.parametrize("name", ["lru", "arc"])
