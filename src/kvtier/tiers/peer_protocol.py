@@ -119,7 +119,7 @@ def decode_request(frames: Sequence[memoryview], chunk_bytes: int) -> Hello | Re
         _expect(len(frames) == 1, "hello carries no frames")
         _expect(isinstance(body, list) and len(body) == 2, "hello body")
         version, identity = body
-        _expect(isinstance(version, int) and _is_key(identity), "hello fields")
+        _expect(_is_int(version) and _is_key(identity), "hello fields")
         return Hello(req_id, version, identity)
     _expect(kind in KEYED_KINDS, f"unknown request kind {kind!r}")
     keys = _keys(body)
@@ -142,7 +142,7 @@ def decode_reply(frames: Sequence[memoryview], chunk_bytes: int) -> HelloReply |
     _expect(kind in KEYED_KINDS, f"unknown reply kind {kind!r}")
     if kind == LOOKUP:
         _expect(len(frames) == 1 and isinstance(body, list), "lookup reply")
-        _expect(all(type(s) is int and s in LOOKUP_STATES for s in body), "lookup states")
+        _expect(all(_is_int(s) and s in LOOKUP_STATES for s in body), "lookup states")
         return Reply(kind, req_id, tuple(s == HELD for s in body), states=tuple(body))
     _expect(isinstance(body, list) and all(_is_bool(f) for f in body), "flags")
     num_chunks = sum(body) if kind == FETCH else 0
@@ -176,7 +176,7 @@ def _meta(frames: Sequence[memoryview]) -> tuple[int, int, Any]:
         raise ProtocolError(f"undecodable metadata ({type(exc).__name__})") from None
     _expect(isinstance(meta, list) and len(meta) == 3, "metadata is not [kind, req_id, body]")
     kind, req_id, body = meta
-    _expect(type(kind) is int and type(req_id) is int, "kind and req_id must be integers")
+    _expect(_is_int(kind) and _is_int(req_id), "kind and req_id must be integers")
     _expect(0 <= req_id <= MAX_REQ_ID, "req_id out of range")
     return kind, req_id, body
 
@@ -198,6 +198,10 @@ def _chunks(frames: Sequence[memoryview], count: int, chunk_bytes: int) -> tuple
 
 def _is_key(value: Any) -> bool:
     return type(value) is bytes and len(value) == KEY_BYTES
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # not isinstance: a bool is an int to Python, not to the protocol
 
 
 def _is_bool(value: Any) -> bool:
