@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -10,6 +11,7 @@ from kvtier import ConfigError, TieringManager
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.memory import MemoryTier
 from tests.conftest import config
+from tests.plugins import outside_tier
 
 PLUGIN = "tests.plugins.outside_tier"
 
@@ -82,8 +84,31 @@ def test_clear_errors(identity, entry, message):
         manager_with(identity, entry)
 
 
-def test_a_tier_failing_to_start_closes_the_ones_already_built(identity):
+def test_a_tier_failing_to_start_closes_the_ones_already_built(identity, tmp_path):
     before = set(threading.enumerate())
+    outside_tier.CLOSED.clear()
+    closing = {"module_path": PLUGIN, "type": "ClosingTier"}
     with pytest.raises(RuntimeError, match="cannot start"):
-        manager_with(identity, {"type": "memory"}, {"module_path": PLUGIN, "type": "BrokenTier"})
+        manager_with(
+            identity,
+            {**closing, "label": "first"},
+            {"type": "fs", "root_dir": str(tmp_path)},
+            {**closing, "label": "third"},
+            {"module_path": PLUGIN, "type": "BrokenTier"},
+            {**closing, "label": "never built"},
+        )
+    assert outside_tier.CLOSED == ["first", "third"]
     assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
+
+
+def test_a_manager_failing_to_start_for_another_reason_closes_its_tiers(identity):
+    """Its tiers are built, then the metrics port turns out to be taken: the tiers are closed."""
+    outside_tier.CLOSED.clear()
+    closing = {"module_path": PLUGIN, "type": "ClosingTier", "label": "metered"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError):
+            TieringManager(config(4, secondary_tiers=[closing], metrics_port=port), identity)
+    assert outside_tier.CLOSED == ["metered"]

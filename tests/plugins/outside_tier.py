@@ -78,3 +78,19 @@ class ConfigFirstTier(MemoryTier):
     def __init__(self, region: HostRegion, identity: CacheIdentity, config: Any) -> None:
         super().__init__(MemoryTierConfig(), region, identity)
         self.config, self.identity = dict(config), identity
+
+
+#: Labels of the ``ClosingTier``s closed so far, in order.
+CLOSED: list[str] = []
+
+
+class ClosingTier(MemoryTier):
+    """Records its ``close`` in ``CLOSED`` (a memory tier has no thread whose end shows it)."""
+
+    def __init__(self, region: HostRegion, identity: CacheIdentity, label: str = "") -> None:
+        super().__init__(MemoryTierConfig(), region, identity)
+        self.label = label
+
+    def close(self) -> None:
+        CLOSED.append(self.label)
+        super().close()
