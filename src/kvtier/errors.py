@@ -8,7 +8,10 @@ tiers that cannot start. The hierarchy::
     ├── TierError               a secondary tier failed (foreign errors are wrapped with ``from``)
     │   └── TierUnavailable     the tier cannot be reached right now (endpoint down, peer gone)
     ├── IntegrityError          bytes from a tier failed verification (header, key, checksum)
-    └── CapacityError           a region or tier cannot hold what was asked of it
+    ├── CapacityError           a region or tier cannot hold what was asked of it
+    ├── ClosedError             a manager was called after ``close`` (also a ``RuntimeError``)
+    ├── InvalidKeyError         a key that is not a ``ChunkKey`` (also a ``TypeError``)
+    └── HoldError               a release without a matching hold (``kvtier.host``)
 """
 
 from __future__ import annotations
@@ -48,3 +51,15 @@ class IntegrityError(KVTierError):
 
 class CapacityError(KVTierError):
     """A host region or tier is too small for what was asked of it."""
+
+
+class ClosedError(KVTierError, RuntimeError):
+    """The manager was closed: it stores, loads and looks up nothing any more."""
+
+
+class InvalidKeyError(KVTierError, TypeError):
+    """A key given to the manager is not a 32-byte ``ChunkKey`` (see ``chunk_keys``)."""
+
+
+class HoldError(KVTierError):
+    """A release of host slots by an owner that does not hold them (nothing was released)."""

@@ -5,20 +5,43 @@ Each resident key has a slot and one integer state:
 * ``WRITING`` (-1): bytes are being written (an engine store or a promotion); not readable and
   not evictable;
 * ``0``: ready and evictable;
-* ``n > 0``: ready and held by ``n`` holders (readers copying out, or secondary tiers copying the
+* ``n > 0``: ready and held ``n`` times (readers copying out, or secondary tiers copying the
   slot during write-through); not evictable.
+
+Holds are counted per *owner* (any hashable: the engine, one write-through job, one peer): an
+owner can only release what it holds, so a stray or repeated release raises ``HoldError`` and
+changes nothing, and a slot stays unevictable until every owner that reads it has released it.
 
 Thread safety: none; the host tier belongs to the manager's thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 
+from kvtier.errors import HoldError
 from kvtier.keys import ChunkKey
 from kvtier.policies import EvictionPolicy, make_policy
 
 WRITING = -1
+
+__all__ = ["ENGINE", "PEER", "PROTECT", "WRITING", "HoldError", "HostTier", "WriteThrough"]
+
+
+#: Hold owners: the engine (``prepare_load``), a lookup protecting its ready prefix, peers.
+ENGINE, PROTECT, PEER = "engine", "protect", "peer"
+
+
+@dataclass(frozen=True, eq=False)
+class WriteThrough:
+    """The owner of one write-through job's holds (distinct per job: compared by identity)."""
+
+    tier: str
+
+
+_NONE: dict[Hashable, int] = {}
 
 
 class _Held:
@@ -44,6 +67,7 @@ class HostTier:
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._held = _Held(self._entries)
         self._num_pinned = 0  # ready entries with state > 0
+        self._owners: dict[ChunkKey, dict[Hashable, int]] = {}  # held key -> holds per owner
 
     # -- queries ---------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -111,24 +135,50 @@ class HostTier:
                 self._free.append(self._entries.pop(key)[0])
 
     # -- holding ---------------------------------------------------------------------------
-    def hold(self, keys: Iterable[ChunkKey]) -> list[int]:
-        """Protect ready keys from eviction (one more holder each); returns their slots."""
+    def hold(self, keys: Iterable[ChunkKey], owner: Hashable) -> list[int]:
+        """Protect ready keys from eviction (one more hold by ``owner`` each); their slots."""
         slots = []
+        entries, all_owners = self._entries, self._owners
         for key in keys:
-            entry = self._entries[key]
+            entry = entries[key]
             assert entry[1] >= 0, "only ready chunks can be held"
             self._num_pinned += entry[1] == 0
             entry[1] += 1
+            owners = all_owners.get(key)
+            if owners is None:
+                all_owners[key] = {owner: 1}
+            else:
+                owners[owner] = owners.get(owner, 0) + 1
             slots.append(entry[0])
         return slots
 
-    def release(self, keys: Iterable[ChunkKey]) -> None:
-        """Drop one holder from each key; keys no longer resident are ignored."""
+    def can_release(self, keys: Sequence[ChunkKey], owner: Hashable) -> bool:
+        """Whether ``owner`` holds every key (as many times as it appears in ``keys``)."""
+        get = self._owners.get
+        if len(set(keys)) == len(keys):
+            return all(get(key, _NONE).get(owner, 0) > 0 for key in keys)
+        counts = Counter(keys).items()
+        return all(get(key, _NONE).get(owner, 0) >= n for key, n in counts)
+
+    def release(self, keys: Sequence[ChunkKey], owner: Hashable) -> None:
+        """Drop one hold of ``owner`` from each key; ``HoldError`` (nothing changed) if it has none."""
+        if not self.can_release(keys, owner):
+            raise HoldError(f"release by {owner!r} of chunk(s) it does not hold")
         for key in keys:
-            entry = self._entries.get(key)
-            if entry is not None and entry[1] > 0:
-                entry[1] -= 1
-                self._num_pinned -= entry[1] == 0
+            owners = self._owners[key]
+            if owners[owner] > 1:
+                owners[owner] -= 1
+            elif len(owners) > 1:
+                del owners[owner]
+            else:
+                del self._owners[key]
+            entry = self._entries[key]
+            entry[1] -= 1
+            self._num_pinned -= entry[1] == 0
+
+    def holds_of(self, owner: Hashable) -> list[ChunkKey]:
+        """Every key ``owner`` holds (once per hold), e.g. to release them all at once."""
+        return [k for k, owners in self._owners.items() for _ in range(owners.get(owner, 0))]
 
     def touch(self, keys: Iterable[ChunkKey]) -> None:
         for key in keys:

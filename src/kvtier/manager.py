@@ -18,50 +18,40 @@ while the engine is idle; a call never waits on I/O, only, briefly, on that thre
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtier.config import TieringConfig
-from kvtier.errors import ConfigError, KVTierError
+from kvtier.errors import ClosedError, ConfigError, KVTierError
 from kvtier.events import EventKind, EventLog, EventPublisher, KVEvent
-from kvtier.host import WRITING, HostTier
+from kvtier.guards import engine_call, serialized
+from kvtier.host import ENGINE, PROTECT, WRITING, HostTier, WriteThrough
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.logs import ThrottledLog
-from kvtier.metrics import ManagerMetrics, MetricsServer, TelemetryCollector, state_gauges
+from kvtier.metrics import (
+    ManagerMetrics,
+    MetricsServer,
+    TelemetryCollector,
+    TransferClock,
+    state_gauges,
+)
 from kvtier.promotion import JobBook, Promoter, submit
 from kvtier.region import HostRegion
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier
-from kvtier.tiers.registry import build_tier
+from kvtier.tiers.registry import build_tier, make_names_unique
 
 if TYPE_CHECKING:
     from kvtier.serve import PeerServer
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _serialized(
-    method: Callable[Concatenate[TieringManager, P], R],
-) -> Callable[Concatenate[TieringManager, P], R]:
-    """Run ``method`` under the manager's lock (shared with a peer server's driver thread)."""
-
-    def locked(manager: TieringManager, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with manager._lock:
-            return method(manager, *args, **kwargs)
-
-    functools.update_wrapper(locked, method)
-    return locked
 
 
 @dataclass(frozen=True)
@@ -107,34 +97,39 @@ class TieringManager:
         self.region = HostRegion(num_slots, self.chunk_bytes)
         self.host = HostTier(num_slots, config.eviction_policy)
         self.metrics = ManagerMetrics()
-        self._events = EventLog(outbox=config.kv_events is not None)
+        self._events = EventLog(outbox=config.kv_events is not None, on_add=self._count_events)
         self._jobs = JobBook()
         self._services: list[ManagerService] = []
-        self._started: dict[ChunkKey, float] = {}  # prepare_* time, for transfer throughput
+        self._clock = TransferClock(self.metrics, self.chunk_bytes)
         self._publisher: EventPublisher | None = None
         self._exporter: MetricsServer | None = None
         self.peer_server: PeerServer | None = None
         self._lock = threading.RLock()
         self._closed = False
         self.tiers: list[SecondaryTier] = list(tiers) if tiers is not None else []
-        try:
-            self._start(tiers is None)
-        except BaseException:
-            self.close(timeout=0)
-            raise
         self._promoter = Promoter(
             self.host, self.tiers, self._jobs, self.metrics, self._events, self._allocate
         )
+        try:
+            self._build(tiers is None)
+            self._start_services()
+        except BaseException:
+            self.close(timeout=0)
+            raise
 
-    def _start(self, build_tiers: bool) -> None:
+    def _build(self, build_tiers: bool) -> None:
+        """Tiers and the event publisher: nothing that calls back into the manager."""
         for tier_config in self.config.secondary_tiers if build_tiers else ():
             self.tiers.append(build_tier(tier_config, self.region, self.identity))
-        _make_names_unique(self.tiers)
+        make_names_unique(self.tiers)
         for tier in self.tiers:
             tier.bind_metrics(self.metrics.tier_for(tier.name))
         events = self.config.kv_events
         if events is not None and events.enable_kv_cache_events:
             self._publisher = EventPublisher(events.endpoint, events.topic or "", events.hwm)
+
+    def _start_services(self) -> None:
+        """Threads that read or drive the manager: started last, once it is fully built."""
         if self.config.metrics_port is not None:
             registry = self.prometheus_registry()
             self._exporter = MetricsServer(
@@ -145,10 +140,10 @@ class TieringManager:
 
             self.peer_server = PeerServer(self.config.serve, self.region, self.identity)
             self.add_service(self.peer_server)
-            self.peer_server.drive(self.poll)
+            self.peer_server.drive(self._drive)
 
     # -- store -------------------------------------------------------------------------------
-    @_serialized
+    @engine_call
     def prepare_store(self, keys: Sequence[ChunkKey]) -> StorePlan | None:
         """Reserve host slots for the keys not already in host; ``None`` if none can be freed."""
         new = [k for k in dict.fromkeys(keys) if k not in self.host]
@@ -156,16 +151,16 @@ class TieringManager:
         if slots is None:
             self.metrics.count("store_rejected")
             return None
-        self._mark_started(new)
+        self._clock.start(new)
         return StorePlan(new, slots)
 
-    @_serialized
+    @engine_call
     def complete_store(self, keys: Sequence[ChunkKey], success: bool = True) -> None:
         """The engine finished copying ``keys`` into their slots (or failed to)."""
         promoting = self._promoter.promoting
         own = [k for k in keys if self.host.state_of(k) == WRITING and k not in promoting]
         self.host.complete_write(own, success)
-        self._record_transfer("accelerator_to_host", own)
+        self._clock.stop("accelerator_to_host", own)
         if not success:
             self.metrics.count("store_failed_chunks", len(own))
             return
@@ -178,13 +173,14 @@ class TieringManager:
     def _cascade(self, index: int, keys: list[ChunkKey]) -> None:
         if not keys:
             return
-        job = self._jobs.new("store", index, keys, self.host.hold(keys))
+        owner = WriteThrough(self.tiers[index].name)
+        job = self._jobs.new("store", index, keys, self.host.hold(keys, owner), owner)
         refused = submit(self.tiers[index], "store", job, self.metrics)
         if refused is not None:
             self._on_result(index, refused)
 
     # -- load --------------------------------------------------------------------------------
-    @_serialized
+    @engine_call
     def lookup(self, keys: Sequence[ChunkKey]) -> int | Lookup:
         """How many leading ``keys`` are ready in host, or ``RETRY`` while promotions run.
 
@@ -192,7 +188,7 @@ class TieringManager:
         state layers only), the answer ``n`` is the prefix that can be resumed: only its chunks
         from ``layout.resume_start(n)`` on are ready in host, and only those need loading.
         """
-        self.poll()
+        self._poll()
         window = self.identity.layout.window_chunks
         if window is not None:
             self.metrics.count("lookups")
@@ -212,12 +208,12 @@ class TieringManager:
             self.metrics.count("prompt_tokens", missed, source="recomputed")
         return answer
 
-    @_serialized
+    @engine_call
     def promote_for_peer(self, keys: Sequence[ChunkKey]) -> set[ChunkKey]:
         """For a peer server: the keys on their way to host (``Promoter.promote_for_peer``)."""
         return self._promoter.promote_for_peer(keys)
 
-    @_serialized
+    @engine_call
     def prepare_load(self, keys: Sequence[ChunkKey]) -> list[int]:
         """Pin ready chunks for reading; returns their slots. Every key must be ready."""
         missing = [k for k in keys if not self.host.is_ready(k)]
@@ -227,17 +223,23 @@ class TieringManager:
         sources = Counter(self._promoter.source_of(key) for key in keys)
         for source, chunks in sources.items():
             self.metrics.count("prompt_tokens", chunks * tokens, source=source)
-        self._mark_started(keys)
+        self._clock.start(keys)
         self.host.touch(keys)
-        return self.host.hold(keys)
+        return self.host.hold(keys, ENGINE)
 
-    @_serialized
+    @engine_call
     def complete_load(self, keys: Sequence[ChunkKey]) -> None:
-        """The engine finished copying out of the slots ``prepare_load`` pinned."""
-        self._record_transfer("host_to_accelerator", keys)
-        self.host.release(keys)
+        """The engine finished copying out of the slots ``prepare_load`` pinned.
 
-    @_serialized
+        Every key must have been pinned by ``prepare_load`` and not yet completed: otherwise
+        ``HoldError`` is raised and nothing changes (a stray release could let a slot be reused
+        while a tier still reads it).
+        """
+        self.host.release(keys, ENGINE)
+        self._clock.stop("host_to_accelerator", keys)
+        self._events.add(EventKind.LOADED, keys, "host", "accelerator")
+
+    @engine_call
     def touch(self, keys: Sequence[ChunkKey], *, hit: bool = True) -> None:
         """Recency for chunks the engine hit in its own accelerator cache (counted as such).
 
@@ -249,14 +251,27 @@ class TieringManager:
         self.host.touch(keys)
 
     # -- background progress -----------------------------------------------------------------
-    @_serialized
+    @serialized
     def add_service(self, service: ManagerService) -> None:
         """Run ``service.step(self)`` at every ``poll``; the manager closes it on ``close``."""
+        if self._closed:
+            raise ClosedError("add_service: the manager is closed")
         self._services.append(service)
 
-    @_serialized
+    @serialized
     def poll(self) -> int:
         """Collect finished tier jobs, step the services, publish events; returns jobs seen."""
+        if self._closed:
+            raise ClosedError("poll: the manager is closed")
+        return self._poll()
+
+    def _drive(self) -> None:
+        """A peer server's driver thread: poll while the engine is idle, until closed."""
+        with self._lock:
+            if not self._closed:
+                self._poll()
+
+    def _poll(self) -> int:
         for service in self._services:
             try:
                 service.step(self)
@@ -280,7 +295,7 @@ class TieringManager:
             return 0
         for result in results:
             self._on_result(index, result)
-        self._events.add(EventKind.REMOVED, removed, tier.name, None)
+        self._events.add(EventKind.REMOVED, removed, tier.name, None, tier.locality)
         return len(results)
 
     def _on_result(self, index: int, result: JobResult) -> None:
@@ -294,8 +309,8 @@ class TieringManager:
         failed = len(pending.keys) - len(ok)
         self.metrics.job(name, pending.op, len(ok), failed, len(ok) * self.chunk_bytes, seconds)
         if pending.op == "store":
-            self.host.release(pending.keys)
-            self._events.add(EventKind.WRITTEN, ok, "host", name)
+            self.host.release(pending.keys, pending.owner)
+            self._events.add(EventKind.WRITTEN, ok, "host", name, self.tiers[index].locality)
         else:
             self._promoter.finish(index, pending, result)
 
@@ -303,9 +318,10 @@ class TieringManager:
         """Poll until no job is pending; ``False`` if ``timeout`` seconds passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            self.poll()
-            if not self._jobs:
-                return True
+            with self._lock:
+                self._poll()
+                if not self._jobs:
+                    return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             time.sleep(0.001)
@@ -319,11 +335,11 @@ class TieringManager:
         """Slots for ``keys`` (state WRITING), never evicting ``protect``; ``None`` if full."""
         if not keys:
             return []
-        self.host.hold(protect)
+        self.host.hold(protect, PROTECT)
         try:
             allocation = self.host.allocate(keys)
         finally:
-            self.host.release(protect)
+            self.host.release(protect, PROTECT)
         if allocation is None:
             return None
         slots, evicted = allocation
@@ -333,23 +349,15 @@ class TieringManager:
             self._promoter.evicted.remember(key, "")
         return slots
 
-    def _mark_started(self, keys: Sequence[ChunkKey]) -> None:
-        now = time.monotonic()
-        for key in keys:
-            self._started[key] = now
+    def _count_events(self, kind: EventKind, num_events: int) -> None:
+        self.metrics.count("events", num_events, kind=kind.value)
 
-    def _record_transfer(self, direction: str, keys: Sequence[ChunkKey]) -> None:
-        starts = [t for t in (self._started.pop(k, None) for k in keys) if t is not None]
-        if starts:
-            seconds = time.monotonic() - min(starts)
-            self.metrics.transfer(direction, len(starts) * self.chunk_bytes, seconds)
-
-    @_serialized
+    @serialized
     def take_events(self) -> list[KVEvent]:
         """Events since the last call, oldest first."""
         return self._events.take()
 
-    @_serialized
+    @serialized
     def stats(self) -> dict[str, Any]:
         """A snapshot: host occupancy, every counter (``name{labels}``), and each tier's stats."""
         return {
@@ -380,19 +388,19 @@ class TieringManager:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:
-        """Drain background jobs (up to ``timeout`` s), then close every tier and its threads."""
-        if self._closed:
-            return
-        self._closed = True
+        """Stop the services, drain tier jobs (up to ``timeout`` s), close every tier's threads.
+
+        Idempotent. Afterwards the engine-facing methods raise ``ClosedError``.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            services, self._services = self._services, []
+        _close_all(services)  # outside the lock: a driver thread may be waiting for it
         if self.tiers and not self.wait_idle(timeout):
             log.warning("closing with %d tier jobs still pending", len(self._jobs))
-        closables: list[Any] = [*self._services, *self.tiers, self._publisher, self._exporter]
-        for closable in filter(None, closables):
-            try:
-                closable.close()
-            except Exception as exc:
-                log.warning("%r failed to close: %s", closable, exc)
-        self._services.clear()
+        _close_all([*self.tiers, self._publisher, self._exporter])
 
     def __enter__(self) -> TieringManager:
         return self
@@ -406,10 +414,9 @@ class TieringManager:
         self.close()
 
 
-def _make_names_unique(tiers: list[SecondaryTier]) -> None:
-    seen: dict[str, int] = {}
-    for tier in tiers:
-        seen[tier.name] = seen.get(tier.name, 0) + 1
-    for index, tier in enumerate(tiers):
-        if seen[tier.name] > 1:
-            tier.name = f"{tier.name}#{index}"
+def _close_all(closables: Sequence[Any]) -> None:
+    for closable in filter(None, closables):
+        try:
+            closable.close()
+        except Exception as exc:
+            log.warning("%r failed to close: %s", closable, exc)

@@ -23,12 +23,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
 from kvtier.events import EventKind, EventLog
-from kvtier.host import WRITING, HostTier
+from kvtier.host import PROTECT, WRITING, HostTier
 from kvtier.keys import ChunkKey
 from kvtier.logs import ThrottledLog
 from kvtier.metrics import ManagerMetrics
@@ -39,6 +39,8 @@ warn = ThrottledLog(log)
 
 #: How many promotion failures and evictions are remembered (for no-livelock and miss reasons).
 MEMORY = 1 << 16
+#: Keys a lookup may leave unknown (tier probes started) before it stops walking (``_walk``).
+PROBE_AHEAD = 16
 
 Allocate = Callable[[list[ChunkKey], Sequence[ChunkKey]], "list[int] | None"]
 
@@ -48,6 +50,7 @@ class PendingJob:
     op: Op
     tier: int
     keys: tuple[ChunkKey, ...]
+    owner: Hashable = None  # the host-slot holds a store job keeps until it reports
     started: float = field(default_factory=time.monotonic)
 
 
@@ -58,9 +61,11 @@ class JobBook:
         self._ids = count()
         self._pending: dict[int, PendingJob] = {}
 
-    def new(self, op: Op, tier: int, keys: list[ChunkKey], slots: list[int]) -> TransferJob:
+    def new(
+        self, op: Op, tier: int, keys: list[ChunkKey], slots: list[int], owner: Hashable = None
+    ) -> TransferJob:
         job = TransferJob(next(self._ids), tuple(keys), tuple(slots))
-        self._pending[job.job_id] = PendingJob(op, tier, job.keys)
+        self._pending[job.job_id] = PendingJob(op, tier, job.keys, owner)
         return job
 
     def finish(self, tier: int, job_id: int) -> PendingJob | None:
@@ -199,17 +204,25 @@ class Promoter:
         self, wanted: list[tuple[int, ChunkKey]], protect: Sequence[ChunkKey]
     ) -> set[ChunkKey]:
         """Promote what fits of ``wanted`` without evicting ``protect``; the keys started."""
-        self.host.hold(protect)
+        self.host.hold(protect, PROTECT)
         try:
             room = self.host.num_allocatable
             groups = _by_tier(wanted[:room]).items()
             return {k for i, ks in groups if self._promote(i, ks) for k in ks}
         finally:
-            self.host.release(protect)
+            self.host.release(protect, PROTECT)
 
     def _walk(self, keys: Sequence[ChunkKey]) -> Walk:
-        """Walk keys past the ready prefix until one is held nowhere."""
+        """Walk keys past the ready prefix until one is held nowhere, or too many are unknown.
+
+        A tier answers RETRY for a key it has to probe (a stat, a peer round trip). Probing the
+        whole prefix would start a probe per key although the first miss ends the prefix, so a
+        walk stops after ``PROBE_AHEAD`` unknown keys, or as many as it found held before them
+        if more: a cold prefix costs a bounded number of probes, and a prefix held in a tier is
+        still probed in a few lookups (the budget doubles each time).
+        """
         walk = Walk()
+        unknown = 0
         for index, key in enumerate(keys):
             state = self.host.state_of(key)
             if state is not None:
@@ -225,8 +238,10 @@ class Promoter:
                 return walk
             if isinstance(holder, int):
                 walk.wanted.append((holder, key))
-            else:
-                walk.waiting = True
+                continue
+            walk.waiting, unknown = True, unknown + 1
+            if unknown >= max(PROBE_AHEAD, index + 1 - unknown):
+                return walk
         return walk
 
     def _find_holder(self, key: ChunkKey, ask_peers: bool = True) -> tuple[int | Lookup, bool]:
@@ -287,7 +302,7 @@ class Promoter:
         self.host.complete_write(ok, success=True)
         self.host.complete_write(bad, success=False)
         name = self.tiers[index].name
-        self.events.add(EventKind.PROMOTED, ok, name, "host")
+        self.events.add(EventKind.PROMOTED, ok, name, "host", self.tiers[index].locality)
         for key in ok:
             self.promoted_from.remember(key, name)
         for key in bad:

@@ -105,6 +105,11 @@ class SecondaryTier(ABC):
     _metrics: TierMetrics | None = None
 
     @property
+    def locality(self) -> str:
+        """``remote`` when the chunks live in other instances (``reads_peers``), else ``local``."""
+        return "remote" if self.reads_peers else "local"
+
+    @property
     def metrics(self) -> TierMetrics:
         """Handle to register and update this tier's own metrics (``kvtier_tier_<name>``)."""
         if self._metrics is None:

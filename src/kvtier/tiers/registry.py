@@ -118,3 +118,13 @@ def load_tier_class(module_path: str, class_name: str) -> Callable[..., Secondar
             "(expected a subclass of kvtier.tiers.base.SecondaryTier)"
         )
     return cls
+
+
+def make_names_unique(tiers: list[SecondaryTier]) -> None:
+    """Suffix ``#<index>`` to the name of every tier whose name another tier shares."""
+    seen: dict[str, int] = {}
+    for tier in tiers:
+        seen[tier.name] = seen.get(tier.name, 0) + 1
+    for index, tier in enumerate(tiers):
+        if seen[tier.name] > 1:
+            tier.name = f"{tier.name}#{index}"
