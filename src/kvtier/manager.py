@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvtier.clock import TransferClock
 from kvtier.config import TieringConfig
 from kvtier.errors import ClosedError, ConfigError, KVTierError
 from kvtier.events import EventKind, EventLog, EventPublisher, KVEvent
@@ -39,7 +40,6 @@ from kvtier.metrics import (
     ManagerMetrics,
     MetricsServer,
     TelemetryCollector,
-    TransferClock,
     state_gauges,
 )
 from kvtier.promotion import JobBook, Promoter, submit
