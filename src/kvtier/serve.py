@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtier.config import ServeConfig
 from kvtier.errors import IntegrityError
+from kvtier.host import PEER
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
@@ -178,7 +179,7 @@ class PeerServer:
         flags = [manager.host.is_ready(k) for k in work.keys]
         found = [k for k, ok in zip(work.keys, flags, strict=True) if ok]
         manager.host.touch(found)
-        views = [self._region.view(slot) for slot in manager.host.hold(found)]
+        views = [self._region.view(slot) for slot in manager.host.hold(found, PEER)]
         self._outbox.put(("fetch", (work.peer, work.req_id, flags, found, views)))
         self._transport.wake()
 
@@ -206,7 +207,7 @@ class PeerServer:
         manager.complete_store(work.keys, success=True)
 
     def _on_release(self, manager: TieringManager, work: _Work) -> None:
-        manager.host.release(work.keys)
+        manager.host.release(work.keys, PEER)
 
     def _reply(self, peer: bytes, meta: bytes) -> None:
         self._outbox.put(("reply", (peer, [meta])))
