@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from kvtier.keys import ChunkKey
@@ -36,6 +36,7 @@ class EventKind(enum.Enum):
     PROMOTED = "promoted"  # secondary tier -> host
     EVICTED = "evicted"  # host -> gone
     REMOVED = "removed"  # secondary tier -> gone
+    LOADED = "loaded"  # host -> accelerator (the engine copied it back)
 
 
 class KVEvent(NamedTuple):
@@ -53,22 +54,38 @@ class EventLog:
     """Numbers events and buffers up to ``max_events`` of them until ``take``.
 
     When nobody takes events, the oldest are dropped (and counted in ``dropped``) so an unread
-    log never grows without bound.
+    log never grows without bound. ``on_add(kind, n)`` hears of every ``n`` events recorded.
     """
 
-    def __init__(self, max_events: int = 100_000, outbox: bool = False) -> None:
+    def __init__(
+        self,
+        max_events: int = 100_000,
+        outbox: bool = False,
+        on_add: Callable[[EventKind, int], None] | None = None,
+    ) -> None:
+        self._on_add = on_add
         self._seq = 0
         self._events: deque[KVEvent] = deque(maxlen=max_events)
         self._outbox: deque[KVEvent] | None = deque(maxlen=max_events) if outbox else None
         self.dropped = 0
 
     def add(
-        self, kind: EventKind, keys: list[ChunkKey], source: str, destination: str | None
+        self,
+        kind: EventKind,
+        keys: Sequence[ChunkKey],
+        source: str,
+        destination: str | None,
+        locality: str = "local",
     ) -> None:
+        """Record one event per key; ``locality`` is ``remote`` when a peer instance is involved."""
+        if not keys:
+            return
+        if self._on_add is not None:
+            self._on_add(kind, len(keys))
         overflow = len(self._events) + len(keys) - (self._events.maxlen or 0)
         self.dropped += max(0, overflow)
         for key in keys:
-            event = KVEvent(self._seq, kind, key, source, destination)
+            event = KVEvent(self._seq, kind, key, source, destination, locality)
             self._events.append(event)
             if self._outbox is not None:
                 self._outbox.append(event)

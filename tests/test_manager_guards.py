@@ -1,0 +1,214 @@
+"""Misuse of the manager's API, and the promises it keeps anyway.
+
+Unbalanced loads never free a slot a tier still reads; calls after ``close`` raise; keys that
+are not ``ChunkKey`` are refused at the call; a cold prefix costs a bounded number of probes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kvtier import (
+    RETRY,
+    ChunkKey,
+    KVTierError,
+    TieringConfig,
+    TieringManager,
+)
+from kvtier.config import FsTierConfig
+from kvtier.errors import ClosedError, HoldError, InvalidKeyError
+from kvtier.events import EventKind
+from kvtier.promotion import PROBE_AHEAD
+from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TransferJob
+from kvtier.tiers.fault import FaultInjectingTier
+from kvtier.tiers.filesystem import FilesystemTier
+from tests.conftest import config, fill, holds, make_keys, wait_for
+from tests.test_manager import read, settle, store
+
+
+class GatedTier(SecondaryTier):
+    """Holds store jobs back from a real inner tier until ``open`` (a write still running)."""
+
+    def __init__(self, inner: SecondaryTier) -> None:
+        self.inner, self.name = inner, inner.name
+        self._held: list[TransferJob] = []
+        self._open = threading.Event()
+
+    def lookup(self, key: ChunkKey) -> Lookup:
+        return self.inner.lookup(key)
+
+    def submit_store(self, job: TransferJob) -> None:
+        if self._open.is_set():
+            self.inner.submit_store(job)
+        else:
+            self._held.append(job)
+
+    def submit_load(self, job: TransferJob) -> None:
+        self.inner.submit_load(job)
+
+    def open(self) -> None:
+        self._open.set()
+        for job in self._held:
+            self.inner.submit_store(job)
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        return list(self.inner.get_finished_jobs())
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture
+def build(identity):
+    """``build(slots)``: a manager with no secondary tier, closed after the test."""
+    managers: list[TieringManager] = []
+
+    def make(num_slots: int) -> TieringManager:
+        managers.append(TieringManager(config(num_slots), identity))
+        return managers[-1]
+
+    yield make
+    for manager in managers:
+        manager.close()
+
+
+def fs_config(root: str) -> TieringConfig:
+    return config(1, secondary_tiers=[{"type": "fs", "root_dir": root}])
+
+
+def test_an_unbalanced_complete_load_cannot_free_a_slot_being_written_through(identity, tmp_path):
+    """The issue's scenario on a real fs tier: nothing wrong may be persisted, even after misuse.
+
+    One host slot holds chunk A while its write to the fs tier is still running. A stray
+    ``complete_load([A])`` (and a second one after a real load) must raise and keep A held, so
+    ``prepare_store`` of B cannot reuse A's slot; after a restart the fs tier serves A's bytes.
+    """
+    a, b = make_keys(identity, 2)
+    with TieringManager(config(1), identity, tiers=[]) as m:
+        gate = GatedTier(FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), m.region, identity))
+        m.tiers.append(gate)
+        store(m, [a])
+        with pytest.raises(HoldError):
+            m.complete_load([a])
+        m.prepare_load([a])
+        m.complete_load([a])
+        with pytest.raises(HoldError):
+            m.complete_load([a])
+        assert m.prepare_store([b]) is None, "A's slot is still read by the fs write"
+        gate.open()
+        assert m.wait_idle(10)
+        plan = m.prepare_store([b])
+        assert plan is not None
+        fill(m.region, plan.slots[0], b)
+        m.complete_store(plan.keys)
+        assert m.wait_idle(10)
+    with TieringManager(fs_config(str(tmp_path)), identity) as fresh:
+        assert settle(fresh, [a]) == 1
+        assert read(fresh, [a]), "the fs tier must hold A's own bytes"
+
+
+def test_complete_load_of_chunks_never_loaded_changes_nothing(build, identity):
+    """A release that fails names no slot free: the chunk stays pinned by its real reader."""
+    keys = make_keys(identity, 2)
+    m = build(2)
+    store(m, keys)
+    m.prepare_load(keys[:1])
+    with pytest.raises(HoldError):
+        m.complete_load(keys)  # keys[1] was never loaded: nothing is released
+    assert m.stats()["host"]["held_slots"] == 1
+    m.complete_load(keys[:1])
+    assert m.stats()["host"]["held_slots"] == 0
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["prepare_store", "complete_store", "lookup", "prepare_load", "complete_load", "touch"],
+)
+def test_the_api_after_close_raises(identity, method):
+    keys = make_keys(identity, 1)
+    m = TieringManager(config(2), identity)
+    store(m, keys)
+    m.close()
+    with pytest.raises(ClosedError):
+        getattr(m, method)(keys)
+    with pytest.raises(ClosedError):
+        m.poll()
+    m.close()  # still idempotent
+    assert m.stats()["host"]["used_slots"] == 1, "stats stay readable"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"\x00" * 32, "abc", [b"\x00" * 32], [1, 2], [None], ["key"]],
+    ids=["bytes", "str", "list-of-bytes", "ints", "none", "strs"],
+)
+def test_keys_that_are_not_chunk_keys_are_refused_at_the_call(build, identity, bad):
+    m = build(2)
+    for call in (m.prepare_store, m.lookup, m.prepare_load, m.complete_load, m.touch):
+        with pytest.raises(InvalidKeyError):
+            call(bad)
+    with pytest.raises(TypeError):  # InvalidKeyError is also a TypeError ...
+        m.complete_store(bad)
+    with pytest.raises(KVTierError):  # ... and a KVTierError
+        m.lookup(bad)
+    assert m.stats()["host"]["used_slots"] == 0 and m.num_pending_jobs == 0
+
+
+def test_a_cold_prefix_costs_a_bounded_number_of_tier_probes(identity, tmp_path):
+    """1024 chunks no tier holds, a real fs tier: one lookup probes a few, then stops."""
+    keys = make_keys(identity, 1024)
+    with TieringManager(config(4), identity, tiers=[]) as m:
+        fs = FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), m.region, identity)
+        counting = FaultInjectingTier(fs)
+        m.tiers.append(counting)
+        assert m.lookup(keys) is RETRY
+        assert counting.calls["lookup"] <= PROBE_AHEAD
+        assert settle(m, keys) == 0
+        assert counting.calls["lookup"] <= 3 * PROBE_AHEAD
+
+
+def test_a_long_prefix_another_instance_wrote_is_still_found_whole(identity, tmp_path):
+    """A 96-chunk prefix stored through a second manager after the first one scanned its fs
+    root: every key has to be probed, and the bounded walk still brings back all of them."""
+    keys = make_keys(identity, 96)
+    root = str(tmp_path)
+    fs = [{"type": "fs", "root_dir": root}]
+    with TieringManager(config(128, secondary_tiers=fs), identity) as reader:
+        with TieringManager(config(96, secondary_tiers=fs), identity) as writer:
+            store(writer, keys)
+            assert writer.wait_idle(20)
+        assert settle(reader, keys, timeout=30) == 96
+        assert read(reader, keys)
+
+
+def test_events_are_counted_and_loads_and_evictions_are_events(build, identity):
+    keys = make_keys(identity, 3)
+    m = build(2)
+    store(m, keys[:2])
+    m.prepare_load(keys[:1])
+    m.complete_load(keys[:1])
+    store(m, keys[2:])  # evicts keys[1], the least recently used
+    events = m.take_events()
+    kinds = [(e.kind, e.key) for e in events]
+    assert (EventKind.LOADED, keys[0]) in kinds
+    assert (EventKind.EVICTED, keys[1]) in kinds
+    loaded = next(e for e in events if e.kind is EventKind.LOADED)
+    assert (loaded.source, loaded.destination) == ("host", "accelerator")
+    counters = m.stats()["counters"]
+    by_kind = {k: v for k, v in counters.items() if k.startswith("kvtier_events_total")}
+    assert sum(by_kind.values()) == len(events)
+    assert counters["kvtier_events_total{kind=loaded}"] == 1
+
+
+def test_slots_of_loaded_chunks_hold_their_bytes_until_released(build, identity):
+    """A held chunk is never evicted, whatever the engine stores meanwhile."""
+    keys = make_keys(identity, 3)
+    m = build(2)
+    store(m, keys[:2])
+    slots = m.prepare_load(keys[:2])
+    assert m.prepare_store(keys[2:]) is None
+    assert all(holds(m.region, s, k) for k, s in zip(keys, slots))
+    m.complete_load(keys[:2])
+    wait_for(lambda: m.prepare_store(keys[2:]) is not None)
