@@ -17,6 +17,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# The HTTP endpoint, bounded threads; re-exported so ``kvtier.metrics.MetricsServer`` stays.
+from kvtier.metrics_http import MetricsServer as MetricsServer
+
 #: Seconds; spans a page-cache hit (tens of µs) to a slow object store (seconds).
 LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -232,21 +235,6 @@ class DelegatingCollector:
 
     def collect(self) -> Iterator[Any]:
         return iter(()) if self.current is None else self.current.collect()
-
-
-class MetricsServer:
-    """Serves ``/metrics`` for a registry over HTTP until ``close``."""
-
-    def __init__(self, registry: Any, port: int, host: str = "127.0.0.1") -> None:
-        from prometheus_client import start_http_server
-
-        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
-        self.port = self._server.server_port
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
 
 
 #: The manager's own families: (name, kind, help).
