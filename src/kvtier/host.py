@@ -161,7 +161,7 @@ class HostTier:
         return all(get(key, _NONE).get(owner, 0) >= n for key, n in counts)
 
     def release(self, keys: Sequence[ChunkKey], owner: Hashable) -> None:
-        """Drop one hold of ``owner`` from each key; ``HoldError`` (nothing changed) if it has none."""
+        """Drop one hold of ``owner`` per key; ``HoldError`` (nothing changed) if it lacks one."""
         if not self.can_release(keys, owner):
             raise HoldError(f"release by {owner!r} of chunk(s) it does not hold")
         for key in keys:

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from kvtier.clock import TransferClock
 from kvtier.config import TieringConfig
@@ -44,6 +44,7 @@ from kvtier.metrics import (
 )
 from kvtier.promotion import JobBook, Promoter, submit
 from kvtier.region import HostRegion
+from kvtier.services import ManagerService, Services, close_all
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier
 from kvtier.tiers.registry import build_tier, make_names_unique
 
@@ -60,17 +61,6 @@ class StorePlan:
 
     keys: list[ChunkKey]
     slots: list[int]
-
-
-class ManagerService(Protocol):
-    """Work that must run on the manager's thread, e.g. a peer server reading host slots.
-
-    ``step`` is called at every ``poll`` and must not block; ``close`` when the manager closes.
-    """
-
-    def step(self, manager: TieringManager) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class TieringManager:
@@ -99,7 +89,7 @@ class TieringManager:
         self.metrics = ManagerMetrics()
         self._events = EventLog(outbox=config.kv_events is not None, on_add=self._count_events)
         self._jobs = JobBook()
-        self._services: list[ManagerService] = []
+        self._services = Services(self.metrics)
         self._clock = TransferClock(self.metrics, self.chunk_bytes)
         self._publisher: EventPublisher | None = None
         self._exporter: MetricsServer | None = None
@@ -256,7 +246,7 @@ class TieringManager:
         """Run ``service.step(self)`` at every ``poll``; the manager closes it on ``close``."""
         if self._closed:
             raise ClosedError("add_service: the manager is closed")
-        self._services.append(service)
+        self._services.add(service)
 
     @serialized
     def poll(self) -> int:
@@ -272,12 +262,7 @@ class TieringManager:
                 self._poll()
 
     def _poll(self) -> int:
-        for service in self._services:
-            try:
-                service.step(self)
-            except Exception as exc:
-                warn.warning(f"service:{id(service)}", "service %r failed: %s", service, exc)
-                self.metrics.count("internal_errors", kind="service")
+        self._services.step(self)
         collected = sum(self._poll_tier(index) for index in range(len(self.tiers)))
         if self._publisher is not None:
             events = self._events.take_outbox()
@@ -396,11 +381,11 @@ class TieringManager:
             if self._closed:
                 return
             self._closed = True
-            services, self._services = self._services, []
-        _close_all(services)  # outside the lock: a driver thread may be waiting for it
+            services = self._services.take()
+        close_all(services)  # outside the lock: a driver thread may be waiting for it
         if self.tiers and not self.wait_idle(timeout):
             log.warning("closing with %d tier jobs still pending", len(self._jobs))
-        _close_all([*self.tiers, self._publisher, self._exporter])
+        close_all([*self.tiers, self._publisher, self._exporter])
 
     def __enter__(self) -> TieringManager:
         return self
@@ -412,11 +397,3 @@ class TieringManager:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _close_all(closables: Sequence[Any]) -> None:
-    for closable in filter(None, closables):
-        try:
-            closable.close()
-        except Exception as exc:
-            log.warning("%r failed to close: %s", closable, exc)
