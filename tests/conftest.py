@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
+import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
 
 from kvtier import CacheIdentity, ChunkKey, KVLayout, TieringConfig, chunk_keys
+from kvtier.errors import TierError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import RETRY, JobResult, Lookup, SecondaryTier
 
@@ -55,12 +60,71 @@ def config(cpu_slots: int, layout: KVLayout = SMALL_LAYOUT, **extra: object) -> 
     return TieringConfig.from_dict({"cpu_bytes_to_use": cpu_slots * stride, **extra})
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until it holds; ``AssertionError`` naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
+            raise AssertionError(f"{what} not met within {timeout:g} s")
         time.sleep(0.002)
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago: bind it at once, and be ready to retry."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+T = TypeVar("T")
+
+
+def on_a_free_port(bind: Callable[[int], T], attempts: int = 20) -> tuple[T, int]:
+    """``(bind(port), port)`` for a port found free; another port if it was taken meanwhile.
+
+    ``free_port`` releases its port before ``bind`` takes it, so another process may get there
+    first; ``bind`` then raises (``OSError``, ``zmq.ZMQError``, or ``TierError`` "cannot listen")
+    and another port is tried.
+    """
+    try:
+        from zmq import ZMQError
+
+        taken: tuple[type[Exception], ...] = (OSError, TierError, ZMQError)
+    except ImportError:
+        taken = (OSError, TierError)
+    for _ in range(attempts - 1):
+        port = free_port()
+        try:
+            return bind(port), port
+        except taken as exc:
+            if isinstance(exc, TierError) and "cannot listen" not in str(exc):
+                raise
+    port = free_port()
+    return bind(port), port
+
+
+def read_line(proc: subprocess.Popen[bytes], timeout: float, what: str) -> bytes:
+    """The next line ``proc`` writes on its stdout (a pipe), without the newline.
+
+    ``AssertionError`` naming ``what`` if no whole line comes within ``timeout`` s, or if the
+    process ends first. Reads the pipe unbuffered: a later ``proc.stdout.read*`` is unaffected.
+    """
+    assert proc.stdout is not None
+    fd, line = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{what}: no line within {timeout:g} s (got {line!r})")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 1)
+            if not chunk:
+                code = proc.poll()
+                raise AssertionError(f"{what}: the process closed its stdout (exit {code})")
+            line += chunk
+    return line[:-1]
 
 
 def freeze_process(pid: int, timeout: float = 10.0) -> None:

@@ -18,7 +18,7 @@ from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.filesystem import FilesystemTier
 from kvtier.tiers.memory import MemoryTier
 from tests.tiers.peer_node import PeerNode
-from tests.tiers.s3_server import MotoServer, free_port, s3_server  # noqa: F401 (s3_server is a fixture)
+from tests.tiers.s3_server import MotoServer, s3_server  # noqa: F401 (s3_server is a fixture)
 
 TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
 
@@ -57,7 +57,7 @@ def fs_tier_factory(tmp_path_factory: pytest.TempPathFactory) -> TierFactory:
 @pytest.fixture(scope="session")
 def p2p_server() -> Iterator[PeerNode]:
     """A kvtier instance in another process, serving its host tier and accepting stores."""
-    node = PeerNode(free_port(), "--accept-stores").start()
+    node = PeerNode(0, "--accept-stores").start()
     yield node
     node.stop()
 

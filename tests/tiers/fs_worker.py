@@ -17,15 +17,17 @@ import os
 import resource
 import signal
 import sys
-import time
 from itertools import count
 
+import tests.child_process  # noqa: F401  (first: the kvtier of this checkout)
+
+# isort: split
 from kvtier import CacheIdentity, ChunkKey, KVLayout
 from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
-from kvtier.tiers.base import RETRY, TransferJob
+from kvtier.tiers.base import TransferJob
 from kvtier.tiers.filesystem import FilesystemTier
-from tests.conftest import chunk_pattern, collect, fill, make_keys
+from tests.conftest import chunk_pattern, collect, fill, make_keys, settle_lookup, wait_for
 
 
 def layout(blocks_per_chunk: int) -> KVLayout:
@@ -66,8 +68,7 @@ def load_and_check(
 ) -> dict[str, int]:
     """Settle lookups, load every key, and count byte-identical and wrong chunks."""
     for key in keys:
-        while tier.lookup(key) is RETRY:
-            time.sleep(0.001)
+        settle_lookup(tier, key, timeout=60)
     slots = tuple(range(len(keys)))
     tier.submit_load(TransferJob(10**6, tuple(keys), slots))
     result = collect(tier, [10**6], timeout=60)[10**6]
@@ -80,9 +81,8 @@ def _holds(region: HostRegion, slot: int, key: ChunkKey) -> bool:
     return bytes(region.view(slot)) == chunk_pattern(key, region.slot_bytes)
 
 
-def wait_file(path: str) -> None:
-    while not os.path.exists(path):
-        time.sleep(0.002)
+def wait_file(path: str, timeout: float = 120.0) -> None:
+    wait_for(lambda: os.path.exists(path), timeout, f"fs_worker: {path} to appear")
 
 
 def share(args: argparse.Namespace) -> dict[str, object]:

@@ -1,11 +1,13 @@
 """A kvtier instance in its own process that serves its host tier to peers (for the p2p tests).
 
 ``python -m tests.tiers.peer_node PORT [--store N --seed S] [--accept-stores] [--curve DIR]``
-stores N chunks (``chunk_pattern`` bytes) of the small test layout, prints ``READY``, and runs
-idle (never polling) until SIGTERM: the peer server's own driver answers. With ``--curve DIR`` it
-uses ``DIR/server.secret`` and allows the client keys in ``DIR/clients``. ``--fs DIR`` adds a
-filesystem tier under the host tier; chunks are stored ``--slots`` at a time, so with more chunks
-than slots the older ones leave host memory and live on in that tier.
+stores N chunks (``chunk_pattern`` bytes) of the small test layout, prints ``READY <port>``, and
+runs idle (never polling) until SIGTERM: the peer server's own driver answers. ``PORT`` 0: the
+node picks a free port itself (another one if that is taken before it binds) and reports the
+port it bound in that line. With ``--curve DIR`` it uses ``DIR/server.secret`` and allows the
+client keys in ``DIR/clients``. ``--fs DIR`` adds a filesystem tier under the host tier; chunks
+are stored ``--slots`` at a time, so with more chunks than slots the older ones leave host memory
+and live on in that tier. The node imports the kvtier of this checkout (``tests.child_process``).
 """
 
 from __future__ import annotations
@@ -16,34 +18,48 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
+from tests.child_process import ROOT, child_env
+
+# isort: split
 from kvtier import CacheIdentity, TieringManager
 from kvtier.config import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.peer import PeerTier
-from tests.conftest import SMALL_LAYOUT, config, fill, freeze_process, make_keys
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import (
+    SMALL_LAYOUT,
+    config,
+    fill,
+    freeze_process,
+    make_keys,
+    on_a_free_port,
+    read_line,
+)
 
 
 class PeerNode:
-    """Runs this module in a subprocess serving on ``port``; ``args`` are its options."""
+    """Runs this module in a subprocess serving on ``port``; ``args`` are its options.
 
-    def __init__(self, port: int, *args: str) -> None:
+    ``port`` 0: the node binds a free port of its choice; ``port`` is that port once started.
+    """
+
+    def __init__(self, port: int = 0, *args: str) -> None:
         self.port, self.args = port, args
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> PeerNode:
+        """Start the node and wait (up to ``timeout`` s) until it serves."""
         cmd = [sys.executable, "-m", "tests.tiers.peer_node", str(self.port), *self.args]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self._proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE)
-        assert self._proc.stdout is not None
-        line = self._proc.stdout.readline()  # bounded by the test's own timeout
-        if line.strip() != b"READY":
+        self._proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE)
+        try:
+            line = read_line(self._proc, timeout, f"peer node {self.args}")
+            word, port = line.split()
+            assert word == b"READY", f"peer node: unexpected first line {line!r}"
+        except BaseException:
             self.kill()
-            raise RuntimeError(f"peer node on port {self.port} did not start")
+            raise
+        self.port = int(port)
         return self
 
     def tier(self, region: HostRegion, identity: CacheIdentity, **options: object) -> PeerTier:
@@ -66,11 +82,17 @@ class PeerNode:
             self._proc.wait()
             self._proc = None
 
-    def stop(self) -> int:
+    def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM, then wait: the node closes its manager; returns its exit code."""
         assert self._proc is not None
         self._proc.terminate()
-        code = self._proc.wait(timeout=30)
+        try:
+            code = self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"peer node did not exit within {timeout:g} s of SIGTERM"
+            ) from None
         self._proc = None
         return code
 
@@ -89,8 +111,8 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def serve_config(args: argparse.Namespace) -> dict[str, object]:
-    serve: dict[str, object] = {"port": args.port, "accept_stores": args.accept_stores}
+def serve_config(args: argparse.Namespace, port: int) -> dict[str, object]:
+    serve: dict[str, object] = {"port": port, "accept_stores": args.accept_stores}
     if args.curve:
         serve["curve_secret_key_file"] = f"{args.curve}/server.secret"
         serve["curve_client_keys_dir"] = f"{args.curve}/clients"
@@ -115,9 +137,17 @@ def main() -> None:
     identity = CacheIdentity(model=args.model, revision="r1", layout=SMALL_LAYOUT)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with TieringManager(config(args.slots, **serve_config(args)), identity) as manager:
+
+    def serving(port: int) -> TieringManager:
+        return TieringManager(config(args.slots, **serve_config(args, port)), identity)
+
+    if args.port:
+        manager, port = serving(args.port), args.port
+    else:
+        manager, port = on_a_free_port(serving)
+    with manager:
         store(manager, make_keys(identity, args.store, seed=args.seed)[args.skip :], args.slots)
-        print("READY", flush=True)
+        print(f"READY {port}", flush=True)
         # Idle like an engine with no requests: the server's driver thread answers peers.
         stop.wait()
     sys.exit(0)

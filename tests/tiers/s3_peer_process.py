@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import sys
 
+import tests.child_process  # noqa: F401  (first: the kvtier of this checkout)
+
+# isort: split
 from kvtier import CacheIdentity, TieringManager
 from tests.conftest import SMALL_LAYOUT, config, make_keys
 from tests.tiers.s3_server import ACCESS_KEY, SECRET_KEY
