@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -35,10 +36,10 @@ from tests.conftest import (
     fill,
     holds,
     make_keys,
+    on_a_free_port,
     settle_lookup,
     wait_for,
 )
-from tests.tiers.s3_server import free_port
 
 IDENTITY = CacheIdentity(model="test/model", revision="r1", layout=SMALL_LAYOUT)
 KEYS = make_keys(IDENTITY, 8)
@@ -50,9 +51,11 @@ class Served:
     """A serving manager driven by its own thread; ``call`` runs a function on that thread."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        serve = {"port": self.port, "accept_stores": True}
-        self.manager = TieringManager(config(32, serve=serve), IDENTITY)
+        def serving(port: int) -> TieringManager:
+            serve = {"port": port, "accept_stores": True}
+            return TieringManager(config(32, serve=serve), IDENTITY)
+
+        self.manager, self.port = on_a_free_port(serving)
         plan = self.manager.prepare_store(KEYS)
         assert plan is not None
         for key, slot in zip(plan.keys, plan.slots):
@@ -71,7 +74,10 @@ class Served:
             self.manager.poll()
             while not self._calls.empty():
                 fn, future = self._calls.get()
-                future.set_result(fn())
+                try:
+                    future.set_result(fn())
+                except Exception as exc:
+                    future.set_exception(exc)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         future: Future[Any] = Future()
@@ -80,7 +86,8 @@ class Served:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=30)
+        assert not self._thread.is_alive(), "the serving loop did not stop within 30 s"
         self.manager.close()
 
 
@@ -121,13 +128,17 @@ def honest_fetch(tier: PeerTier, region: HostRegion, job_id: int) -> bool:
     return result.ok and all(holds(region, i, key) for i, key in enumerate(KEYS[:3]))
 
 
-def barrier(sock: zmq.Socket[bytes]) -> None:
+def barrier(sock: zmq.Socket[bytes], timeout: float = 10.0) -> None:
     """A valid request answered means every earlier message from ``sock`` was handled."""
     while sock.poll(0):
         sock.recv_multipart()
     sock.send(proto.keyed(proto.LOOKUP, 424242, [KEYS[0]]))
-    while msgpack.unpackb(sock.recv_multipart()[0])[1] != 424242:
-        pass
+    deadline = time.monotonic() + timeout
+    while True:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        assert left_ms > 0 and sock.poll(left_ms), f"no answer to the barrier within {timeout} s"
+        if msgpack.unpackb(sock.recv_multipart()[0])[1] == 424242:
+            return
 
 
 values = st.recursive(
@@ -170,9 +181,16 @@ def test_malformed_frames_never_disturb_honest_clients(served, honest, sockets, 
     assert honest_fetch(tier, region, job_id=next(JOB_IDS))
 
 
-def test_after_the_fuzzing_the_server_counted_and_survived(served, honest, sockets):
+def test_the_server_counts_malformed_messages_and_survives_them(served, honest, sockets):
+    """Whether or not the fuzzing ran before: malformed messages are counted, none breaks it."""
+    before = served.manager.peer_server.stats().get("malformed_messages", 0)
+    garbage = [[b"\xc1"], [proto.encode(proto.FETCH, 1, [b"short"])], [b"x", b"y", b"z"]]
+    for who in ("greeted", "stranger"):
+        for frames in garbage:
+            sockets[who].send_multipart(frames)
+        barrier(sockets[who])
     stats = served.manager.peer_server.stats()
-    assert stats["malformed_messages"] > 0
+    assert stats["malformed_messages"] >= before + 2 * len(garbage)
     assert stats.get("server_errors", 0) == 0
     bogus = make_keys(IDENTITY, 1, seed=31337)[0]
     frames = [
