@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import select
 import signal
 import socket
@@ -170,3 +171,50 @@ def collect(
             raise AssertionError(f"jobs {sorted(wanted - results.keys())} never finished")
         time.sleep(0.002)
     return results
+
+
+# -- test order: every test must pass alone and in any order ----------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--order",
+        choices=("written", "reverse", "shuffle"),
+        default="written",
+        help="run the files, and the tests in each file, in reverse or shuffled order",
+    )
+    parser.addoption("--order-seed", type=int, default=None, help="seed for --order shuffle")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if config.getoption("--order") == "shuffle":
+        return f"test order: shuffled, --order-seed {_order_seed(config)}"
+    return None
+
+
+def _order_seed(config: pytest.Config) -> int:
+    seed: int | None = config.getoption("--order-seed")
+    if seed is None:
+        seed = config.stash.setdefault(_SEED, random.randrange(1 << 32))
+    return seed
+
+
+_SEED = pytest.StashKey[int]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``--order``: files stay whole (module fixtures are built once), but their order and
+    the order of the tests in each are reversed or shuffled."""
+    order = config.getoption("--order")
+    if order == "written":
+        return
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    groups = list(files.values())
+    if order == "reverse":
+        groups = [group[::-1] for group in groups[::-1]]
+    else:
+        rng = random.Random(_order_seed(config))
+        rng.shuffle(groups)
+        for group in groups:
+            rng.shuffle(group)
+    items[:] = [item for group in groups for item in group]

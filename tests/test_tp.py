@@ -7,6 +7,7 @@ and readers of another TP size load them back. Bytes and model outputs must be i
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -151,12 +152,20 @@ def test_tp2_instance_shares_with_a_tp4_instance_through_the_filesystem(
         == 1
     )
     with make_manager(identity, fs) as reader:
-        while (ready := reader.lookup(keys)) is RETRY:
-            pass
-        assert ready == CHUNKS
+        assert settle(reader, keys) == CHUNKS
         logits, greedy = resume(model, load_as_ranks(reader, keys, 4), tokens)
     expected_logits, expected_tokens = recompute(model, tokens)
     assert (logits - expected_logits).abs().max().item() <= 1e-4 and greedy == expected_tokens
+
+
+def settle(m: TieringManager, keys: list[Any], timeout: float = 30.0) -> int:
+    """``m.lookup(keys)`` once it stops answering RETRY (the chunks are promoted from a tier)."""
+    deadline = time.monotonic() + timeout
+    while (ready := m.lookup(keys)) is RETRY:
+        assert time.monotonic() < deadline, f"lookup still answered RETRY after {timeout} s"
+        time.sleep(0.002)
+    assert isinstance(ready, int)
+    return ready
 
 
 def owned_mask(layout: KVLayout, rank: int, tp_size: int) -> np.ndarray:
