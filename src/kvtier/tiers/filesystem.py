@@ -9,14 +9,21 @@ capacity bound, recent misses) is in ``fs_index``. This module ties them to the 
 * loads and stores run on separate thread pools (loads never queue behind stores); every I/O
   call is a plain ``os`` call that releases the GIL;
 * at start a background scan rebuilds the index from the directory (oldest ``mtime`` coldest)
-  and removes temporary files left by dead writers;
+  and removes temporary files left by dead writers; an entry it cannot read is skipped and
+  counted (``scan_skipped.<reason>``), never the end of the scan;
 * with ``max_bytes`` the least recently used files are deleted to stay under it; with
-  ``min_free_bytes`` stores stop before the filesystem fills.
+  ``min_free_bytes`` stores stop before the filesystem fills;
+* a restart on a full (or read-only) filesystem starts *read-only* (``read_only`` in stats, one
+  warning): what is on disk is served, stores fail (``store_failed.read_only``), and writes
+  resume once the namespace can be written again (``fs_namespace``).
 
 Every failure is a miss or a failed job plus a counter in ``stats()``, never wrong bytes: a
 file that fails verification is deleted (``integrity.<reason>``); a missing file is a plain miss
 (``load_missing``); a store that cannot be written fails its job (``store_failed.<errno>``)
-while loads keep being served.
+while loads keep being served. A FIFO, socket, device, directory or symlink at a chunk path is
+never opened in a way that blocks or followed (``fs_paths``): it is a miss (``probe_failed.
+not_regular``) or a failed key (``load_failed.not_regular``), left in place until a store of
+that key replaces it.
 
 Thread safety: lookups and job submission come from the manager's thread; jobs, probes and the
 scan run on the tier's threads. Shared state lives in ``ChunkIndex``, ``RecentMisses`` and
@@ -31,6 +38,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from typing import Literal
 
 from kvtier.config import FsTierConfig
@@ -49,8 +57,10 @@ from kvtier.tiers.base import (
     TransferJob,
 )
 from kvtier.tiers.codec import HEADER_BYTES
-from kvtier.tiers.fs_files import ChunkFiles, SpaceGuard
+from kvtier.tiers.fs_files import ChunkFiles
 from kvtier.tiers.fs_index import ChunkIndex, RecentMisses
+from kvtier.tiers.fs_namespace import SpaceGuard
+from kvtier.tiers.fs_paths import NotRegularError, failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +94,9 @@ class _Counters:
 class FilesystemTier(PooledTier):
     """Chunks as files under ``config.root_dir``; see the module docstring.
 
-    Raises ``TierError`` at start when ``root_dir`` cannot be written (or ``o_direct`` is "on"
-    and refused), and ``ConfigError`` when ``max_bytes`` cannot hold a single chunk.
+    Raises ``TierError`` at start when ``root_dir`` cannot be written for another reason than
+    a full or read-only filesystem (or ``o_direct`` is "on" and refused), and ``ConfigError``
+    when ``max_bytes`` cannot hold a single chunk.
     """
 
     def __init__(self, config: FsTierConfig, region: HostRegion, identity: CacheIdentity) -> None:
@@ -111,8 +122,18 @@ class FilesystemTier(PooledTier):
         self._scanned = threading.Event()
         self._runner = JobRunner(self.name, config.n_read_threads, config.n_write_threads)
         self._probes = ThreadPoolExecutor(N_PROBE_THREADS, thread_name_prefix=f"{self.name}-probe")
+        self._warn_if_read_only()
         self._scanner = threading.Thread(target=self._scan, name=f"{self.name}-scan")
         self._scanner.start()
+
+    def _warn_if_read_only(self) -> None:
+        error = self._files.directory.error
+        if error is not None:
+            log.warning(
+                "%s: cannot write under %s (%s): starting read-only. The chunks there are "
+                "served; stores fail (store_failed.read_only) until it can be written again",
+                self.name, self.namespace, error.strerror or error,
+            )  # fmt: skip
 
     @property
     def namespace(self) -> str:
@@ -151,6 +172,7 @@ class FilesystemTier(PooledTier):
             "index_chunks": len(self._index),
             "index_bytes": self._index.used_bytes,
             "o_direct": int(self.o_direct),
+            "read_only": int(self._files.directory.read_only),
             "scan_done": int(self._scanned.is_set()),
         }
 
@@ -174,13 +196,16 @@ class FilesystemTier(PooledTier):
 
     def _store_one(self, key: ChunkKey, slot: int) -> None:
         """Write one chunk unless already on disk; raises ``TierError`` when it cannot."""
+        if not self._files.directory.may_write():
+            self._counters.add("store_failed.read_only")
+            raise TierError(f"{self.name}: read-only, {self.namespace} cannot be written")
         try:
             if self._on_disk(key):
                 self._counters.add("store_skipped_present")
                 return
             self._write(key, slot)
         except (OSError, CapacityError) as exc:
-            reason = _errno_name(exc) if isinstance(exc, OSError) else "capacity"
+            reason = failure_reason(exc) if isinstance(exc, OSError) else "capacity"
             self._counters.add(f"store_failed.{reason}")
             raise TierError(f"{self.name}: cannot store chunk {key.hex()[:16]}: {exc}") from exc
         self._misses.discard(key)
@@ -188,11 +213,13 @@ class FilesystemTier(PooledTier):
         self._counters.add("stored_bytes", self._file_bytes)
 
     def _on_disk(self, key: ChunkKey) -> bool:
-        """Whether an indexed ``key`` still has its file (another instance may have evicted it)."""
+        """Whether an indexed ``key`` still has its file (another instance may have evicted it,
+        or something not a regular file may stand there now: the write replaces it)."""
         if not self._index.touch(key):
             return False
-        if self._files.size_of(key) is not None:
-            return True
+        with suppress(NotRegularError):
+            if self._files.size_of(key) is not None:
+                return True
         self._index.discard(key)
         return False
 
@@ -234,8 +261,13 @@ class FilesystemTier(PooledTier):
             self._removed.append(key)
             self._counters.add(f"integrity.{exc.reason}")
             return "corrupt"
+        except NotRegularError:
+            self._index.discard(key)  # a miss from now on, until a store replaces it
+            self._misses.add(key)
+            self._counters.add("load_failed.not_regular")
+            return "unreadable"
         except OSError as exc:
-            self._counters.add(f"load_failed.{_errno_name(exc)}")
+            self._counters.add(f"load_failed.{failure_reason(exc)}")
             return "unreadable"
         self._delete(self._index.add(key, size), "evicted")
         self._counters.add("loaded_chunks")
@@ -248,7 +280,7 @@ class FilesystemTier(PooledTier):
             self._hook("probe", key)
             size = self._files.size_of(key)
         except OSError as exc:
-            self._counters.add(f"probe_failed.{_errno_name(exc)}")
+            self._counters.add(f"probe_failed.{failure_reason(exc)}")
             size = None
         try:
             if size is None:
@@ -268,9 +300,11 @@ class FilesystemTier(PooledTier):
             self._delete(self._index.merge_cold(found), "evicted")
             self._counters.add("scan_found_chunks", len(found))
             self._counters.add("scrubbed_tmp_files", result.stale_removed)
+            for reason, count in result.skipped.items():
+                self._counters.add(f"scan_skipped.{reason}", count)
         except OSError as exc:
             log.warning("%s: start-up scan of %s failed: %s", self.name, self.namespace, exc)
-            self._counters.add(f"scan_failed.{_errno_name(exc)}")
+            self._counters.add(f"scan_failed.{failure_reason(exc)}")
         finally:
             self._scanned.set()
 
@@ -279,14 +313,10 @@ class FilesystemTier(PooledTier):
             try:
                 self._files.remove(key)
             except OSError as exc:
-                self._counters.add(f"remove_failed.{_errno_name(exc)}")
+                self._counters.add(f"remove_failed.{failure_reason(exc)}")
             self._removed.append(key)
             self._counters.add(reason)
 
     def _hook(self, op: str, key: ChunkKey) -> None:
         if self.fault_hook is not None:
             self.fault_hook(op, key)
-
-
-def _errno_name(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno or 0, "unknown")

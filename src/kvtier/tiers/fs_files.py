@@ -11,6 +11,10 @@ A chunk is written to a temporary file in its final directory and renamed into p
 crash leaves either a complete chunk or none under the final name. Temporary files whose writer
 is gone (same host, dead pid; or older than ``STALE_TMP_S``) are removed by ``scan``.
 
+Every entry is reached through ``fs_paths``: no link below the namespace is followed and no
+``open`` can block; an entry that is not a regular file raises ``NotRegularError``. The
+namespace, and whether it may be written (read-only on a full disk), is ``fs_namespace``'s.
+
 Thread safety: every method may be called from any thread; per-thread scratch buffers live in
 a ``threading.local``.
 """
@@ -19,14 +23,15 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import mmap
 import os
 import re
 import secrets
 import socket
+import stat
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -35,11 +40,17 @@ from kvtier.errors import IntegrityError, TierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers.codec import FORMAT_VERSION, HEADER_BYTES, encode_header, verify
-from kvtier.tiers.fs_io import (
-    payload_checksum,
-    pwrite_all,
-    read_chunk,
+from kvtier.tiers.codec import HEADER_BYTES, encode_header, verify
+from kvtier.tiers.fs_io import payload_checksum, pwrite_all, read_chunk
+from kvtier.tiers.fs_namespace import Namespace
+from kvtier.tiers.fs_paths import (
+    NotRegularError,
+    chunk_dir,
+    failure_reason,
+    open_regular,
+    regular_stat,
+    rename_into_place,
+    unlink_if_same,
 )
 
 #: A temporary file older than this is stale whoever wrote it (a write takes far less).
@@ -54,60 +65,73 @@ HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 @dataclass
 class ScanResult:
-    """Chunk files found by ``scan`` as (mtime, key, size), and stale temporaries removed."""
+    """What ``scan`` found: chunk files as (mtime, key, size), stale temporaries removed, and
+    entries skipped by reason (``not_regular``, or the errno name of what failed on them)."""
 
     chunks: list[tuple[float, ChunkKey, int]] = field(default_factory=list)
     stale_removed: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    def skip(self, exc: OSError) -> None:
+        self.skipped[failure_reason(exc)] += 1
 
 
 class ChunkFiles:
     """The chunk files of one cache identity under ``root_dir``.
 
-    Creating it creates the namespace and checks that it is writable (``TierError`` otherwise);
-    ``o_direct`` is ``"on"`` (``TierError`` if the filesystem refuses it), ``"off"``, or
-    ``"auto"`` (used when a probe write and read succeed).
+    Creating it creates the namespace (``directory``; read-only on a full disk, ``TierError``
+    if ``root_dir`` cannot be written otherwise). ``o_direct`` is ``"on"`` (``TierError`` if
+    the filesystem refuses it), ``"off"``, or ``"auto"`` (used when a probe write and read
+    succeed; a read-only namespace cannot probe, so "auto" reads through the page cache and
+    "on" is trusted).
     """
 
     def __init__(
         self, root_dir: str, identity: CacheIdentity, *, o_direct: str = "auto", fsync: bool = False
     ) -> None:
-        self.namespace = os.path.join(os.path.abspath(root_dir), identity.hexdigest)
         self._digest = identity.digest
         self._fsync = fsync
         self._token = secrets.token_hex(4)
         self._tag = f"{HOST_TAG}-{os.getpid()}-{self._token}"
         self._seq = itertools.count()
         self._local = threading.local()
-        _create_namespace(root_dir, self.namespace, identity, self._tag)
-        self.o_direct = o_direct != "off" and self._direct_io_works()
+        self.directory = Namespace(root_dir, identity, self._tag)
+        self.namespace = self.directory.path
+        if self.directory.read_only:
+            self.o_direct = o_direct == "on"
+        else:
+            self.o_direct = o_direct != "off" and self._direct_io_works()
         if o_direct == "on" and not self.o_direct:
             raise TierError(f"fs tier: o_direct is 'on' but {root_dir} does not allow O_DIRECT")
         direct = O_DIRECT if self.o_direct else 0
-        self._read_flags = os.O_RDONLY | os.O_CLOEXEC | direct
-        self._write_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | direct
-
-    def path(self, key: bytes) -> str:
-        name = key.hex()
-        return os.path.join(self.namespace, name[:2], name[2:4], name)
+        self._read_flags = os.O_RDONLY | direct
+        self._write_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | direct
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, key: ChunkKey, region: HostRegion, slot: int) -> int:
-        """Store ``slot`` as chunk ``key``, atomically; returns the file size. Raises OSError."""
-        final = self.path(key)
-        tmp = f"{final}.{self._tag}-{next(self._seq)}.tmp"
-        try:
-            size = self._write_tmp(tmp, key, region, slot)
-            os.rename(tmp, final)
-        except BaseException:
-            with suppress(OSError):
-                os.unlink(tmp)
-            raise
-        if self._fsync:
-            _fsync_dir(os.path.dirname(final))
+        """Store ``slot`` as chunk ``key``, atomically; returns the file size.
+
+        Replaces a link, FIFO or other non-directory entry at the chunk's path. Raises
+        ``OSError``: ``NotRegularError`` when a directory is in the way.
+        """
+        name = key.hex()
+        tmp = f"{name}.{self._tag}-{next(self._seq)}.tmp"
+        with chunk_dir(self.namespace, name, create=True) as directory:
+            try:
+                size = self._write_tmp(directory, tmp, key, region, slot)
+                rename_into_place(directory, tmp, name)
+            except BaseException:
+                with suppress(OSError):
+                    os.unlink(tmp, dir_fd=directory)
+                raise
+            if self._fsync:
+                os.fsync(directory)
         return size
 
-    def _write_tmp(self, tmp: str, key: ChunkKey, region: HostRegion, slot: int) -> int:
-        fd = self._open_tmp(tmp)
+    def _write_tmp(
+        self, directory: int, tmp: str, key: ChunkKey, region: HostRegion, slot: int
+    ) -> int:
+        fd = os.open(tmp, self._write_flags | os.O_CLOEXEC, 0o644, dir_fd=directory)
         try:
             payload = region.view(slot)
             if self.o_direct:
@@ -125,37 +149,31 @@ class ChunkFiles:
             os.close(fd)
         return HEADER_BYTES + len(payload)
 
-    def _open_tmp(self, tmp: str) -> int:
-        try:
-            return os.open(tmp, self._write_flags, 0o644)
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(tmp), exist_ok=True)
-            return os.open(tmp, self._write_flags, 0o644)
-
     # -- reading ----------------------------------------------------------------------------
     def read(self, key: ChunkKey, region: HostRegion, slot: int) -> int:
         """Read chunk ``key`` straight into ``slot`` and verify it; returns the file size.
 
-        Raises ``FileNotFoundError`` when there is no such chunk, ``OSError`` when it cannot be
-        read, and ``IntegrityError`` when it fails verification; that file is deleted first
-        (unless another writer replaced it meanwhile).
+        Raises ``FileNotFoundError`` when there is no such chunk, ``NotRegularError`` when its
+        path holds something else (left alone), ``OSError`` when it cannot be read, and
+        ``IntegrityError`` when it fails verification; that file is deleted first (unless
+        another writer replaced it meanwhile).
         """
-        path = self.path(key)
-        fd = os.open(path, self._read_flags)
-        try:
-            stat = os.fstat(fd)
-            header, payload = self._scratch(), region.view(slot)
-            # O_DIRECT reads whole aligned pages: the slot's padding takes the rounding.
-            target = region.aligned_view(slot) if self.o_direct else payload
-            got, digest = read_chunk(fd, header, target, stat.st_size)
+        name = key.hex()
+        with chunk_dir(self.namespace, name) as directory:
+            fd, found = open_regular(directory, name, self._read_flags)
             try:
-                self._verify(key, header, payload, got, stat.st_size, digest)
-            except IntegrityError:
-                _unlink_if_same(path, stat)
-                raise
-        finally:
-            os.close(fd)
-        return stat.st_size
+                header, payload = self._scratch(), region.view(slot)
+                # O_DIRECT reads whole aligned pages: the slot's padding takes the rounding.
+                target = region.aligned_view(slot) if self.o_direct else payload
+                got, digest = read_chunk(fd, header, target, found.st_size)
+                try:
+                    self._verify(key, header, payload, got, found.st_size, digest)
+                except IntegrityError:
+                    unlink_if_same(directory, name, found)
+                    raise
+            finally:
+                os.close(fd)
+        return found.st_size
 
     def _verify(
         self,
@@ -175,15 +193,22 @@ class ChunkFiles:
             raise IntegrityError(f"file is {size} bytes, not a chunk of {len(payload)}", "length")
 
     def size_of(self, key: ChunkKey) -> int | None:
-        """Size of chunk ``key``'s file, ``None`` if there is none. Raises other ``OSError``s."""
+        """Size of chunk ``key``'s file, ``None`` if there is none.
+
+        Raises ``NotRegularError`` when its path holds something else, or another ``OSError``.
+        """
+        name = key.hex()
         try:
-            return os.stat(self.path(key)).st_size
+            with chunk_dir(self.namespace, name) as directory:
+                return regular_stat(directory, name).st_size
         except FileNotFoundError:
             return None
 
     def remove(self, key: ChunkKey) -> None:
-        with suppress(FileNotFoundError):
-            os.unlink(self.path(key))
+        """Delete chunk ``key``'s entry (whatever it is, unless a directory); never via a link."""
+        name = key.hex()
+        with suppress(FileNotFoundError), chunk_dir(self.namespace, name) as directory:
+            os.unlink(name, dir_fd=directory)
 
     def _scratch(self) -> memoryview:
         """This thread's page-aligned header buffer (O_DIRECT needs aligned memory)."""
@@ -194,38 +219,40 @@ class ChunkFiles:
 
     # -- start-up ---------------------------------------------------------------------------
     def scan(self, stop: threading.Event) -> ScanResult:
-        """Every chunk file in the namespace; removes stale temporary files on the way."""
+        """Every chunk file in the namespace; removes stale temporary files on the way.
+
+        Follows no link. An entry that cannot be listed, stat'ed or removed, or is not what the
+        layout expects there, is skipped and counted (``ScanResult.skipped``); the rest goes on.
+        """
         result = ScanResult()
-        for directory in self._directories():
+        for entries in _listings(self.namespace, result):
             if stop.is_set():
                 break
-            for entry in _entries(directory):
-                with suppress(FileNotFoundError):
-                    self._scan_entry(entry, result)
+            for entry in entries:
+                self._scan_entry(entry, result)
         return result
 
     def _scan_entry(self, entry: os.DirEntry[str], result: ScanResult) -> None:
-        if _KEY_NAME.fullmatch(entry.name):
-            stat = entry.stat()
-            key = ChunkKey(bytes.fromhex(entry.name))
-            result.chunks.append((stat.st_mtime, key, stat.st_size))
-        elif entry.name.endswith(".tmp") and self._is_stale(entry):
-            os.unlink(entry.path)
-            result.stale_removed += 1
-
-    def _directories(self) -> Iterator[str]:
-        yield self.namespace
-        for level1 in _entries(self.namespace):
-            if _LEVEL_NAME.fullmatch(level1.name) and level1.is_dir():
-                for level2 in _entries(level1.path):
-                    if _LEVEL_NAME.fullmatch(level2.name) and level2.is_dir():
-                        yield level2.path
+        try:
+            if _KEY_NAME.fullmatch(entry.name):
+                found = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(found.st_mode):
+                    raise NotRegularError(entry.path)
+                key = ChunkKey(bytes.fromhex(entry.name))
+                result.chunks.append((found.st_mtime, key, found.st_size))
+            elif entry.name.endswith(".tmp") and self._is_stale(entry):
+                os.unlink(entry.path)
+                result.stale_removed += 1
+        except FileNotFoundError:
+            pass  # removed meanwhile (evicted or renamed by another instance)
+        except OSError as exc:
+            result.skip(exc)
 
     def _is_stale(self, entry: os.DirEntry[str]) -> bool:
         match = _TMP_NAME.fullmatch(entry.name)
         if match is not None and match.group(3) == self._token:
             return False
-        if time.time() - entry.stat().st_mtime > STALE_TMP_S:
+        if time.time() - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
             return True
         return match is not None and match.group(1) == HOST_TAG and not _pid_alive(int(match[2]))
 
@@ -247,42 +274,42 @@ class ChunkFiles:
                 os.unlink(path)
 
 
-def _create_namespace(root_dir: str, namespace: str, identity: CacheIdentity, tag: str) -> None:
-    """Create the namespace with its identity.json; ``TierError`` if it cannot be written."""
-    description = {
-        "format": "kvtier-fs",
-        "format_version": FORMAT_VERSION,
-        "digest": identity.hexdigest,
-        "identity": identity.describe(),
-    }
-    target = os.path.join(namespace, "identity.json")
-    tmp = f"{target}.{tag}-0.tmp"
+def _listings(namespace: str, result: ScanResult) -> Iterator[list[os.DirEntry[str]]]:
+    """The entries of the namespace, then of each level-2 directory (real directories only)."""
+    top = _entries(namespace, result)
+    yield top
+    for level1 in _level_dirs(top, result):
+        for level2 in _level_dirs(_entries(level1, result), result):
+            yield _entries(level2, result)
+
+
+def _level_dirs(entries: list[os.DirEntry[str]], result: ScanResult) -> Iterator[str]:
+    for entry in entries:
+        if _LEVEL_NAME.fullmatch(entry.name) and _is_real_dir(entry, result):
+            yield entry.path
+
+
+def _is_real_dir(entry: os.DirEntry[str], result: ScanResult) -> bool:
+    """Whether ``entry`` is a directory, not a link to one; anything else is counted."""
     try:
-        os.makedirs(namespace, exist_ok=True)
-        with open(tmp, "w") as file:
-            json.dump(description, file, indent=2, sort_keys=True)
-        os.rename(tmp, target)
+        if entry.is_dir(follow_symlinks=False):
+            return True
+        result.skip(NotRegularError(entry.path))
     except OSError as exc:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise TierError(
-            f"fs tier: cannot write under root_dir {root_dir!r}: {exc.strerror or exc}"
-        ) from exc
+        result.skip(exc)
+    return False
 
 
-def _entries(directory: str) -> list[os.DirEntry[str]]:
+def _entries(directory: str, result: ScanResult) -> list[os.DirEntry[str]]:
+    """The entries of ``directory``; none (counted) when it cannot be listed."""
     try:
         with os.scandir(directory) as it:
             return list(it)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return []
-
-
-def _unlink_if_same(path: str, stat: os.stat_result) -> None:
-    with suppress(OSError):
-        now = os.stat(path)
-        if (now.st_dev, now.st_ino) == (stat.st_dev, stat.st_ino):
-            os.unlink(path)
+    except OSError as exc:
+        result.skip(exc)
+        return []
 
 
 def _pid_alive(pid: int) -> bool:
@@ -293,43 +320,3 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class SpaceGuard:
-    """Refuses writes that would leave less than ``min_free_bytes`` free on the filesystem.
-
-    ``statvfs`` is asked at most every ``interval_s`` seconds; bytes written in between are
-    subtracted from its last answer. Thread safety: every method takes ``_lock``.
-    """
-
-    def __init__(self, path: str, min_free_bytes: int, interval_s: float = 0.25) -> None:
-        self._path = path
-        self._min_free = min_free_bytes
-        self._interval_s = interval_s
-        self._free = 0
-        self._next_check = 0.0
-        self._lock = threading.Lock()
-
-    def allows(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more may be written. Raises ``OSError`` if statvfs fails."""
-        if self._min_free == 0:
-            return True
-        with self._lock:
-            now = time.monotonic()
-            if now >= self._next_check:
-                stat = os.statvfs(self._path)
-                self._free = stat.f_bavail * stat.f_frsize
-                self._next_check = now + self._interval_s
-            return self._free - nbytes >= self._min_free
-
-    def wrote(self, nbytes: int) -> None:
-        with self._lock:
-            self._free -= nbytes

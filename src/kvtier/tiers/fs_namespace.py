@@ -1,0 +1,140 @@
+"""The namespace directory of one cache identity, and whether the filesystem tier may write.
+
+At start the namespace ``<root_dir>/<identity digest hex>`` is created with its
+``identity.json``. On a full or read-only filesystem (``ENOSPC``, ``EDQUOT``, ``EROFS``) that
+write fails: the namespace is then *read-only*. The chunks already there are served, stores
+fail, and ``may_write`` tries the write again at most every ``READ_ONLY_RETRY_S`` seconds, so
+the tier writes again once there is room. Any other failure (``root_dir`` is a file, no
+permission) is a ``TierError`` at start: that is a wrong ``root_dir``, not a full disk.
+
+``SpaceGuard`` keeps ``min_free_bytes`` free on the filesystem while the tier writes.
+
+Thread safety: ``Namespace`` is built on the caller's thread (the manager's); ``may_write`` and
+every ``SpaceGuard`` method run on the tier's write threads, each under its instance's lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import threading
+import time
+from contextlib import suppress
+
+from kvtier.errors import TierError
+from kvtier.identity import CacheIdentity
+from kvtier.tiers.codec import FORMAT_VERSION
+
+log = logging.getLogger(__name__)
+
+#: A read-only namespace tries to write again at most this often (read at each try).
+READ_ONLY_RETRY_S = 5.0
+#: Errors that say "no room, or no writes, on this filesystem" rather than "wrong root_dir".
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+def describe(identity: CacheIdentity) -> str:
+    """The human-readable ``identity.json`` of ``identity``'s namespace."""
+    description = {
+        "format": "kvtier-fs",
+        "format_version": FORMAT_VERSION,
+        "digest": identity.hexdigest,
+        "identity": identity.describe(),
+    }
+    return json.dumps(description, indent=2, sort_keys=True)
+
+
+def write_description(namespace: str, text: str, tag: str) -> None:
+    """Create ``namespace`` and write ``text`` as its ``identity.json``, atomically.
+
+    Raises ``OSError``; leaves no temporary file behind.
+    """
+    target = os.path.join(namespace, "identity.json")
+    tmp = f"{target}.{tag}-0.tmp"
+    try:
+        os.makedirs(namespace, exist_ok=True)
+        with open(tmp, "w") as file:
+            file.write(text)
+        os.rename(tmp, target)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class Namespace:
+    """The directory of one identity's chunks; ``read_only`` while it cannot be written.
+
+    ``error`` is the write failure that made it read-only at start (``None`` if writable).
+    Raises ``TierError`` at start when ``root_dir`` cannot be written for another reason.
+    """
+
+    def __init__(self, root_dir: str, identity: CacheIdentity, tag: str) -> None:
+        self.path = os.path.join(os.path.abspath(root_dir), identity.hexdigest)
+        self._text = describe(identity)
+        self._tag = tag
+        self._lock = threading.Lock()
+        self._last_try = time.monotonic()
+        self.error = self._write()
+        if self.error is not None and self.error.errno not in FULL_ERRNOS:
+            reason = self.error.strerror or self.error
+            raise TierError(
+                f"fs tier: cannot write under root_dir {root_dir!r}: {reason}"
+            ) from self.error
+        self.read_only = self.error is not None
+
+    def may_write(self) -> bool:
+        """Whether a store may go ahead; a read-only namespace retries its write first.
+
+        The retry runs at most every ``READ_ONLY_RETRY_S`` seconds, on the calling thread.
+        """
+        if not self.read_only:
+            return True
+        with self._lock:
+            if self.read_only and time.monotonic() - self._last_try >= READ_ONLY_RETRY_S:
+                self._last_try = time.monotonic()
+                self.read_only = self._write() is not None
+                if not self.read_only:
+                    log.info("%s can be written again: stores resume", self.path)
+            return not self.read_only
+
+    def _write(self) -> OSError | None:
+        try:
+            write_description(self.path, self._text, self._tag)
+        except OSError as exc:
+            return exc
+        return None
+
+
+class SpaceGuard:
+    """Refuses writes that would leave less than ``min_free_bytes`` free on the filesystem.
+
+    ``statvfs`` is asked at most every ``interval_s`` seconds; bytes written in between are
+    subtracted from its last answer. Thread safety: every method takes ``_lock``.
+    """
+
+    def __init__(self, path: str, min_free_bytes: int, interval_s: float = 0.25) -> None:
+        self._path = path
+        self._min_free = min_free_bytes
+        self._interval_s = interval_s
+        self._free = 0
+        self._next_check = 0.0
+        self._lock = threading.Lock()
+
+    def allows(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more may be written. Raises ``OSError`` if statvfs fails."""
+        if self._min_free == 0:
+            return True
+        with self._lock:
+            now = time.monotonic()
+            if now >= self._next_check:
+                stat = os.statvfs(self._path)
+                self._free = stat.f_bavail * stat.f_frsize
+                self._next_check = now + self._interval_s
+            return self._free - nbytes >= self._min_free
+
+    def wrote(self, nbytes: int) -> None:
+        with self._lock:
+            self._free -= nbytes
