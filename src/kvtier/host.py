@@ -8,9 +8,11 @@ Each resident key has a slot and one integer state:
 * ``n > 0``: ready and held ``n`` times (readers copying out, or secondary tiers copying the
   slot during write-through); not evictable.
 
-Holds are counted per *owner* (any hashable: the engine, one write-through job, one peer): an
-owner can only release what it holds, so a stray or repeated release raises ``HoldError`` and
-changes nothing, and a slot stays unevictable until every owner that reads it has released it.
+Each slot being written records its *writer* (the engine, or a promotion from a tier), so only
+the engine's own ``complete_store`` can make it ready. Holds are counted per *owner* (any
+hashable: the engine, one write-through job, one peer): an owner can only release what it holds,
+so a stray or repeated release raises ``HoldError`` and changes nothing, and a slot stays
+unevictable until every owner that reads it has released it.
 
 Thread safety: none; the host tier belongs to the manager's thread.
 """
@@ -27,11 +29,28 @@ from kvtier.policies import EvictionPolicy, make_policy
 
 WRITING = -1
 
-__all__ = ["ENGINE", "PEER", "PROTECT", "WRITING", "HoldError", "HostTier", "WriteThrough"]
+__all__ = [
+    "ENGINE",
+    "PEER",
+    "PROTECT",
+    "WRITING",
+    "HoldError",
+    "HostTier",
+    "Promotion",
+    "WriteThrough",
+]
 
 
 #: Hold owners: the engine (``prepare_load``), a lookup protecting its ready prefix, peers.
+#: ``ENGINE`` is also the writer of the slots ``prepare_store`` reserves.
 ENGINE, PROTECT, PEER = "engine", "protect", "peer"
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """The writer of slots being filled from secondary tier ``tier``."""
+
+    tier: str
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +87,7 @@ class HostTier:
         self._held = _Held(self._entries)
         self._num_pinned = 0  # ready entries with state > 0
         self._owners: dict[ChunkKey, dict[Hashable, int]] = {}  # held key -> holds per owner
+        self._writers: dict[ChunkKey, Hashable] = {}  # key in state WRITING -> who writes it
 
     # -- queries ---------------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
@@ -82,6 +102,10 @@ class HostTier:
 
     def slot_of(self, key: ChunkKey) -> int:
         return self._entries[key][0]
+
+    def writer_of(self, key: ChunkKey) -> Hashable | None:
+        """Who is writing ``key`` (the engine, a promotion); ``None`` unless it is WRITING."""
+        return self._writers.get(key)
 
     def state_of(self, key: ChunkKey) -> int | None:
         entry = self._entries.get(key)
@@ -102,8 +126,10 @@ class HostTier:
         return len(self._free) + len(self._policy) - self._num_pinned
 
     # -- allocation ------------------------------------------------------------------------
-    def allocate(self, keys: Sequence[ChunkKey]) -> tuple[list[int], list[ChunkKey]] | None:
-        """Reserve a slot in state ``WRITING`` for each key (none may be resident).
+    def allocate(
+        self, keys: Sequence[ChunkKey], writer: Hashable = ENGINE
+    ) -> tuple[list[int], list[ChunkKey]] | None:
+        """Reserve a slot in state ``WRITING`` by ``writer`` for each key (none may be resident).
 
         Evicts through the policy when free slots run out. Returns ``(slots, evicted_keys)``, or
         ``None`` with nothing changed when not enough slots can be freed.
@@ -120,6 +146,7 @@ class HostTier:
         slots = [self._free.pop() for _ in keys]
         for key, slot in zip(keys, slots, strict=True):
             self._entries[key] = [slot, WRITING]
+            self._writers[key] = writer
         return slots, evicted
 
     def complete_write(self, keys: Iterable[ChunkKey], success: bool) -> None:
@@ -128,6 +155,7 @@ class HostTier:
             entry = self._entries.get(key)
             if entry is None or entry[1] != WRITING:
                 continue
+            del self._writers[key]
             if success:
                 entry[1] = 0
                 self._policy.add(key)

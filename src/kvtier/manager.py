@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -32,7 +31,7 @@ from kvtier.config import TieringConfig
 from kvtier.errors import ClosedError, ConfigError, KVTierError
 from kvtier.events import EventKind, EventLog, EventPublisher, KVEvent
 from kvtier.guards import engine_call, serialized
-from kvtier.host import ENGINE, PROTECT, WRITING, HostTier, WriteThrough
+from kvtier.host import ENGINE, HostTier, WriteThrough
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.logs import ThrottledLog
@@ -42,11 +41,14 @@ from kvtier.metrics import (
     TelemetryCollector,
     state_gauges,
 )
-from kvtier.promotion import JobBook, Promoter, submit
+from kvtier.promotion import Promoter
+from kvtier.provenance import Provenance
 from kvtier.region import HostRegion
 from kvtier.services import ManagerService, Services, close_all
-from kvtier.tiers.base import JobResult, Lookup, SecondaryTier
-from kvtier.tiers.registry import build_tier, make_names_unique
+from kvtier.slots import SlotAllocator
+from kvtier.tier_set import Finished, TierSet
+from kvtier.tiers.base import Lookup, SecondaryTier
+from kvtier.tiers.registry import build_tier
 
 if TYPE_CHECKING:
     from kvtier.serve import PeerServer
@@ -88,7 +90,6 @@ class TieringManager:
         self.host = HostTier(num_slots, config.eviction_policy)
         self.metrics = ManagerMetrics()
         self._events = EventLog(outbox=config.kv_events is not None, on_add=self._count_events)
-        self._jobs = JobBook()
         self._services = Services(self.metrics)
         self._clock = TransferClock(self.metrics, self.chunk_bytes)
         self._publisher: EventPublisher | None = None
@@ -96,9 +97,13 @@ class TieringManager:
         self.peer_server: PeerServer | None = None
         self._lock = threading.RLock()
         self._closed = False
-        self.tiers: list[SecondaryTier] = list(tiers) if tiers is not None else []
+        self._tiers = TierSet(list(tiers or ()), self.metrics, self.chunk_bytes)
+        self.tiers = self._tiers.tiers
+        tokens_per_chunk = identity.layout.tokens_per_chunk
+        self._provenance = Provenance(self.metrics, self._tiers, tokens_per_chunk)
+        self._slots = SlotAllocator(self.host, self._provenance, self.metrics, self._events)
         self._promoter = Promoter(
-            self.host, self.tiers, self._jobs, self.metrics, self._events, self._allocate
+            self.host, self._tiers, self._slots, self._provenance, self.metrics, self._events
         )
         try:
             self._build(tiers is None)
@@ -111,9 +116,7 @@ class TieringManager:
         """Tiers and the event publisher: nothing that calls back into the manager."""
         for tier_config in self.config.secondary_tiers if build_tiers else ():
             self.tiers.append(build_tier(tier_config, self.region, self.identity))
-        make_names_unique(self.tiers)
-        for tier in self.tiers:
-            tier.bind_metrics(self.metrics.tier_for(tier.name))
+        self._tiers.bind()
         events = self.config.kv_events
         if events is not None and events.enable_kv_cache_events:
             self._publisher = EventPublisher(events.endpoint, events.topic or "", events.hwm)
@@ -137,7 +140,7 @@ class TieringManager:
     def prepare_store(self, keys: Sequence[ChunkKey]) -> StorePlan | None:
         """Reserve host slots for the keys not already in host; ``None`` if none can be freed."""
         new = [k for k in dict.fromkeys(keys) if k not in self.host]
-        slots = self._allocate(new, [k for k in keys if self.host.is_ready(k)])
+        slots = self._slots.allocate(new, [k for k in keys if self.host.is_ready(k)])
         if slots is None:
             self.metrics.count("store_rejected")
             return None
@@ -147,8 +150,7 @@ class TieringManager:
     @engine_call
     def complete_store(self, keys: Sequence[ChunkKey], success: bool = True) -> None:
         """The engine finished copying ``keys`` into their slots (or failed to)."""
-        promoting = self._promoter.promoting
-        own = [k for k in keys if self.host.state_of(k) == WRITING and k not in promoting]
+        own = [k for k in keys if self.host.writer_of(k) == ENGINE]
         self.host.complete_write(own, success)
         self._clock.stop("accelerator_to_host", own)
         if not success:
@@ -156,18 +158,17 @@ class TieringManager:
             return
         self.metrics.count("stored_chunks", len(own))
         self._events.add(EventKind.STORED, own, "accelerator", "host")
-        self._promoter.forget_failures(own)
-        for index in range(len(self.tiers)):
-            self._cascade(index, own)
+        self._provenance.stored(own)
+        for index in range(len(self._tiers) if own else 0):
+            self._write_through(index, own)
 
-    def _cascade(self, index: int, keys: list[ChunkKey]) -> None:
-        if not keys:
-            return
+    def _write_through(self, index: int, keys: list[ChunkKey]) -> None:
+        """Tier ``index`` writes ``keys`` from their slots, held until the tier reports."""
         owner = WriteThrough(self.tiers[index].name)
-        job = self._jobs.new("store", index, keys, self.host.hold(keys, owner), owner)
-        refused = submit(self.tiers[index], "store", job, self.metrics)
+        slots = self.host.hold(keys, owner)
+        refused = self._tiers.submit(index, "store", keys, slots, owner)
         if refused is not None:
-            self._on_result(index, refused)
+            self._route(refused)
 
     # -- load --------------------------------------------------------------------------------
     @engine_call
@@ -192,11 +193,7 @@ class TieringManager:
         self.metrics.count("lookups")
         if ready == len(keys):
             return ready
-        answer = self._promoter.lookup_beyond(keys, ready)
-        if isinstance(answer, int):
-            missed = (len(keys) - answer) * self.identity.layout.tokens_per_chunk
-            self.metrics.count("prompt_tokens", missed, source="recomputed")
-        return answer
+        return self._promoter.lookup_beyond(keys, ready)
 
     @engine_call
     def promote_for_peer(self, keys: Sequence[ChunkKey]) -> set[ChunkKey]:
@@ -209,10 +206,7 @@ class TieringManager:
         missing = [k for k in keys if not self.host.is_ready(k)]
         if missing:
             raise KVTierError(f"prepare_load: {len(missing)} chunk(s) not ready in host memory")
-        tokens = self.identity.layout.tokens_per_chunk
-        sources = Counter(self._promoter.source_of(key) for key in keys)
-        for source, chunks in sources.items():
-            self.metrics.count("prompt_tokens", chunks * tokens, source=source)
+        self._provenance.count_loaded(keys)
         self._clock.start(keys)
         self.host.touch(keys)
         return self.host.hold(keys, ENGINE)
@@ -236,8 +230,7 @@ class TieringManager:
         ``hit=False``: recency only, e.g. to order a sequence's chunks for eviction.
         """
         if hit:
-            tokens = len(keys) * self.identity.layout.tokens_per_chunk
-            self.metrics.count("prompt_tokens", tokens, source="accelerator")
+            self._provenance.count_accelerator_hits(len(keys))
         self.host.touch(keys)
 
     # -- background progress -----------------------------------------------------------------
@@ -263,41 +256,26 @@ class TieringManager:
 
     def _poll(self) -> int:
         self._services.step(self)
-        collected = sum(self._poll_tier(index) for index in range(len(self.tiers)))
+        finished, removed = self._tiers.poll()
+        for job in finished:
+            self._route(job)
+        for index, keys in removed:
+            tier = self.tiers[index]
+            self._events.add(EventKind.REMOVED, keys, tier.name, None, tier.locality)
         if self._publisher is not None:
             events = self._events.take_outbox()
             self._publisher.publish(events, self.identity.layout.tokens_per_chunk)
-        return collected
+        return len(finished)
 
-    def _poll_tier(self, index: int) -> int:
-        tier = self.tiers[index]
-        try:
-            results = tier.get_finished_jobs()
-            removed = tier.take_removed()
-        except Exception as exc:
-            warn.warning(f"poll:{tier.name}", "tier %s failed to report: %s", tier.name, exc)
-            self.metrics.count("tier_errors", tier=tier.name, where="poll")
-            return 0
-        for result in results:
-            self._on_result(index, result)
-        self._events.add(EventKind.REMOVED, removed, tier.name, None, tier.locality)
-        return len(results)
-
-    def _on_result(self, index: int, result: JobResult) -> None:
-        pending = self._jobs.finish(index, result.job_id)
-        if pending is None:
-            self.metrics.count("internal_errors", kind="unknown_job_result")
+    def _route(self, finished: Finished) -> None:
+        """A store ends its write-through holds; a load ends a promotion."""
+        job = finished.job
+        if job.op == "load":
+            self._promoter.finish(finished)
             return
-        name = self.tiers[index].name
-        ok = [k for k in pending.keys if k in result.succeeded]
-        seconds = time.monotonic() - pending.started
-        failed = len(pending.keys) - len(ok)
-        self.metrics.job(name, pending.op, len(ok), failed, len(ok) * self.chunk_bytes, seconds)
-        if pending.op == "store":
-            self.host.release(pending.keys, pending.owner)
-            self._events.add(EventKind.WRITTEN, ok, "host", name, self.tiers[index].locality)
-        else:
-            self._promoter.finish(index, pending, result)
+        self.host.release(job.keys, job.owner)
+        tier = self.tiers[job.tier]
+        self._events.add(EventKind.WRITTEN, finished.succeeded, "host", tier.name, tier.locality)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Poll until no job is pending; ``False`` if ``timeout`` seconds passed first."""
@@ -305,7 +283,7 @@ class TieringManager:
         while True:
             with self._lock:
                 self._poll()
-                if not self._jobs:
+                if not self._tiers.num_pending:
                     return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
@@ -313,27 +291,10 @@ class TieringManager:
 
     @property
     def num_pending_jobs(self) -> int:
-        return len(self._jobs)
+        with self._lock:
+            return self._tiers.num_pending
 
-    # -- helpers -----------------------------------------------------------------------------
-    def _allocate(self, keys: list[ChunkKey], protect: Sequence[ChunkKey]) -> list[int] | None:
-        """Slots for ``keys`` (state WRITING), never evicting ``protect``; ``None`` if full."""
-        if not keys:
-            return []
-        self.host.hold(protect, PROTECT)
-        try:
-            allocation = self.host.allocate(keys)
-        finally:
-            self.host.release(protect, PROTECT)
-        if allocation is None:
-            return None
-        slots, evicted = allocation
-        self.metrics.count("evicted_chunks", len(evicted))
-        self._events.add(EventKind.EVICTED, evicted, "host", None)
-        for key in evicted:
-            self._promoter.evicted.remember(key, "")
-        return slots
-
+    # -- helpers ---------------------------------------------------------------------------
     def _count_events(self, kind: EventKind, num_events: int) -> None:
         self.metrics.count("events", num_events, kind=kind.value)
 
@@ -354,7 +315,7 @@ class TieringManager:
                 "slot_bytes": self.region.slot_bytes,
             },
             "counters": self.metrics.flat(),
-            "pending_jobs": len(self._jobs),
+            "pending_jobs": self._tiers.num_pending,
             "events_dropped": self._events.dropped,
             "tiers": {tier.name: tier.stats() for tier in self.tiers},
         }
@@ -384,7 +345,7 @@ class TieringManager:
             services = self._services.take()
         close_all(services)  # outside the lock: a driver thread may be waiting for it
         if self.tiers and not self.wait_idle(timeout):
-            log.warning("closing with %d tier jobs still pending", len(self._jobs))
+            log.warning("closing with %d tier jobs still pending", self._tiers.num_pending)
         close_all([*self.tiers, self._publisher, self._exporter])
 
     def __enter__(self) -> TieringManager:
