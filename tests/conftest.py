@@ -11,7 +11,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import numpy as np
 import pytest
@@ -105,14 +105,18 @@ def on_a_free_port(bind: Callable[[int], T], attempts: int = 20) -> tuple[T, int
     return bind(port), port
 
 
-def read_line(proc: subprocess.Popen[bytes], timeout: float, what: str) -> bytes:
-    """The next line ``proc`` writes on its stdout (a pipe), without the newline.
+def read_line(
+    proc: subprocess.Popen[bytes], timeout: float, what: str, stream: IO[bytes] | None = None
+) -> bytes:
+    """The next line ``proc`` writes on ``stream`` (default: its stdout; a pipe), no newline.
 
     ``AssertionError`` naming ``what`` if no whole line comes within ``timeout`` s, or if the
-    process ends first. Reads the pipe unbuffered: a later ``proc.stdout.read*`` is unaffected.
+    process closes the stream first. Reads the pipe unbuffered, a byte at a time, so that what
+    follows the line stays in the pipe for the next call.
     """
-    assert proc.stdout is not None
-    fd, line = proc.stdout.fileno(), b""
+    stream = proc.stdout if stream is None else stream
+    assert stream is not None
+    fd, line = stream.fileno(), b""
     deadline = time.monotonic() + timeout
     while not line.endswith(b"\n"):
         left = deadline - time.monotonic()
@@ -123,9 +127,15 @@ def read_line(proc: subprocess.Popen[bytes], timeout: float, what: str) -> bytes
             chunk = os.read(fd, 1)
             if not chunk:
                 code = proc.poll()
-                raise AssertionError(f"{what}: the process closed its stdout (exit {code})")
+                raise AssertionError(f"{what}: the process closed the pipe (exit {code})")
             line += chunk
     return line[:-1]
+
+
+def has_output(stream: IO[bytes], timeout: float) -> bool:
+    """Whether ``stream`` (a pipe) has something to read within ``timeout`` s."""
+    ready, _, _ = select.select([stream.fileno()], [], [], timeout)
+    return bool(ready)
 
 
 def freeze_process(pid: int, timeout: float = 10.0) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import socket
+import itertools
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -13,15 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier import RETRY, TieringConfig, TieringManager
 from kvtier.events import EventKind, EventSubscriber
-from tests.conftest import fill, make_keys
+from tests.child_process import child_env
+from tests.conftest import fill, has_output, make_keys, on_a_free_port, read_line
 
 SLOTS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_manager(identity, tmp_path: Path, tiers: list, **extra) -> TieringManager:
@@ -58,14 +55,14 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
 
 
 def test_metrics_over_http_match_the_workload(identity, tmp_path):
-    port = free_port()
     tiers = [
         {"type": "fs", "root_dir": str(tmp_path / "fs"), "n_read_threads": 2, "n_write_threads": 2},
         {"type": "fault", "inner": {"type": "memory"}, "fail_store": True, "name": "flaky"},
     ]
     chunk = identity.layout.chunk_bytes
     tokens = identity.layout.tokens_per_chunk
-    with make_manager(identity, tmp_path, tiers, metrics_port=port) as m:
+    m, port = on_a_free_port(lambda p: make_manager(identity, tmp_path, tiers, metrics_port=p))
+    with m:
         prefix = make_keys(identity, 3, seed=1)
         store(m, prefix)
         store(m, make_keys(identity, SLOTS, seed=2))  # pushes the prefix out of host
@@ -178,25 +175,64 @@ class KVEventBatch(msgspec.Struct, array_like=True):
     events: list[BlockStored | BlockRemoved]
 
 
+def publishing_manager(identity, tmp_path, tiers, topic=None):
+    """A manager publishing KV events on a port it found free, and that endpoint."""
+
+    def bind(port):
+        events_config = {"endpoint": f"tcp://127.0.0.1:{port}"}
+        if topic is not None:
+            events_config["topic"] = topic
+        return make_manager(identity, tmp_path, tiers, kv_events=events_config)
+
+    m, port = on_a_free_port(bind)
+    return m, f"tcp://127.0.0.1:{port}"
+
+
+def wire_seq(event) -> int:
+    """The kvtier sequence number a wire event carries."""
+    extra = event if isinstance(event, dict) else event[-1]
+    return extra["seq"]
+
+
+def warm_up(m, identity, arrived, timeout=30.0):
+    """Store warm-up chunks until ``arrived(seq)`` says the subscriber got the event ``seq``.
+
+    A PUB socket drops what it sends before a subscription reaches it (ZeroMQ's slow joiner),
+    so the subscriber is ready once one batch came through; everything published later arrives.
+    Each try waits for the latest event, so none of the warm-up is still on its way afterwards;
+    its local events are taken too.
+    """
+    deadline = time.monotonic() + timeout
+    for seed in itertools.count(10_000):
+        store(m, make_keys(identity, 1, seed=seed))  # wait_idle: every event is published
+        if arrived(m.take_events()[-1].seq):
+            return
+        assert time.monotonic() < deadline, f"no published event arrived within {timeout} s"
+
+
 def test_events_on_the_socket_match_the_chunk_movements(identity, tmp_path):
-    port = free_port()
-    events_config = {"endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}
     tiers = [{"type": "memory", "name": "ram"}]
-    with make_manager(identity, tmp_path, tiers, kv_events=events_config) as m:
-        subscriber = EventSubscriber(f"tcp://127.0.0.1:{port}", "kv")
-        time.sleep(0.5)  # let the subscription reach the publisher (ZeroMQ slow joiner)
+    m, endpoint = publishing_manager(identity, tmp_path, tiers, topic="kv")
+    with m:
+        subscriber = EventSubscriber(endpoint, "kv")
+
+        def arrived(last):
+            batches = subscriber.batches(timeout_s=0.1)
+            return any(wire_seq(e) == last for _, _, events in batches for e in events)
+
+        warm_up(m, identity, arrived)
         keys = make_keys(identity, 2)
         store(m, keys)
         store(m, make_keys(identity, SLOTS, seed=5))
         settle(m, keys)
         m.poll()
         local = m.take_events()
-        received = list(stream_until(subscriber.batches(timeout_s=5.0), len(local)))
+        received = list(stream_until(subscriber.batches(timeout_s=10.0), len(local)))
         subscriber.close()
     batches = [seq for seq, _, _ in received]
-    assert batches == list(range(len(batches)))
+    assert batches == list(range(batches[0], batches[0] + len(batches)))
     wire = [e for _, _, events in received for e in events]
-    assert [e[-1]["seq"] for e in wire] == list(range(len(local)))
+    assert [wire_seq(e) for e in wire] == [e.seq for e in local]
     assert [(e[-1]["kind"], e[-1]["source"], e[-1]["destination"]) for e in wire] == [
         (e.kind.value, e.source, e.destination) for e in local
     ]
@@ -237,24 +273,38 @@ def test_wire_format_decodes_with_vllm_structs(identity, tmp_path):
 
 
 def test_kvtier_events_prints_what_arrives(identity, tmp_path):
-    import subprocess
-    import sys
+    """``kvtier events`` says on stderr once it is subscribed; then it prints each event."""
+    m, endpoint = publishing_manager(identity, tmp_path, [])
+    command = [sys.executable, "-m", "kvtier.cli", "events", "--connect", endpoint,
+               "--timeout", "120"]  # fmt: skip
+    with m:
+        printer = subprocess.Popen(
+            command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            said = read_line(printer, 60, "kvtier events to subscribe", printer.stderr)
+            assert said.startswith(b"kvtier events: subscribed to "), said
 
-    port = free_port()
-    events_config = {"endpoint": f"tcp://127.0.0.1:{port}"}
-    with make_manager(identity, tmp_path, [], kv_events=events_config) as m:
-        command = [sys.executable, "-m", "kvtier.cli", "events", "--connect",
-                   f"tcp://127.0.0.1:{port}", "--timeout", "3"]  # fmt: skip
-        printer = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        time.sleep(1.5)  # the subscriber process starts and connects
-        keys = make_keys(identity, 2)
-        store(m, keys)
-        m.poll()
-        out, _ = printer.communicate(timeout=30)
-    lines = out.splitlines()
-    assert len(lines) == 2
-    assert lines[0].startswith("#0 stored") and "accelerator -> host" in lines[0]
+            def arrived(last):
+                if not has_output(printer.stdout, 0.1):
+                    return False
+                while not read_line(printer, 10, "warm-up event").startswith(b"#%d " % last):
+                    pass
+                return True
+
+            warm_up(m, identity, arrived)
+            keys = make_keys(identity, 2)
+            store(m, keys)
+            stored = m.take_events()
+            lines = [read_line(printer, 10, f"event {i}").decode() for i in range(2)]
+        finally:
+            printer.terminate()
+            rest, errors = printer.communicate(timeout=30)
+    assert lines[0].startswith(f"#{stored[0].seq} stored") and "accelerator -> host" in lines[0]
+    assert lines[1].startswith(f"#{stored[1].seq} stored")
     assert keys[1].hex()[:16] in lines[1] and "CPU" in lines[1]
+    assert rest == b"", "nothing else was published"
+    assert b"missed" not in errors
 
 
 def test_grafana_dashboard_uses_only_exported_metrics():
