@@ -25,6 +25,7 @@ import enum
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from kvtier.keys import ChunkKey
@@ -84,12 +85,19 @@ class EventLog:
             self._on_add(kind, len(keys))
         overflow = len(self._events) + len(keys) - (self._events.maxlen or 0)
         self.dropped += max(0, overflow)
-        for key in keys:
-            event = KVEvent(self._seq, kind, key, source, destination, locality)
-            self._events.append(event)
-            if self._outbox is not None:
-                self._outbox.append(event)
-            self._seq += 1
+        fields = zip(
+            range(self._seq, self._seq + len(keys)),
+            repeat(kind),
+            keys,
+            repeat(source),
+            repeat(destination),
+            repeat(locality),
+        )
+        events = list(map(KVEvent._make, fields))  # the C tuple constructor: no Python frames
+        self._seq += len(keys)
+        self._events.extend(events)
+        if self._outbox is not None:
+            self._outbox.extend(events)
 
     def take(self) -> list[KVEvent]:
         events = list(self._events)

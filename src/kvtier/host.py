@@ -60,9 +60,6 @@ class WriteThrough:
     tier: str
 
 
-_NONE: dict[Hashable, int] = {}
-
-
 class _Held:
     """The ``protected`` set handed to policies: keys whose state is not 0."""
 
@@ -86,7 +83,7 @@ class HostTier:
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._held = _Held(self._entries)
         self._num_pinned = 0  # ready entries with state > 0
-        self._owners: dict[ChunkKey, dict[Hashable, int]] = {}  # held key -> holds per owner
+        self._holds: dict[tuple[ChunkKey, Hashable], int] = {}  # (key, owner) -> holds
         self._writers: dict[ChunkKey, Hashable] = {}  # key in state WRITING -> who writes it
 
     # -- queries ---------------------------------------------------------------------------
@@ -166,47 +163,42 @@ class HostTier:
     def hold(self, keys: Iterable[ChunkKey], owner: Hashable) -> list[int]:
         """Protect ready keys from eviction (one more hold by ``owner`` each); their slots."""
         slots = []
-        entries, all_owners = self._entries, self._owners
+        entries, holds = self._entries, self._holds
         for key in keys:
             entry = entries[key]
             assert entry[1] >= 0, "only ready chunks can be held"
             self._num_pinned += entry[1] == 0
             entry[1] += 1
-            owners = all_owners.get(key)
-            if owners is None:
-                all_owners[key] = {owner: 1}
-            else:
-                owners[owner] = owners.get(owner, 0) + 1
+            hold = (key, owner)
+            holds[hold] = holds.get(hold, 0) + 1
             slots.append(entry[0])
         return slots
 
     def can_release(self, keys: Sequence[ChunkKey], owner: Hashable) -> bool:
         """Whether ``owner`` holds every key (as many times as it appears in ``keys``)."""
-        get = self._owners.get
+        get = self._holds.get
         if len(set(keys)) == len(keys):
-            return all(get(key, _NONE).get(owner, 0) > 0 for key in keys)
-        counts = Counter(keys).items()
-        return all(get(key, _NONE).get(owner, 0) >= n for key, n in counts)
+            return all(get((key, owner), 0) > 0 for key in keys)
+        return all(get((key, owner), 0) >= n for key, n in Counter(keys).items())
 
     def release(self, keys: Sequence[ChunkKey], owner: Hashable) -> None:
         """Drop one hold of ``owner`` per key; ``HoldError`` (nothing changed) if it lacks one."""
         if not self.can_release(keys, owner):
             raise HoldError(f"release by {owner!r} of chunk(s) it does not hold")
+        entries, holds = self._entries, self._holds
         for key in keys:
-            owners = self._owners[key]
-            if owners[owner] > 1:
-                owners[owner] -= 1
-            elif len(owners) > 1:
-                del owners[owner]
+            hold = (key, owner)
+            if holds[hold] > 1:
+                holds[hold] -= 1
             else:
-                del self._owners[key]
-            entry = self._entries[key]
+                del holds[hold]
+            entry = entries[key]
             entry[1] -= 1
             self._num_pinned -= entry[1] == 0
 
     def holds_of(self, owner: Hashable) -> list[ChunkKey]:
         """Every key ``owner`` holds (once per hold), e.g. to release them all at once."""
-        return [k for k, owners in self._owners.items() for _ in range(owners.get(owner, 0))]
+        return [key for (key, who), n in self._holds.items() if who == owner for _ in range(n)]
 
     def touch(self, keys: Iterable[ChunkKey]) -> None:
         for key in keys:

@@ -11,7 +11,7 @@ Thread safety: none; it belongs to the manager (called under its lock).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence, Sized
 from typing import Literal
 
@@ -80,10 +80,10 @@ class Provenance:
 
     def count_loaded(self, keys: Sequence[ChunkKey]) -> None:
         """Prompt tokens of chunks the engine loads, by source: ``host`` or the tier's name."""
-        sources: dict[str, int] = {}
-        for key in keys:
-            source = self._promoted_from.pop(key, "host") if self._promoted_from else "host"
-            sources[source] = sources.get(source, 0) + 1
+        if not self._promoted_from:  # the common case: every chunk was in host already
+            self._count_tokens(len(keys), "host")
+            return
+        sources = Counter(self._promoted_from.pop(key, "host") for key in keys)
         for source, chunks in sources.items():
             self._count_tokens(chunks, source)
 
