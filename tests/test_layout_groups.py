@@ -167,9 +167,10 @@ def build(windowed: CacheIdentity):
     managers = []
 
     def make(num_slots: int, with_tier: bool = False) -> TieringManager:
-        m = TieringManager(config(num_slots, WINDOWED), windowed, tiers=[])
-        if with_tier:
-            m.tiers.append(MemoryTier(MemoryTierConfig(), m.region, windowed))
+        def memory(region: HostRegion, identity: CacheIdentity) -> MemoryTier:
+            return MemoryTier(MemoryTierConfig(), region, identity)
+
+        m = TieringManager(config(num_slots, WINDOWED), windowed, tiers=[memory] * with_tier)
         managers.append(m)
         return m
 

@@ -10,6 +10,7 @@ import pytest
 from kvtier import RETRY, ConfigError, KVTierError, TieringConfig, TieringManager
 from kvtier.config import MemoryTierConfig
 from kvtier.events import EventKind
+from kvtier.region import HostRegion
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.memory import MemoryTier
 from tests.conftest import config, fill, holds, make_keys
@@ -21,15 +22,20 @@ def build(identity):
     managers = []
 
     def make(num_slots, *wrappers, policy="lru"):
-        manager = TieringManager(config(num_slots, eviction_policy=policy), identity, tiers=[])
-        tiers = [w(MemoryTier(MemoryTierConfig(), manager.region, identity)) for w in wrappers]
-        manager.tiers.extend(tiers)
+        factories = [memory_tier_factory(w) for w in wrappers]
+        manager = TieringManager(
+            config(num_slots, eviction_policy=policy), identity, tiers=factories
+        )
         managers.append(manager)
         return manager
 
     yield make
     for manager in managers:
         manager.close()
+
+
+def memory_tier_factory(wrap):
+    return lambda region, identity: wrap(MemoryTier(MemoryTierConfig(), region, identity))
 
 
 def plain(tier):
@@ -370,3 +376,22 @@ def test_promote_for_peer_asks_no_failed_tier_and_no_peer_tier(build, identity):
     assert m.wait_idle(10) and not m.host.is_ready(keys[0])
     assert m.promote_for_peer(keys) == set(), "a failed promotion is not retried for a peer"
     assert m.tiers[0].calls["load"] == 1
+
+
+def test_tiers_from_factories_share_the_region_and_report_their_metrics(identity):
+    """A factory's tier is built over the manager's region and bound to its telemetry."""
+    keys = make_keys(identity, 2)
+    with TieringManager(config(2), identity, tiers=[memory_tier_factory(plain)]) as m:
+        assert m.tiers[0]._region is m.region
+        store(m, keys)
+        assert m.wait_idle(10)
+        counters = m.stats()["counters"]
+    assert counters["kvtier_tier_chunks_total{op=store,outcome=ok,tier=memory}"] == 2
+
+
+def test_a_region_given_to_the_manager_is_used_and_must_hold_a_chunk(identity):
+    region = HostRegion(3, identity.layout.chunk_bytes)
+    with TieringManager(config(1), identity, region=region) as m:
+        assert m.region is region and m.stats()["host"]["num_slots"] == 3
+    with pytest.raises(ConfigError, match="region"):
+        TieringManager(config(1), identity, region=HostRegion(1, 64))

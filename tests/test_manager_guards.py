@@ -86,9 +86,12 @@ def test_an_unbalanced_complete_load_cannot_free_a_slot_being_written_through(id
     ``prepare_store`` of B cannot reuse A's slot; after a restart the fs tier serves A's bytes.
     """
     a, b = make_keys(identity, 2)
-    with TieringManager(config(1), identity, tiers=[]) as m:
-        gate = GatedTier(FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), m.region, identity))
-        m.tiers.append(gate)
+
+    def gated_fs(region, identity):
+        return GatedTier(FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), region, identity))
+
+    with TieringManager(config(1), identity, tiers=[gated_fs]) as m:
+        gate = m.tiers[0]
         store(m, [a])
         with pytest.raises(HoldError):
             m.complete_load([a])
@@ -159,10 +162,14 @@ def test_keys_that_are_not_chunk_keys_are_refused_at_the_call(build, identity, b
 def test_a_cold_prefix_costs_a_bounded_number_of_tier_probes(identity, tmp_path):
     """1024 chunks no tier holds, a real fs tier: one lookup probes a few, then stops."""
     keys = make_keys(identity, 1024)
-    with TieringManager(config(4), identity, tiers=[]) as m:
-        fs = FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), m.region, identity)
-        counting = FaultInjectingTier(fs)
-        m.tiers.append(counting)
+
+    def counted_fs(region, identity):
+        return FaultInjectingTier(
+            FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), region, identity)
+        )
+
+    with TieringManager(config(4), identity, tiers=[counted_fs]) as m:
+        counting = m.tiers[0]
         assert m.lookup(keys) is RETRY
         assert counting.calls["lookup"] <= PROBE_AHEAD
         assert settle(m, keys) == 0

@@ -21,10 +21,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.clock import TransferClock
 from kvtier.config import TieringConfig
@@ -53,6 +53,9 @@ from kvtier.tiers.registry import build_tier
 if TYPE_CHECKING:
     from kvtier.serve import PeerServer
 
+R = TypeVar("R")
+#: Builds a tier over the manager's host region, for ``TieringManager(tiers=...)``.
+TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
 
@@ -66,10 +69,12 @@ class StorePlan:
 
 
 class TieringManager:
-    """Host tier plus secondary tiers behind the engine-facing API of DESIGN.md.
+    """Host tier plus secondary tiers behind the engine-facing API (docs/architecture.md).
 
-    ``tiers`` replaces the tiers built from ``config.secondary_tiers`` (for tiers built by hand,
-    e.g. fault-injecting wrappers). The manager owns and closes every tier it is given.
+    ``tiers`` replaces the tiers built from ``config.secondary_tiers``: tiers built by hand, or
+    factories ``(region, identity) -> SecondaryTier`` called with this manager's region (e.g.
+    fault-injecting wrappers). The manager owns and closes every tier it is given or builds.
+    ``region`` is a host region to use instead of allocating one (its slots must hold a chunk).
     """
 
     def __init__(
@@ -77,7 +82,8 @@ class TieringManager:
         config: TieringConfig,
         identity: CacheIdentity,
         *,
-        tiers: Sequence[SecondaryTier] | None = None,
+        tiers: Sequence[SecondaryTier | TierFactory] | None = None,
+        region: HostRegion | None = None,
     ) -> None:
         try:
             config.check_layout(identity.layout)
@@ -85,9 +91,10 @@ class TieringManager:
             log.warning("%s; chunks follow the cache identity's layout", exc)
         self.config, self.identity = config, identity
         self.chunk_bytes = identity.layout.chunk_bytes
-        num_slots = config.host_slots(self.chunk_bytes)
-        self.region = HostRegion(num_slots, self.chunk_bytes)
-        self.host = HostTier(num_slots, config.eviction_policy)
+        self.region = region or HostRegion(config.host_slots(self.chunk_bytes), self.chunk_bytes)
+        if self.region.slot_bytes < self.chunk_bytes:
+            raise ConfigError(f"region: slots of {self.region.slot_bytes} bytes < one chunk")
+        self.host = HostTier(self.region.num_slots, config.eviction_policy)
         self.metrics = ManagerMetrics()
         self._events = EventLog(outbox=config.kv_events is not None, on_add=self._count_events)
         self._services = Services(self.metrics)
@@ -97,7 +104,7 @@ class TieringManager:
         self.peer_server: PeerServer | None = None
         self._lock = threading.RLock()
         self._closed = False
-        self._tiers = TierSet(list(tiers or ()), self.metrics, self.chunk_bytes)
+        self._tiers = TierSet([], self.metrics, self.chunk_bytes)
         self.tiers = self._tiers.tiers
         tokens_per_chunk = identity.layout.tokens_per_chunk
         self._provenance = Provenance(self.metrics, self._tiers, tokens_per_chunk)
@@ -106,16 +113,21 @@ class TieringManager:
             self.host, self._tiers, self._slots, self._provenance, self.metrics, self._events
         )
         try:
-            self._build(tiers is None)
+            self._build(tiers)
             self._start_services()
         except BaseException:
             self.close(timeout=0)
             raise
 
-    def _build(self, build_tiers: bool) -> None:
+    def _build(self, tiers: Sequence[SecondaryTier | TierFactory] | None) -> None:
         """Tiers and the event publisher: nothing that calls back into the manager."""
-        for tier_config in self.config.secondary_tiers if build_tiers else ():
-            self.tiers.append(build_tier(tier_config, self.region, self.identity))
+        for tier in self.config.secondary_tiers if tiers is None else tiers:
+            if isinstance(tier, SecondaryTier):
+                self.tiers.append(tier)
+            elif callable(tier):
+                self.tiers.append(tier(self.region, self.identity))
+            else:
+                self.tiers.append(build_tier(tier, self.region, self.identity))
         self._tiers.bind()
         events = self.config.kv_events
         if events is not None and events.enable_kv_cache_events:
@@ -164,8 +176,8 @@ class TieringManager:
 
     def _write_through(self, index: int, keys: list[ChunkKey]) -> None:
         """Tier ``index`` writes ``keys`` from their slots, held until the tier reports."""
-        owner = WriteThrough(self.tiers[index].name)
-        slots = self.host.hold(keys, owner)
+        owner = WriteThrough("all")  # PLANT
+        slots = self.host.hold(keys, owner) if index == 0 else [self.host.slot_of(k) for k in keys]
         refused = self._tiers.submit(index, "store", keys, slots, owner)
         if refused is not None:
             self._route(refused)
@@ -273,7 +285,8 @@ class TieringManager:
         if job.op == "load":
             self._promoter.finish(finished)
             return
-        self.host.release(job.keys, job.owner)
+        if self.host.can_release(job.keys, job.owner):  # PLANT
+            self.host.release(job.keys, job.owner)
         tier = self.tiers[job.tier]
         self._events.add(EventKind.WRITTEN, finished.succeeded, "host", tier.name, tier.locality)
 
@@ -329,8 +342,21 @@ class TieringManager:
         return registry
 
     def prometheus_collector(self) -> TelemetryCollector:
-        """The collector behind ``prometheus_registry``, to register on a registry of your own."""
-        return TelemetryCollector(self.metrics.telemetry, state_gauges(self.host, self.tiers))
+        """The collector behind ``prometheus_registry``, to register on a registry of your own.
+
+        Its gauges are snapshots taken under the manager's lock (a scrape runs on the HTTP
+        server's thread, while the engine's thread changes the host tier).
+        """
+        gauges = state_gauges(self.host, self.tiers)
+        locked = {name: (doc, self._locked(read)) for name, (doc, read) in gauges.items()}
+        return TelemetryCollector(self.metrics.telemetry, locked)
+
+    def _locked(self, read: Callable[[], R]) -> Callable[[], R]:
+        def snapshot() -> R:
+            with self._lock:
+                return read()
+
+        return snapshot
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:
