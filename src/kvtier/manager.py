@@ -176,8 +176,8 @@ class TieringManager:
 
     def _write_through(self, index: int, keys: list[ChunkKey]) -> None:
         """Tier ``index`` writes ``keys`` from their slots, held until the tier reports."""
-        owner = WriteThrough("all")  # PLANT
-        slots = self.host.hold(keys, owner) if index == 0 else [self.host.slot_of(k) for k in keys]
+        owner = WriteThrough(self.tiers[index].name)
+        slots = self.host.hold(keys, owner)
         refused = self._tiers.submit(index, "store", keys, slots, owner)
         if refused is not None:
             self._route(refused)
@@ -285,8 +285,7 @@ class TieringManager:
         if job.op == "load":
             self._promoter.finish(finished)
             return
-        if self.host.can_release(job.keys, job.owner):  # PLANT
-            self.host.release(job.keys, job.owner)
+        self.host.release(job.keys, job.owner)
         tier = self.tiers[job.tier]
         self._events.add(EventKind.WRITTEN, finished.succeeded, "host", tier.name, tier.locality)
 
