@@ -114,7 +114,9 @@ class ServeConfig:
     Binds ``host`` (loopback unless told otherwise). With ``curve_secret_key_file`` and
     ``curve_client_keys_dir`` (every ``*.public`` file in it is an allowed client), connections
     are encrypted and clients outside the allow-list are refused. ``accept_stores`` lets peers
-    write chunks into this host tier; ``hold_timeout_s`` bounds how long a slow client pins a slot.
+    write chunks into this host tier; it is refused beyond loopback without CURVE (any host that
+    reaches the port could write the cache) unless ``allow_insecure_stores`` forces it.
+    ``hold_timeout_s`` bounds how long a slow client pins a slot.
     """
 
     port: int
@@ -123,9 +125,29 @@ class ServeConfig:
     curve_client_keys_dir: str | None = None
     accept_stores: bool = False
     hold_timeout_s: float = 5.0
+    allow_insecure_stores: bool = False
 
     def __post_init__(self) -> None:
         _check_pair("curve_secret_key_file", "curve_client_keys_dir", self)
+        insecure = self.curve_secret_key_file is None and not self.loopback
+        if self.accept_stores and insecure and not self.allow_insecure_stores:
+            raise ConfigError(
+                f"accept_stores: refused on {self.host} without CURVE (any host that reaches the "
+                "port could write this cache); configure CURVE, bind loopback, or set "
+                "allow_insecure_stores"
+            )
+
+    @property
+    def loopback(self) -> bool:
+        """Whether ``host`` is a loopback address (only this machine can connect)."""
+        import ipaddress
+
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host.strip("[]")).is_loopback
+        except ValueError:
+            return False  # a name or a wildcard: assume it is reachable from elsewhere
 
 
 def _check_pair(first: str, second: str, config: object) -> None:

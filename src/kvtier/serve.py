@@ -15,10 +15,16 @@ A lookup answers HELD for a chunk ready in host, COMING for one on its way there
 chunk that only this instance's own storage tiers hold starts its promotion
 (``TieringManager.promote_for_peer``), and the client asks again. A fetch serves host-ready
 chunks only. While tier jobs are pending the driver polls every ``BUSY_POLL_S``, so promotions
-land while the engine is idle. A hold lasts at most ``hold_timeout_s``: a client too slow to
+land while the engine is idle. Holds are per client and bounded (``serve_holds``): a budget per
+client and for all clients, and an absolute deadline (``hold_timeout_s``). A client too slow to
 drain its replies then gets its slot released while bytes may still be queued; the header's
 checksum was taken while the slot was held, so the client's verification turns any overwritten
-bytes into a miss.
+bytes into a miss. Such a client gets no more holds until those replies are gone.
+
+What a client may send is bounded before anything is buffered (``transport.MessageLimits``):
+single-frame requests only, unless this server accepts stores (then STOREs of at most
+``peer_protocol.max_store_keys`` chunks). A server that listens beyond loopback without CURVE
+logs a warning at start (``ServeConfig`` refuses ``accept_stores`` there unless forced).
 
 Thread safety: the inbox and outbox are thread-safe queues; ``_counters`` has its own lock;
 ``_jobs_pending`` is written on the manager's thread and read by the driver (a stale read costs
@@ -38,13 +44,20 @@ from typing import TYPE_CHECKING, Any
 
 from kvtier.config import ServeConfig
 from kvtier.errors import IntegrityError
-from kvtier.host import PEER
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
+from kvtier.serve_holds import PeerHolds
 from kvtier.tiers import codec
 from kvtier.tiers import peer_protocol as proto
-from kvtier.tiers.transport import Listener, SendReceipt, Transport, ZmqTransport, server_keys
+from kvtier.tiers.transport import (
+    Listener,
+    MessageLimits,
+    SendReceipt,
+    Transport,
+    ZmqTransport,
+    server_keys,
+)
 
 if TYPE_CHECKING:
     from kvtier.manager import TieringManager
@@ -58,9 +71,10 @@ BUSY_POLL_S, IDLE_POLL_S = 0.005, 0.05
 
 @dataclass
 class _Sending:
-    """A fetch reply whose payload frames still point into held slots."""
+    """A fetch reply whose payload frames still point into slots held for ``peer``."""
 
     receipt: SendReceipt
+    peer: bytes
     keys: list[ChunkKey]
     deadline: float
 
@@ -69,11 +83,12 @@ class _Sending:
 class _Work:
     """Inbox item for ``step``: a request to answer, or slots to complete or release."""
 
-    op: str  # "lookup" | "fetch" | "store" | "stored" | "release"
+    op: str  # "lookup" | "fetch" | "store" | "stored" | "release" | "unstall"
     keys: list[ChunkKey]
     peer: bytes = b""
     req_id: int = 0
     payloads: list[memoryview | None] = field(default_factory=list)
+    stalled: bool = False  # "release": the reply outlived its holds
 
 
 class PeerServer:
@@ -93,17 +108,19 @@ class PeerServer:
                 curve = server_keys(config.curve_secret_key_file, config.curve_client_keys_dir)
             transport = ZmqTransport(curve_server=curve)
         self._transport = transport
-        max_frame = max(region.slot_bytes, codec.HEADER_BYTES, proto.MAX_META_BYTES)
+        limits = request_limits(config.accept_stores, region.slot_bytes)
         try:
-            self._listener: Listener = transport.listen(config.host, config.port, max_frame)
+            self._listener: Listener = transport.listen(config.host, config.port, limits)
         except BaseException:
             transport.close()
             raise
+        self._holds = PeerHolds(region.num_slots, config.hold_timeout_s)
         self._inbox: queue.SimpleQueue[_Work] = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._work_ready, self._stop = threading.Event(), threading.Event()
         self._clients: OrderedDict[bytes, None] = OrderedDict()
         self._sending: list[_Sending] = []
+        self._stalled: list[_Sending] = []  # replies that outlived their holds, still queued
         self._counters: Counter[str] = Counter()
         self._counters_lock = threading.Lock()
         self._driver: threading.Thread | None = None
@@ -111,6 +128,14 @@ class PeerServer:
         self._thread = threading.Thread(target=self._run, name="kvtier-peer-server", daemon=True)
         self._thread.start()
         log.info("peer server listening on %s:%d", config.host, config.port)
+        if config.curve_secret_key_file is None and not config.loopback:
+            log.warning(
+                "peer server listens on %s:%d WITHOUT CURVE: every host that reaches it can read "
+                "this instance's KV cache; configure serve.curve_secret_key_file and "
+                "serve.curve_client_keys_dir",
+                config.host,
+                config.port,
+            )
 
     @property
     def port(self) -> int:
@@ -144,8 +169,13 @@ class PeerServer:
         return ready
 
     def stats(self) -> dict[str, int]:
+        """Counters of the server, its listener and its holds; ``peer_held_slots`` now."""
         with self._counters_lock:
-            return dict(self._counters)
+            counters = dict(self._counters)
+        counters.update(self._listener.stats())
+        counters.update(dict(self._holds.counters))
+        counters["peer_held_slots"] = self._holds.held
+        return counters
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._counters_lock:
@@ -176,11 +206,17 @@ class PeerServer:
         self._reply(work.peer, proto.encode(proto.LOOKUP, work.req_id, states))
 
     def _on_fetch(self, manager: TieringManager, work: _Work) -> None:
-        flags = [manager.host.is_ready(k) for k in work.keys]
-        found = [k for k, ok in zip(work.keys, flags, strict=True) if ok]
-        manager.host.touch(found)
-        views = [self._region.view(slot) for slot in manager.host.hold(found, PEER)]
-        self._outbox.put(("fetch", (work.peer, work.req_id, flags, found, views)))
+        ready = [k for k in work.keys if manager.host.is_ready(k)]
+        manager.host.touch(ready)
+        grant = self._holds.take(manager.host, work.peer, ready, time.monotonic())
+        left, flags = len(grant.keys), []
+        for key in work.keys:  # the granted keys are the first ``left`` ready ones, in order
+            served = left > 0 and manager.host.is_ready(key)
+            left -= served
+            flags.append(served)
+        views = [self._region.view(slot) for slot in grant.slots]
+        reply = (work.peer, work.req_id, flags, grant.keys, views, grant.deadline)
+        self._outbox.put(("fetch", reply))
         self._transport.wake()
 
     def _on_store(self, manager: TieringManager, work: _Work) -> None:
@@ -207,7 +243,12 @@ class PeerServer:
         manager.complete_store(work.keys, success=True)
 
     def _on_release(self, manager: TieringManager, work: _Work) -> None:
-        manager.host.release(work.keys, PEER)
+        self._holds.give_back(manager.host, work.peer, work.keys)
+        if work.stalled:
+            self._holds.stall(work.peer, True)
+
+    def _on_unstall(self, manager: TieringManager, work: _Work) -> None:
+        self._holds.stall(work.peer, False)
 
     def _reply(self, peer: bytes, meta: bytes) -> None:
         self._outbox.put(("reply", (peer, [meta])))
@@ -220,7 +261,7 @@ class PeerServer:
     # -- server thread -----------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._transport.wait(0.05 if self._sending else 1.0)
+            self._transport.wait(0.05 if self._sending or self._stalled else 1.0)
             for _ in range(MAX_MESSAGES_PER_TURN):
                 message = self._listener.recv()
                 if message is None:
@@ -277,11 +318,7 @@ class PeerServer:
         self._listener.send(peer, [proto.encode(proto.HELLO, hello.req_id, body)])
 
     def _receive_store(self, peer: bytes, request: proto.Request) -> None:
-        if not self._config.accept_stores:
-            self._count("stores_refused", len(request.keys))
-            flags = [False] * len(request.keys)
-            self._listener.send(peer, [proto.encode(proto.STORE, request.req_id, flags)])
-            return
+        """A STORE (only a server that accepts stores takes messages with chunk frames)."""
         payloads = [
             payload if self._verified(key, header, payload) else None
             for key, (header, payload) in zip(request.keys, request.chunks, strict=True)
@@ -308,14 +345,20 @@ class PeerServer:
         self._listener.send(peer, frames)
 
     def _send_fetch(
-        self, peer: bytes, req_id: int, flags: list[bool], keys: list[ChunkKey], views: list[Any]
+        self,
+        peer: bytes,
+        req_id: int,
+        flags: list[bool],
+        keys: list[ChunkKey],
+        views: list[Any],
+        deadline: float,
     ) -> None:
         frames: list[bytes | memoryview] = [proto.encode(proto.FETCH, req_id, flags)]
         for key, view in zip(keys, views, strict=True):
             frames += [codec.encode_header(self._digest, key, view), view]
         receipt = self._listener.send(peer, frames)
-        deadline = time.monotonic() + self._config.hold_timeout_s
-        self._sending.append(_Sending(receipt, keys, deadline))
+        if keys:
+            self._sending.append(_Sending(receipt, peer, keys, deadline))
         self._count("fetched_chunks", len(keys))
 
     def _send_store(
@@ -328,15 +371,21 @@ class PeerServer:
         self._listener.send(peer, [proto.encode(proto.STORE, req_id, flags)])
 
     def _check_sending(self) -> None:
+        """Release the holds of sent replies, and of replies past their deadline (stalled)."""
         now, still = time.monotonic(), []
         for sending in self._sending:
-            if sending.receipt.done or now >= sending.deadline:
-                if not sending.receipt.done:
-                    self._count("holds_expired")
-                self._submit(_Work("release", sending.keys))
+            if sending.receipt.done:
+                self._submit(_Work("release", sending.keys, sending.peer))
+            elif now >= sending.deadline:
+                self._count("holds_expired")
+                self._submit(_Work("release", sending.keys, sending.peer, stalled=True))
+                self._stalled.append(sending)
             else:
                 still.append(sending)
         self._sending = still
+        for gone in [s for s in self._stalled if s.receipt.done]:
+            self._stalled.remove(gone)
+            self._submit(_Work("unstall", [], gone.peer))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -348,3 +397,14 @@ class PeerServer:
             self._driver.join()
         self._listener.close()
         self._transport.close()
+
+
+def request_limits(accept_stores: bool, chunk_bytes: int) -> MessageLimits:
+    """What a client's message may be: one frame, or a STORE where stores are accepted."""
+    meta = proto.MAX_META_BYTES
+    if not accept_stores:
+        return MessageLimits(max_frame_bytes=meta, max_frames=1, max_message_bytes=meta)
+    keys = proto.max_store_keys(chunk_bytes)
+    chunk = codec.HEADER_BYTES + chunk_bytes
+    frame = max(meta, codec.HEADER_BYTES, chunk_bytes)
+    return MessageLimits(frame, 1 + 2 * keys, meta + keys * chunk)

@@ -1,4 +1,5 @@
-"""CURVE between real processes: keys from ``kvtier peer keygen``, an allow-list, refusals."""
+"""CURVE between real processes: keys from ``kvtier peer keygen``, an allow-list, refusals,
+real chunk sizes, and what a server may expose without CURVE."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from kvtier import CacheIdentity, KVLayout, TieringManager
 from kvtier.cli import main
-from kvtier.config import ServeConfig
+from kvtier.config import P2PTierConfig, ServeConfig
 from kvtier.errors import ConfigError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, TransferJob
+from kvtier.tiers.peer import PeerTier
 from kvtier.tiers.transport import server_keys
-from tests.conftest import collect, holds, make_keys, settle_lookup
+from tests.conftest import collect, config, fill, holds, make_keys, settle_lookup, wait_for
 from tests.tiers.peer_node import PeerNode
 from tests.tiers.s3_server import free_port
 
@@ -106,3 +109,39 @@ def test_curve_options_come_in_pairs_and_need_keys(tmp_path):
 
 def test_the_server_binds_loopback_unless_told_otherwise():
     assert ServeConfig(port=1).host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("blocks_per_chunk", [4, 32], ids=["1MiB", "8MiB"])
+def test_curve_carries_real_chunk_sizes_both_ways(keys_dir, blocks_per_chunk):
+    """CURVE sends each frame 33 bytes longer: a whole chunk's frame must pass the size limit."""
+    layout = KVLayout(num_layers=4, num_kv_heads=8, head_dim=128, dtype="float16",
+                      block_size=16, blocks_per_chunk=blocks_per_chunk)  # fmt: skip
+    assert layout.chunk_bytes == blocks_per_chunk << 18  # 1 MiB or 8 MiB
+    identity = CacheIdentity(model="test/model", revision="r1", layout=layout)
+    keys, port = make_keys(identity, 3), free_port()
+    serve = {"port": port, "accept_stores": True,
+             "curve_secret_key_file": str(keys_dir / "server.secret"),
+             "curve_client_keys_dir": str(keys_dir / "clients")}  # fmt: skip
+    with TieringManager(config(4, layout, serve=serve), identity) as server:
+        plan = server.prepare_store(keys[:2])
+        assert plan is not None
+        for key, slot in zip(plan.keys, plan.slots):
+            fill(server.region, slot, key)
+        server.complete_store(plan.keys)
+        region = HostRegion(4, layout.chunk_bytes)
+        options = {**curve(keys_dir, "alice"), "timeout_s": 10.0}
+        tier = PeerTier(P2PTierConfig(host="127.0.0.1", port=port, **options), region, identity)
+        try:
+            assert [settle_lookup(tier, key) for key in keys[:2]] == [HIT, HIT]
+            tier.submit_load(TransferJob(1, tuple(keys[:2]), (0, 1)))
+            assert collect(tier, [1], timeout=60)[1].succeeded == frozenset(keys[:2])
+            assert holds(region, 0, keys[0]) and holds(region, 1, keys[1])
+            fill(region, 2, keys[2])
+            tier.submit_store(TransferJob(2, (keys[2],), (2,)))
+            assert collect(tier, [2], timeout=60)[2].ok, "the server took a whole chunk"
+        finally:
+            tier.close()
+        wait_for(lambda: server.lookup(keys[2:]) == 1, timeout=30)
+        slot = server.prepare_load(keys[2:])[0]
+        assert holds(server.region, slot, keys[2])
+        server.complete_load(keys[2:])

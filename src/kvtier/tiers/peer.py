@@ -14,7 +14,10 @@ per peer; the manager's thread only queues commands and reads answers:
   (``codec.verify``) before the key is reported loaded; a key that fails verification is
   reported in ``integrity_failed`` (its slot's bytes are then undefined).
 * ``submit_store`` pushes the chunks to one peer that accepts stores, each payload frame sent
-  straight out of its host slot. A store succeeds only when the peer stored every key.
+  straight out of its host slot, in STOREs of at most ``peer_protocol.max_store_keys`` chunks.
+  A store succeeds only when the peer stored every key. ``accepts_stores`` is False while no
+  peer has said (in its handshake) that it accepts stores: the manager then writes nothing
+  through to this tier, and a store submitted anyway fails without leaving this process.
 * ``hint(keys, host, port)``: an orchestrator's guess of which instance holds a prefix. Lookups
   of those keys ask that peer only, and loads prefer it. A peer not in the config is connected
   (up to ``MAX_PEERS``) and from then on asked like the configured ones.
@@ -103,7 +106,7 @@ class PeerTier(SecondaryTier):
         self._probes = Probes(self._answers, config.timeout_s)
         self._jobs: dict[int, _Job] = {}
         self._stop = threading.Event()
-        self._usable = True
+        self._usable, self._accepts_stores = True, False
         self._configured = [(a.host, a.port) for a in config.addresses]
         self._thread = threading.Thread(target=self._run, name=f"{self.name}-io", daemon=True)
         self._thread.start()
@@ -133,6 +136,11 @@ class PeerTier(SecondaryTier):
     def available(self) -> bool:  # type: ignore[override]
         """False while no peer is up or connecting (every lookup is then a miss)."""
         return self._usable and not self._stop.is_set()
+
+    @property
+    def accepts_stores(self) -> bool:
+        """Whether some peer said, in its last handshake, that it accepts stores."""
+        return self._accepts_stores and not self._stop.is_set()
 
     def stats(self) -> dict[str, int]:
         # dict() of a Counter copies in one C call under the GIL, safe against the I/O thread
@@ -187,6 +195,7 @@ class PeerTier(SecondaryTier):
             link.receive()
             link.tick(now)
         self._usable = any(k.state in USABLE for k in self._links.values())
+        self._accepts_stores = any(k.accepts_stores for k in self._links.values())
 
     def _link(self, host: str, port: int) -> PeerLink | None:
         address = f"{host}:{port}"
@@ -272,14 +281,16 @@ class PeerTier(SecondaryTier):
 
     def _on_store(self, job: TransferJob) -> None:
         target = self._store_target(job.keys[0]) if job.keys else ""
-        frames: list[bytes | memoryview] = []
-        for key, slot in zip(job.keys, job.slots, strict=True):
-            view = self._region.view(slot)
-            frames += [codec.encode_header(self._digest, key, view), view]
-        self._start_job(_Job(job, "store", 1 if job.keys else 0))
-        if job.keys:
-            request = PeerRequest(proto.STORE, list(job.keys), (job.job_id, ()), frames)
-            self._send_or_fail(target, request)
+        pairs = list(zip(job.keys, job.slots, strict=True))
+        parts = _batches(pairs, proto.max_store_keys(self._region.slot_bytes))
+        self._start_job(_Job(job, "store", len(parts)))
+        for part in parts:
+            frames: list[bytes | memoryview] = []
+            for key, slot in part:
+                view = self._region.view(slot)
+                frames += [codec.encode_header(self._digest, key, view), view]
+            keys = [key for key, _ in part]
+            self._send_or_fail(target, PeerRequest(proto.STORE, keys, (job.job_id, ()), frames))
 
     def _store_target(self, key: ChunkKey) -> str:
         hinted = self._hints.get(key)
@@ -295,11 +306,8 @@ class PeerTier(SecondaryTier):
         if link is None:
             self._counters["requests_failed_no_peer"] += 1
             self._done(None, request, None)
-        elif request.kind == proto.STORE and link.state is State.UP and not link.accepts_stores:
-            self._counters["stores_not_accepted"] += 1
-            self._done(link, request, None)
         else:
-            link.send(request)
+            link.send(request)  # a STORE for a peer that refuses stores fails there
 
     def _start_job(self, job: _Job) -> None:
         self._jobs[job.job.job_id] = job

@@ -14,6 +14,8 @@ are not verified yet; the caller verifies them before it reports success.
 
 Each request finishes exactly once, through ``on_done(link, request, reply)`` with the peer's
 validated reply, or ``None`` when it failed. ``on_down(link)`` is called when the link goes down.
+``accepts_stores`` is what the peer's last handshake said (False until one answered); a STORE
+for a peer that does not accept stores fails here and never travels (``stores_not_accepted``).
 
 Thread safety: none; a link belongs to the peer tier's I/O thread.
 """
@@ -101,6 +103,10 @@ class PeerLink:
     def _flush(self) -> None:
         while self.state is State.UP and self._queued and len(self._in_flight) < MAX_IN_FLIGHT:
             request = self._queued.popleft()
+            if request.kind == proto.STORE and not self.accepts_stores:
+                self._counters["stores_not_accepted"] += 1
+                self._on_done(self, request, None)
+                continue
             request.req_id = next(self._ids)
             request.deadline = time.monotonic() + self._timeout
             meta = proto.keyed(request.kind, request.req_id, request.keys)

@@ -13,8 +13,12 @@ and verified where it lands. Requests (client → server):
 * ``STORE  [key, ...]`` + 2 frames per key          reply ``[stored?, ...]``
 
 A server answers a well-formed request from a client that has not shaken hands with
-``REFUSED reason``. Anything else that does not match these shapes exactly (types, counts, key
-and frame lengths) raises ``ProtocolError``; the receiver drops the message and counts it.
+``REFUSED reason``. A STORE carries at most ``max_store_keys(chunk_bytes)`` chunks (about
+``MAX_STORE_BYTES``), so that a server can bound what one message may make it buffer; a client
+splits bigger stores. A server that does not accept stores (its HELLO reply says so) takes
+single-frame requests only; clients never send it a STORE. Anything else that does not match
+these shapes exactly (types, counts, key and frame lengths) raises ``ProtocolError``; the
+receiver drops the message and counts it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ MAX_KEYS = 1024
 MAX_META_BYTES = 64 << 10
 MAX_REASON_CHARS = 256
 MAX_REQ_ID = (1 << 63) - 1
+#: Payload bytes of one STORE message; a chunk bigger than this travels alone.
+MAX_STORE_BYTES = 8 << 20
 
 Chunk = tuple[memoryview, memoryview]  # (codec header, payload)
 
@@ -94,6 +100,11 @@ class Reply:
 class Refused:
     req_id: int
     reason: str
+
+
+def max_store_keys(chunk_bytes: int) -> int:
+    """How many chunks of ``chunk_bytes`` one STORE message may carry (at least one)."""
+    return max(1, min(MAX_KEYS, MAX_STORE_BYTES // (chunk_bytes + HEADER_BYTES)))
 
 
 # -- encoding ---------------------------------------------------------------------------------

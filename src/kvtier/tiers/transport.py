@@ -12,6 +12,14 @@ CURVE (``CurveClient``/``CurveServer``) encrypts and authenticates: a listener w
 ``CurveServer`` admits only clients whose public key is in ``allowed``; the handshake of any
 other client fails inside ZeroMQ and never reaches the listener.
 
+Bounds: every socket refuses frames longer than its ``max_frame_bytes`` plus
+``FRAME_MARGIN_BYTES`` (the sender is disconnected by libzmq; the margin covers CURVE, which
+carries each frame in a MESSAGE command 33 bytes longer). A listener also takes its
+``MessageLimits``: at most ``RECV_QUEUE_MESSAGES`` whole messages queued per connection, a
+``ConnectionGuard`` that cuts off a connection whose unfinished message grows past what that
+queue may hold, and a receive loop that takes a message frame by frame and drops (without
+keeping its frames) one with too many frames or bytes, disconnecting its sender.
+
 Thread safety: a transport and everything it created belong to one thread (ZeroMQ sockets are
 not thread-safe), except ``wake``, which any thread may call.
 """
@@ -24,14 +32,24 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from kvtier.errors import ConfigError, TierError
+from kvtier.tiers.transport_guard import CHECK_INTERVAL_S
+
+if TYPE_CHECKING:
+    from kvtier.tiers.zmq_listener import ZmqListener
 
 log = logging.getLogger(__name__)
+
+#: Whole messages a listener queues per connection before libzmq stops reading from it.
+RECV_QUEUE_MESSAGES = 4
+#: Room above a socket's largest frame: CURVE adds 33 bytes per frame (a MESSAGE command: name 8,
+#: nonce 8, flags 1, MAC 16), and libzmq checks its limit against that.
+FRAME_MARGIN_BYTES = 256
 
 Buffer = bytes | memoryview
 #: ``place(i, frames)``: called before frame ``i >= 1`` of a message is received, with frames
@@ -62,6 +80,20 @@ class Channel(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class MessageLimits:
+    """What one message a listener receives may be: frames, bytes per frame, bytes in all."""
+
+    max_frame_bytes: int
+    max_frames: int
+    max_message_bytes: int
+
+    @property
+    def wire_bytes(self) -> int:
+        """The most one such message takes on the wire (framing and CURVE included)."""
+        return self.max_message_bytes + self.max_frames * FRAME_MARGIN_BYTES
+
+
 class Listener(Protocol):
     """Accepts peers; messages carry the sending peer's opaque id (server side)."""
 
@@ -69,7 +101,13 @@ class Listener(Protocol):
 
     def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt: ...
 
-    def recv(self) -> tuple[bytes, list[memoryview]] | None: ...
+    def recv(self) -> tuple[bytes, list[memoryview]] | None:
+        """The next message within the limits, or ``None`` when none waits (never blocks)."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """Counters: messages dropped over the limits, connections cut off and why."""
+        ...
 
     def close(self) -> None: ...
 
@@ -77,7 +115,7 @@ class Listener(Protocol):
 class Transport(Protocol):
     def connect(self, host: str, port: int, max_frame_bytes: int) -> Channel: ...
 
-    def listen(self, host: str, port: int, max_frame_bytes: int) -> Listener: ...
+    def listen(self, host: str, port: int, limits: MessageLimits) -> Listener: ...
 
     def wait(self, timeout_s: float) -> None:
         """Block until a channel or listener may have a message, ``wake`` is called, or timeout."""
@@ -143,15 +181,6 @@ def server_keys(secret_file: str, client_keys_dir: str) -> CurveServer:
 
 
 # -- ZeroMQ over TCP --------------------------------------------------------------------------
-class _Tracked:
-    def __init__(self, tracker: zmq.MessageTracker) -> None:
-        self._tracker = tracker
-
-    @property
-    def done(self) -> bool:
-        return bool(self._tracker.done)
-
-
 class _Dealer:
     def __init__(self, transport: ZmqTransport, socket: zmq.Socket[bytes]) -> None:
         self._transport, self._socket = transport, socket
@@ -185,29 +214,6 @@ class _Dealer:
         self._transport.forget(self._socket)
 
 
-class _Router:
-    def __init__(self, transport: ZmqTransport, socket: zmq.Socket[bytes], port: int) -> None:
-        self._transport, self._socket, self.port = transport, socket, port
-
-    def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt:
-        parts = [zmq.Frame(f, track=True) for f in frames]
-        try:
-            self._socket.send_multipart([peer, *parts], flags=zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError as exc:  # a full queue drops the reply; the client times out
-            log.debug("peer server: reply dropped (%s)", exc)
-        return _Tracked(zmq.MessageTracker(*parts))
-
-    def recv(self) -> tuple[bytes, list[memoryview]] | None:
-        try:
-            parts = self._socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return None
-        return parts[0].bytes, [part.buffer for part in parts[1:]]
-
-    def close(self) -> None:
-        self._transport.forget(self._socket)
-
-
 class ZmqTransport:
     """ZeroMQ over TCP; see the module docstring. Owns its context and every socket in it."""
 
@@ -217,6 +223,7 @@ class ZmqTransport:
         self._context = zmq.Context()
         self._poller = zmq.Poller()
         self._sockets: list[zmq.Socket[bytes]] = []
+        self._listeners: list[ZmqListener] = []
         self._curve_client, self._curve_server = curve_client, curve_server
         self._auth: ThreadAuthenticator | None = None
         self.num_refused_keys = 0
@@ -236,8 +243,9 @@ class ZmqTransport:
         socket.connect(f"tcp://{_bracket(host)}:{port}")
         return _Dealer(self, socket)
 
-    def listen(self, host: str, port: int, max_frame_bytes: int) -> Listener:
-        socket = self._socket(zmq.ROUTER, max_frame_bytes)
+    def listen(self, host: str, port: int, limits: MessageLimits) -> Listener:
+        socket = self._socket(zmq.ROUTER, limits.max_frame_bytes)
+        socket.setsockopt(zmq.RCVHWM, RECV_QUEUE_MESSAGES)
         if self._curve_server is not None:
             self._start_auth(self._curve_server)
             socket.curve_server = True
@@ -248,12 +256,19 @@ class ZmqTransport:
         except zmq.ZMQError as exc:
             self.forget(socket)
             raise TierError(f"serve: cannot listen on {host}:{port} ({exc})") from exc
-        return _Router(self, socket, port)
+        monitor: zmq.Socket[bytes] = socket.get_monitor_socket(zmq.EVENT_ACCEPTED)
+        self._sockets.append(monitor)
+        self._poller.register(monitor, zmq.POLLIN)
+        from kvtier.tiers.zmq_listener import ZmqListener  # it imports this module's types
+
+        listener = ZmqListener(socket, port, limits, monitor, self.forget)
+        self._listeners.append(listener)
+        return listener
 
     def _socket(self, kind: int, max_frame_bytes: int) -> zmq.Socket[bytes]:
         socket: zmq.Socket[bytes] = self._context.socket(kind)
         socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)  # a bigger frame drops the peer
+        socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes + FRAME_MARGIN_BYTES)  # else: dropped
         self._sockets.append(socket)
         self._poller.register(socket, zmq.POLLIN)
         return socket
@@ -275,9 +290,13 @@ class ZmqTransport:
     def forget(self, socket: zmq.Socket[bytes]) -> None:
         self._poller.unregister(socket)
         self._sockets.remove(socket)
+        self._listeners = [r for r in self._listeners if r.guard.monitor is not socket]
         socket.close(linger=0)
 
     def wait(self, timeout_s: float) -> None:
+        """See ``Transport.wait``; wakes every ``CHECK_INTERVAL_S`` while a guard watches."""
+        if any(listener.guard.watching for listener in self._listeners):
+            timeout_s = min(timeout_s, CHECK_INTERVAL_S)
         if dict(self._poller.poll(max(0, int(timeout_s * 1000)))).pop(self._wake_r, None):
             while True:
                 try:
@@ -291,6 +310,8 @@ class ZmqTransport:
             os.write(self._wake_w, b"w")
 
     def close(self) -> None:
+        for listener in list(self._listeners):
+            listener.close()
         for socket in list(self._sockets):
             self.forget(socket)
         if self._auth is not None:

@@ -1,0 +1,121 @@
+"""PeerHolds: the host-slot holds a peer server takes for its clients, per client and bounded.
+
+A served chunk's slot is held (``HostTier.hold``) until its bytes are sent. Each client (one
+connection, named by its routing id) holds as its own owner, ``("peer", routing id)``, so its
+holds are counted, bounded and released apart from every other owner's:
+
+* **budget**: one client holds at most ``per_client`` slots at once and all clients together at
+  most ``total``; the keys of a FETCH past the budget are answered "not here" (counted
+  ``fetch_over_budget``). Defaults: a quarter of the host slots per client and half for all
+  clients, but at least ``MIN_CLIENT_HOLDS`` (or every slot, on a host with fewer), so a whole
+  request can be served on a small host. The engine keeps the rest: a client that never reads
+  its replies cannot take every slot from ``prepare_store``.
+* **deadline**: a hold expires at an absolute deadline, ``hold_timeout_s`` after the client first
+  took it. A FETCH of a key the client still holds gets that same deadline: renewals never
+  extend it.
+* **stall**: a client one of whose holds expired before its reply was sent (it does not read
+  its replies) gets no more holds until that reply is gone (sent, or dropped with its
+  connection); its FETCHes are answered "not here" meanwhile (``fetch_refused_stalled``).
+
+Thread safety: none; the holds belong to the manager's thread (``PeerServer.step``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from kvtier.host import HostTier
+from kvtier.keys import ChunkKey
+
+log = logging.getLogger(__name__)
+
+MIN_CLIENT_HOLDS = 8
+CLIENT_SHARE, PEERS_SHARE = 4, 2  # a client may hold 1/4 of the slots, all clients 1/2
+
+
+def owner_of(peer: bytes) -> Hashable:
+    """The hold owner of client ``peer`` (its routing id)."""
+    return ("peer", peer)
+
+
+@dataclass
+class _Client:
+    held: int = 0
+    deadlines: dict[ChunkKey, tuple[float, int]] = field(default_factory=dict)  # key: (at, holds)
+    stalled: int = 0  # replies whose holds expired before they were sent
+
+
+@dataclass
+class Grant:
+    """What ``PeerHolds.take`` held: ``keys[i]`` in ``slots[i]``, until ``deadline`` at most."""
+
+    keys: list[ChunkKey]
+    slots: list[int]
+    deadline: float
+
+
+class PeerHolds:
+    """Per-client holds of one peer server; see the module docstring."""
+
+    def __init__(self, num_slots: int, hold_timeout_s: float) -> None:
+        floor = min(num_slots, MIN_CLIENT_HOLDS)
+        self.per_client = max(num_slots // CLIENT_SHARE, floor)
+        self.total = max(num_slots // PEERS_SHARE, floor)
+        self._timeout = hold_timeout_s
+        self.counters: Counter[str] = Counter()  # read by other threads as ``dict(counters)``
+        self._clients: dict[bytes, _Client] = {}
+        self.held = 0  # slots held by all clients together
+
+    def take(self, host: HostTier, peer: bytes, ready: Sequence[ChunkKey], now: float) -> Grant:
+        """Hold as many of the ``ready`` keys (in order) as ``peer`` may hold now."""
+        client = self._clients.setdefault(peer, _Client())
+        if client.stalled:
+            self.counters["fetch_refused_stalled"] += 1
+            room = 0
+        else:
+            room = max(0, min(self.per_client - client.held, self.total - self.held))
+        keys = list(ready[:room])
+        if len(keys) < len(ready) and not client.stalled:
+            self.counters["fetch_over_budget"] += len(ready) - len(keys)
+        deadline = now + self._timeout
+        for key in keys:
+            at, holds = client.deadlines.get(key, (now + self._timeout, 0))
+            client.deadlines[key] = (at, holds + 1)
+            deadline = min(deadline, at)
+        client.held += len(keys)
+        self.held += len(keys)
+        slots = host.hold(keys, owner_of(peer))
+        self._forget_if_idle(peer, client)
+        return Grant(keys, slots, deadline)
+
+    def give_back(self, host: HostTier, peer: bytes, keys: Sequence[ChunkKey]) -> None:
+        """Release holds that ``take`` gave ``peer`` (its reply was sent, or its deadline came)."""
+        client = self._clients.get(peer)
+        owner = owner_of(peer)
+        if client is None or not host.can_release(keys, owner):
+            self.counters["release_mismatch"] += 1  # a bug: never release another's hold
+            log.error("peer server: release of %d chunk(s) a client does not hold", len(keys))
+            return
+        host.release(keys, owner)
+        for key in keys:
+            at, holds = client.deadlines[key]
+            if holds > 1:
+                client.deadlines[key] = (at, holds - 1)
+            else:
+                del client.deadlines[key]
+        client.held -= len(keys)
+        self.held -= len(keys)
+        self._forget_if_idle(peer, client)
+
+    def stall(self, peer: bytes, stalled: bool) -> None:
+        """A reply of ``peer`` outlived its holds (``True``), or has now gone (``False``)."""
+        client = self._clients.setdefault(peer, _Client())
+        client.stalled += 1 if stalled else -1
+        self._forget_if_idle(peer, client)
+
+    def _forget_if_idle(self, peer: bytes, client: _Client) -> None:
+        if not client.held and client.stalled <= 0:
+            self._clients.pop(peer, None)
