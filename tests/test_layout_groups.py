@@ -10,11 +10,11 @@ import torch
 
 from kvtier import CacheIdentity, ConfigError, KVLayout, TieringManager
 from kvtier.config import MemoryTierConfig
+from kvtier.device.pages import pack_chunks, unpack_chunks, unpack_states
+from kvtier.device.transfer import TransferEngine
 from kvtier.layout import LAYOUT_VERSION, LayerGroup
-from kvtier.pages import pack_chunks, unpack_chunks, unpack_states
 from kvtier.region import HostRegion
 from kvtier.tiers.memory import MemoryTier
-from kvtier.transfer import TransferEngine
 from tests.conftest import config, make_keys
 from tests.test_manager import push_out, read, settle, store
 

@@ -17,11 +17,11 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from kvtier import CacheIdentity, ConfigError, KVLayout, TieringConfig, TieringManager, chunk_keys
+from kvtier.device.pages import chunk_shape, pack_chunks, unpack_chunks
+from kvtier.device.transfer import TransferEngine
 from kvtier.layout import LayerGroup
-from kvtier.pages import chunk_shape, pack_chunks, unpack_chunks
 from kvtier.region import ALIGNMENT, HostRegion, round_up
 from kvtier.tiers.base import RETRY
-from kvtier.transfer import TransferEngine
 
 SHAPE = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 256}  # fmt: skip

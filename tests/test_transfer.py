@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from kvtier import KVLayout
+from kvtier.device.pages import TORCH_DTYPES, chunk_shape, pack_chunks, unpack_chunks
+from kvtier.device.transfer import TransferEngine, slot_tensor
 from kvtier.errors import KVTierError
-from kvtier.pages import TORCH_DTYPES, chunk_shape, pack_chunks, unpack_chunks
 from kvtier.region import HostRegion
-from kvtier.transfer import TransferEngine, slot_tensor
 
 LAYOUT = KVLayout(
     num_layers=3, num_kv_heads=2, head_dim=8, dtype="float32", block_size=4, blocks_per_chunk=2

@@ -1,10 +1,10 @@
 """Transfer engine: copies chunks between an engine's KV tensors and host slots, as polled jobs.
 
-The device side works on *chunk tensors* (``kvtier.pages``): one chunk byte for byte as its host
-slot holds it in the canonical order of ``KVLayout`` (for an attention-only layout the shape
-``(layers, blocks, 2, kv_heads, block_size, head_dim)``), so a chunk moves to or from its slot in
-one copy. ``pack_chunks`` gathers chunks out of per-layer caches and ``unpack_chunks`` scatters
-them back, with one strided copy per layer and K/V (never a loop over tokens).
+The device side works on *chunk tensors* (``kvtier.device.pages``): one chunk byte for byte as
+its host slot holds it in the canonical order of ``KVLayout`` (for an attention-only layout the
+shape ``(layers, blocks, 2, kv_heads, block_size, head_dim)``), so a chunk moves to or from its
+slot in one copy. ``pack_chunks`` gathers chunks out of per-layer caches and ``unpack_chunks``
+scatters them back, with one strided copy per layer and K/V (never a loop over tokens).
 
 Tensor parallelism: the engine of rank ``tp_rank`` of ``tp_size`` works on that rank's chunk
 tensors (``KVLayout.rank_layout``: its own KV heads) and copies only its byte runs of each page
@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 import torch
 
+from kvtier.device.pages import chunk_dtype, chunk_shape, copy_rank
 from kvtier.errors import KVTierError
 from kvtier.layout import KVLayout
-from kvtier.pages import chunk_dtype, chunk_shape, copy_rank
 from kvtier.region import HostRegion
 
 __all__ = ["CopyResult", "TransferEngine", "check_canonical", "slot_tensor"]

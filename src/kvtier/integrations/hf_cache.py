@@ -34,9 +34,9 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
+from kvtier.device.pages import TORCH_DTYPES, LayerKV, pack_chunks, unpack_chunks, unpack_states
 from kvtier.errors import ConfigError
 from kvtier.layout import FULL, LATENT, SLIDING, STATE, KVLayout, LayerGroup
-from kvtier.pages import TORCH_DTYPES, LayerKV, pack_chunks, unpack_chunks, unpack_states
 
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 KINDS = {"full_attention": (FULL,), "sliding_attention": (SLIDING,),

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import xxhash
 
+from kvtier.device.transfer import TransferEngine
 from kvtier.errors import ConfigError, KVTierError
 from kvtier.events import EventKind, KVEvent
 from kvtier.identity import CacheIdentity
@@ -48,7 +49,6 @@ from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.layout import KVLayout
 from kvtier.manager import TieringManager
 from kvtier.tiers.base import RETRY
-from kvtier.transfer import TransferEngine
 
 __all__ = ["DeviceChunkCache", "Generation", "TieredModel", "identity_for", "layout_for"]
 
