@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from kvtier.config import MemoryTierConfig
 from kvtier.identity import CacheIdentity
+from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
+from kvtier.tiers.base import TransferJob
 from kvtier.tiers.memory import MemoryTier
 
 
@@ -93,4 +96,26 @@ class ClosingTier(MemoryTier):
 
     def close(self) -> None:
         CLOSED.append(self.label)
+        super().close()
+
+
+class GatedTier(MemoryTier):
+    """A memory tier whose stores copy the slot only once ``gate`` is set: a tier still writing.
+
+    ``started`` is set when a store is waiting at the gate. ``close`` opens the gate.
+    """
+
+    def __init__(self, region: HostRegion, identity: CacheIdentity, label: str = "") -> None:
+        super().__init__(MemoryTierConfig(), region, identity)
+        self.label = label
+        self.gate, self.started = threading.Event(), threading.Event()
+
+    def _store(self, job: TransferJob) -> list[ChunkKey]:
+        self.started.set()
+        if not self.gate.wait(timeout=60):
+            raise TimeoutError("GatedTier: the gate stayed shut for 60 s")
+        return super()._store(job)
+
+    def close(self) -> None:
+        self.gate.set()
         super().close()
