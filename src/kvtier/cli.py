@@ -11,6 +11,7 @@ from typing import Any
 from kvtier.config import ExternalTierConfig, TierConfig, TieringConfig
 from kvtier.errors import KVTierError
 from kvtier.layout import DTYPE_SIZES, KVLayout
+from kvtier.plan.cli import add_plan_commands
 from kvtier.region import ALIGNMENT, round_up
 
 
@@ -161,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_events_command(commands)
     _add_bench_command(commands)
     _add_peer_commands(commands)
+    add_plan_commands(commands)
     return parser
 
 

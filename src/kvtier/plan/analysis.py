@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtier.plan.cost import PlanInputError
 from kvtier.plan.curves import (
     Curve,
     admitted_samples,
@@ -126,7 +127,7 @@ def _chosen(options_by_size: list[ChunkReuse], options: PlanOptions, trace: Trac
         forced = [o for o in options_by_size if o.chunk_tokens == options.chunk_tokens]
         if not forced:
             sizes = ", ".join(str(o.chunk_tokens) for o in options_by_size)
-            raise ValueError(
+            raise PlanInputError(
                 f"--chunk-tokens {options.chunk_tokens}: this trace allows {sizes} "
                 f"(power-of-two multiples of its {trace.chunk_tokens}-token chunks)"
             )

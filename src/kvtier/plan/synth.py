@@ -159,7 +159,8 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer: a bijective scramble of 64-bit integers."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    result: np.ndarray = x ^ (x >> np.uint64(31))
+    return result
 
 
 def keys_of(reqs: _Requests, chunk_tokens: int) -> tuple[np.ndarray, np.ndarray]:
