@@ -9,92 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvtier.errors import KVTierError
 from kvtier.layout import DTYPE_SIZES
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-
-
-def byte_size(text: str) -> int:
-    """An argparse type: bytes, as an integer or with a unit (``16GiB``, ``500GB``, ``512MiB``)."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"expected bytes such as 16GiB or 500GB, got {text!r}")
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if not 0 <= value < 1 << 62:
-        raise argparse.ArgumentTypeError(f"expected less than 2**62 bytes, got {text!r}")
-    return value
-
-
-class _Usage(Exception):
-    """Bad input to a command: reported by its parser (usage, error line, exit status 2)."""
-
-
-def int_in(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer from ``low`` to ``high``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected {low} to {high}, got {value}")
-        return value
-
-    return parse
-
-
-def float_in(low: float, high: float) -> Callable[[str], float]:
-    """An argparse type: a finite number above ``low`` and at most ``high``."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not low < value <= high:  # also false for NaN
-            raise argparse.ArgumentTypeError(
-                f"expected above {low:g}, at most {high:g}, got {text}"
-            )
-        return value
-
-    return parse
-
-
-def _command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """A handler that turns bad input into its parser's error (exit 2, never a traceback)."""
-    from kvtier.plan.cost import PlanInputError
-    from kvtier.plan.trace_read import TraceError
-
-    def handler(args: argparse.Namespace) -> int:
-        try:
-            return run(args)
-        except (_Usage, TraceError, PlanInputError, KVTierError) as exc:
-            args.plan_parser.error(str(exc))
-        except MemoryError:
-            args.plan_parser.error("out of memory: lower --exact-limit, or coarsen the trace")
-        raise AssertionError("unreachable: parser.error exits")
-
-    return handler
+from kvtier.plan.cli_common import Usage, byte_size, command, float_in, int_in
+from kvtier.plan.trace_cli import add_trace_commands
 
 
 def add_plan_commands(commands: Any) -> None:
@@ -115,8 +36,8 @@ def add_plan_commands(commands: Any) -> None:
     out.add_argument("--emit-config", metavar="FILE", help="write the recommended kvtier config")
     out.add_argument("--config", help="a kvtier config to base --emit-config on")
     out.add_argument("--fs-root", default="/mnt/kv-cache", help="root_dir of an emitted fs tier")
-    plan.set_defaults(handler=_command(_run_plan), plan_parser=plan)
-    _add_trace_commands(commands)
+    plan.set_defaults(handler=command(_run_plan), plan_parser=plan)
+    add_trace_commands(commands)
 
 
 def _model_arguments(plan: Any) -> None:
@@ -181,47 +102,6 @@ def _machine_arguments(plan: Any) -> None:
     machine.add_argument(
         "--arc-limit", type=int, default=100_000, help="references of the ARC miniature simulations"
     )
-
-
-def _add_trace_commands(commands: Any) -> None:
-    trace = commands.add_parser("trace", help="make request traces for kvtier plan")
-    sub = trace.add_subparsers(dest="trace_command", required=True)
-    synth = sub.add_parser("synth", help="write a synthetic workload's trace")
-    synth.add_argument("--kind", choices=("chat", "rag", "unique", "mix"), default="mix")
-    synth.add_argument("--out", required=True, help="trace file to write")
-    count = int_in(1, 1 << 40)
-    synth.add_argument("--requests", type=count, default=10_000)
-    synth.add_argument("--chunk-tokens", type=int_in(1, 1 << 20), default=64)
-    synth.add_argument("--rate", type=float_in(0, 1e9), default=20.0, help="requests/s")
-    synth.add_argument("--seed", type=int, default=0)
-    for name, default in (
-        ("conversations", 16),
-        ("first-prompt", 768),
-        ("rounds", 4),
-        ("user", 32),
-        ("answer", 2),
-        ("system", 512),
-        ("documents", 1000),
-        ("document", 2048),
-        ("question", 64),
-        ("unique-prompt", 1024),
-        ("output", 128),
-    ):
-        synth.add_argument(f"--{name}", type=int_in(0, 1 << 30), default=default)
-    synth.add_argument("--zipf", type=float_in(1, 100), default=1.1)
-    synth.add_argument("--mix", default="0.4,0.4,0.2", help="chat,rag,unique shares")
-    synth.set_defaults(handler=_command(_synth), plan_parser=synth)
-    events = sub.add_parser("from-events", help="convert a capture of vLLM-format KV events")
-    events.add_argument("capture", help="concatenated msgpack KVEventBatch payloads")
-    events.add_argument("--out", required=True, help="trace file to write")
-    events.add_argument("--medium", default="GPU", help="medium of the stores to read, or any")
-    events.add_argument(
-        "--merge-within",
-        type=float,
-        default=1.0,
-        help="seconds within which a store continues the previous request",
-    )
-    events.set_defaults(handler=_command(_from_events), plan_parser=events)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
@@ -309,7 +189,7 @@ def _output_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _Usage(f"cannot write {path}: {exc.strerror or exc}") from None
+            raise Usage(f"cannot write {path}: {exc.strerror or exc}") from None
     return json_path, chart
 
 
@@ -339,66 +219,6 @@ def _emit(
     try:
         Path(args.emit_config).write_text(text)
     except OSError as exc:
-        raise _Usage(f"--emit-config {args.emit_config}: {exc.strerror or exc}") from None
+        raise Usage(f"--emit-config {args.emit_config}: {exc.strerror or exc}") from None
     flag = json.dumps(vllm_config(config), separators=(",", ":"))
     print(f"vLLM: --kv-transfer-config '{flag}'")
-
-
-def _synth(args: argparse.Namespace) -> int:
-    from kvtier.plan.synth import SynthSpec, write
-
-    try:
-        mix = tuple(float(x) for x in args.mix.split(","))
-    except ValueError:
-        mix = ()
-    if len(mix) != 3 or min(mix) < 0 or sum(mix) <= 0:
-        raise _Usage(f"argument --mix: expected three shares such as 0.4,0.4,0.2, got {args.mix!r}")
-    names = (
-        "conversations",
-        "first_prompt",
-        "rounds",
-        "user",
-        "answer",
-        "system",
-        "documents",
-        "document",
-        "question",
-        "unique_prompt",
-        "output",
-        "zipf",
-    )
-    spec = SynthSpec(
-        kind=args.kind,
-        requests=args.requests,
-        chunk_tokens=args.chunk_tokens,
-        rate=args.rate,
-        seed=args.seed,
-        mix=mix,
-        **{n: getattr(args, n) for n in names},
-    )
-    if spec.conversations < 1 or spec.documents < 1:
-        raise _Usage("--conversations and --documents must be at least 1")
-    try:
-        with open(args.out, "wb") as out:
-            count = write(spec, out)
-    except OSError as exc:
-        raise _Usage(f"--out {args.out}: {exc.strerror or exc}") from None
-    print(f"wrote {count:,} {spec.kind} requests to {args.out}")
-    return 0
-
-
-def _from_events(args: argparse.Namespace) -> int:
-    from kvtier.plan.events import convert
-
-    medium = None if args.medium == "any" else args.medium
-    try:
-        with open(args.capture, "rb") as capture, open(args.out, "w") as out:
-            converter = convert(capture, out, medium, args.merge_within)
-    except OSError as exc:
-        raise _Usage(f"{exc.filename}: {exc.strerror or exc}") from None
-    skipped = sum(converter.skipped.values())
-    print(
-        f"wrote {len(converter.requests):,} requests to {args.out}"
-        + (f" ({skipped:,} skipped: {dict(converter.skipped)})" if skipped else "")
-    )
-    return 0
