@@ -218,6 +218,8 @@ class TieringConfig:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     kv_events: KVEventsConfig | None = None
+    #: Record a request trace (``kvtier.plan.trace``) here, for ``kvtier plan``; off when ``None``.
+    trace_path: str | None = None
 
     def __post_init__(self) -> None:
         _check_positive("cpu_bytes_to_use", self.cpu_bytes_to_use)
