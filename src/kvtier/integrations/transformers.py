@@ -24,6 +24,9 @@ see ``hf_cache`` for how each maps to the layout.
 Anything doubtful (a lookup that never settles, a failed copy) is a miss: the tokens are
 recomputed, never served wrong.
 
+With ``trace_path`` in the manager's configuration, every request is recorded there as a
+``kvtier plan`` trace line (``kvtier.plan.recorder``: a background writer, bounded buffer).
+
 Thread safety: none; one engine thread calls ``generate``.
 """
 
@@ -48,6 +51,7 @@ from kvtier.integrations.hf_cache import CacheSession, StateMember, layout_for, 
 from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.layout import KVLayout
 from kvtier.manager import TieringManager
+from kvtier.plan.recorder import open_recorder
 from kvtier.tiers.base import RETRY
 
 __all__ = ["DeviceChunkCache", "Generation", "TieredModel", "identity_for", "layout_for"]
@@ -186,6 +190,7 @@ class TieredModel:
         self.members = self._state_members()
         self._stores: dict[int, list[ChunkKey]] = {}
         self._events: list[KVEvent] = []
+        self.trace = open_recorder(manager, self.layout.tokens_per_chunk)  # config.trace_path
 
     @torch.inference_mode()
     def generate(
@@ -212,6 +217,8 @@ class TieredModel:
             tokens += self._decode(session, tokens[0], max_new_tokens - 1, stop_tokens)
         restored.sources[RECOMPUTED] += len(prompt) - cached
         self._store(prompt + tokens[:-1], session, restored.end)
+        if self.trace is not None:  # queued for the recorder's thread; never blocks
+            self.trace.record(len(prompt), keys, len(tokens))
         return Generation(tokens, logits, cached, dict(restored.sources), first_token_s)
 
     def _decode(self, session: CacheSession, token: int, steps: int,

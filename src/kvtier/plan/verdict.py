@@ -82,6 +82,21 @@ def knee(curve: Curve, base: float, fraction: float, start: float = 0) -> int:
     return int(curve.capacities[ok[0]]) if len(ok) else int(curve.capacities[-1])
 
 
+def lru_knee(a: Analysis, base: float, fraction: float) -> int:
+    """The exact smallest LRU capacity (chunks) that adds ``fraction`` of what LRU can add over
+    ``base`` (not limited to the curve's grid)."""
+    values = np.concatenate([s.distances[s.stream.usable] for s in a.samples])
+    weights = np.concatenate([np.full(int(s.stream.usable.sum()), s.weight) for s in a.samples])
+    finite = np.isfinite(values)
+    order = np.argsort(values[finite], kind="stable")
+    ordered, served = values[finite][order], np.cumsum(weights[finite][order]) / a.total_tokens
+    if not len(served):
+        return 1
+    target = base + fraction * (served[-1] - base)
+    index = min(int(np.searchsorted(served, target - 1e-12)), len(served) - 1)
+    return int(ordered[index]) + 1
+
+
 def host_share(a: Analysis, capacity: int, admission: bool) -> float:
     """Exact share of prompt tokens the device pool and an LRU host tier serve."""
     hosts = a.admitted if admission else a.samples
@@ -96,7 +111,7 @@ def recommend(a: Analysis, rates: Throughputs) -> Recommendation:
     """Apply the rules of the module docstring."""
     o, chunk = a.options, a.chunk
     device = a.curves["lru"].at(a.device_chunks) if a.device_chunks else 0.0
-    host_knee = max(knee(a.curves["lru"], device, o.knee), 1)
+    host_knee = max(lru_knee(a, device, o.knee), 1)
     with_fs = _sized(
         a,
         rates,

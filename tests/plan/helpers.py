@@ -1,0 +1,40 @@
+"""Synthetic traces with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvtier.plan.trace import Trace
+
+MASK = (1 << 64) - 1
+
+
+def key(*parts: int) -> int:
+    return hash(("k", *parts)) & MASK
+
+
+def cyclic_docs(docs: int, chunks: int, requests: int, chunk_tokens: int) -> Trace:
+    """Request i reads document i % docs (``chunks`` full chunks + 10 tokens): LRU reuse
+    distance ``docs * chunks - 1`` chunks for every reuse."""
+    rows = [(float(i), chunks * chunk_tokens + 10, [key(i % docs, c) for c in range(chunks)])
+            for i in range(requests)]  # fmt: skip
+    return Trace.from_requests(rows, chunk_tokens)
+
+
+def unique_prompts(requests: int, chunks: int, chunk_tokens: int) -> Trace:
+    rows = [(float(i), chunks * chunk_tokens + 3, [key(-1, i, c) for c in range(chunks)])
+            for i in range(requests)]  # fmt: skip
+    return Trace.from_requests(rows, chunk_tokens)
+
+
+def shared_prefixes(requests: int, seed: int = 1, docs: int = 40) -> Trace:
+    """Zipf-popular documents of 1 to 5 chunks, half with a unique tail chunk."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for r in range(requests):
+        doc = int(rng.zipf(1.3)) % docs
+        keys = [key(doc, i) for i in range(int(rng.integers(1, 6)))]
+        if rng.random() < 0.5:
+            keys.append(key(-2, r))
+        rows.append((r * 0.1, len(keys) * 16 + int(rng.integers(0, 3)), keys))
+    return Trace.from_requests(rows, 16)
