@@ -3,6 +3,7 @@ real chunk sizes, and what a server may expose without CURVE."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import stat
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier import CacheIdentity, KVLayout, TieringManager
+from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager
 from kvtier.cli import main
 from kvtier.config import P2PTierConfig, ServeConfig
 from kvtier.errors import ConfigError
@@ -145,3 +146,28 @@ def test_curve_carries_real_chunk_sizes_both_ways(keys_dir, blocks_per_chunk):
         slot = server.prepare_load(keys[2:])[0]
         assert holds(server.region, slot, keys[2])
         server.complete_load(keys[2:])
+
+
+def test_stores_beyond_loopback_without_curve_are_refused_unless_forced(keys_dir):
+    exposed = {"cpu_bytes_to_use": 1 << 20, "serve": {"port": 5710, "host": "0.0.0.0"}}
+    exposed["serve"]["accept_stores"] = True  # type: ignore[index]
+    with pytest.raises(ConfigError, match=r"^serve\.accept_stores: refused on 0\.0\.0\.0"):
+        TieringConfig.from_dict(exposed)
+    with pytest.raises(ConfigError, match="allow_insecure_stores"):
+        ServeConfig(port=1, host="10.0.0.1", accept_stores=True)
+    forced = ServeConfig(port=1, host="0.0.0.0", accept_stores=True, allow_insecure_stores=True)
+    assert forced.accept_stores and not forced.loopback
+    assert ServeConfig(port=1, host="::1", accept_stores=True).loopback
+    secured = ServeConfig(port=1, host="0.0.0.0", accept_stores=True,
+                          curve_secret_key_file=str(keys_dir / "server.secret"),
+                          curve_client_keys_dir=str(keys_dir / "clients"))  # fmt: skip
+    assert secured.accept_stores
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_a_server_beyond_loopback_without_curve_warns_loudly(identity, caplog, host):
+    serve = {"port": free_port(), "host": host}
+    with caplog.at_level(logging.WARNING, logger="kvtier.serve"):
+        TieringManager(config(4, serve=serve), identity).close()
+    warned = [r for r in caplog.records if "WITHOUT CURVE" in r.getMessage()]
+    assert len(warned) == (host == "0.0.0.0")

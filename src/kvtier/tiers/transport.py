@@ -38,7 +38,6 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from kvtier.errors import ConfigError, TierError
-from kvtier.tiers.transport_guard import CHECK_INTERVAL_S
 
 if TYPE_CHECKING:
     from kvtier.tiers.zmq_listener import ZmqListener
@@ -257,8 +256,6 @@ class ZmqTransport:
             self.forget(socket)
             raise TierError(f"serve: cannot listen on {host}:{port} ({exc})") from exc
         monitor: zmq.Socket[bytes] = socket.get_monitor_socket(zmq.EVENT_ACCEPTED)
-        self._sockets.append(monitor)
-        self._poller.register(monitor, zmq.POLLIN)
         from kvtier.tiers.zmq_listener import ZmqListener  # it imports this module's types
 
         listener = ZmqListener(socket, port, limits, monitor, self.forget)
@@ -290,13 +287,10 @@ class ZmqTransport:
     def forget(self, socket: zmq.Socket[bytes]) -> None:
         self._poller.unregister(socket)
         self._sockets.remove(socket)
-        self._listeners = [r for r in self._listeners if r.guard.monitor is not socket]
+        self._listeners = [r for r in self._listeners if r.socket is not socket]
         socket.close(linger=0)
 
     def wait(self, timeout_s: float) -> None:
-        """See ``Transport.wait``; wakes every ``CHECK_INTERVAL_S`` while a guard watches."""
-        if any(listener.guard.watching for listener in self._listeners):
-            timeout_s = min(timeout_s, CHECK_INTERVAL_S)
         if dict(self._poller.poll(max(0, int(timeout_s * 1000)))).pop(self._wake_r, None):
             while True:
                 try:

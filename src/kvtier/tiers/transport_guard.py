@@ -8,21 +8,25 @@ took a server from 231 MB to 1.7 GB. So the guard watches every connection from 
 
 * ``pending``: the bytes libzmq has read from the connection (``TCP_INFO`` ``bytes_received``,
   less what still waits in the kernel, ``FIONREAD``) since a message from it was last delivered
-  to the application (messages name their connection by ``ZMQ_SRCFD``). A connection whose
-  ``pending`` passes ``limit_bytes`` is shut down; libzmq then drops its unfinished message and
-  frees it. ``limit_bytes`` is what ``RCVHWM`` whole messages plus one more may take, so an honest
-  client is never cut off, however slowly the application reads.
+  to the application (the listener names the connection of each message by ``ZMQ_SRCFD``). A
+  connection whose ``pending`` passes ``limit_bytes`` is shut down; libzmq then drops its
+  unfinished message and frees it. The listener sets ``limit_bytes`` to what its queue of whole
+  messages plus one more may take, so an honest client is never cut off.
 * connections beyond ``max_connections`` are shut down at once.
 
 Wire bytes understate libzmq's memory for tiny frames (an empty frame costs 2 bytes on the wire
 and about 64 in libzmq), so the bound on memory per connection is about 32 times ``limit_bytes``.
 
-Connections are learnt from the socket monitor (``ACCEPTED``). The guard keeps a duplicate of
-each connection's descriptor, so it reads and shuts down that very connection even after libzmq
-closed the number and reused it; a connection libzmq let go of (its number closed or now naming
-another file) is forgotten. Linux only (``TCP_INFO``); elsewhere the guard does nothing.
+The guard runs a thread of its own, so that it keeps up with libzmq's I/O thread whatever the
+listener's thread is doing: it learns connections from the socket monitor (``ACCEPTED``) and
+keeps a duplicate of each connection's descriptor, polls them, and checks a connection when bytes
+arrive on it (at most every ``RECHECK_S``), and every connection every ``SWEEP_S``. Through the
+duplicate it reads and shuts down that very connection even after libzmq closed the number and
+reused it; a connection libzmq let go of (its number closed or naming another file) is
+forgotten. Linux only (``TCP_INFO``); elsewhere the guard watches nothing.
 
-Thread safety: none; the guard belongs to the thread that owns the router socket.
+Thread safety: ``delivered`` and ``drop`` may be called from any thread (a lock guards the
+table); the monitor socket belongs to the guard's thread until ``close`` has joined it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import os
 import socket
 import struct
 import termios
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -43,9 +48,9 @@ from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger(__name__)
 
-#: How often connections are checked while any is open.
-CHECK_INTERVAL_S = 0.02
+RECHECK_S, SWEEP_S, POLL_S = 0.002, 1.0, 0.1
 MAX_CONNECTIONS = 1024
+ABORT_READS = 64  # at most 64 MiB of queued bytes discarded when a connection is cut off
 _TCP_INFO_BYTES, _BYTES_RECEIVED_AT = 256, 128  # struct tcp_info: tcpi_bytes_received (Linux 4.1+)
 SUPPORTED = hasattr(socket, "TCP_INFO")
 
@@ -68,95 +73,163 @@ class ConnectionGuard:
         counters: Counter[str],
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        self.monitor, self.limit_bytes = monitor, limit_bytes
+        self.limit_bytes, self._monitor = limit_bytes, monitor
         self._counters, self._max_connections = counters, max_connections
         self._connections: dict[int, _Connection] = {}
-        self._next_check = 0.0
-        self._blind = not SUPPORTED  # cannot tell deliveries apart: never cut off a runaway
+        self._closing: list[socket.socket] = []  # duplicates to close once no longer polled
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._blind = not SUPPORTED  # deliveries cannot be told apart: never cut a runaway
+        self._thread = threading.Thread(target=self._run, name="kvtier-peer-guard", daemon=True)
+        self._thread.start()
 
-    @property
-    def watching(self) -> bool:
-        """Whether connections are open (the owner then calls ``tend`` every interval)."""
-        return bool(self._connections)
-
+    # -- any thread --------------------------------------------------------------------------
     def delivered(self, fd: int) -> None:
         """A whole message from connection ``fd`` (``-1``: unknown) reached the application."""
-        if fd < 0 and not self._blind:
-            self._blind = True
-            log.warning("peer server: libzmq does not name connections (ZMQ_SRCFD); "
-                        "unfinished messages are not bounded")  # fmt: skip
-        connection = self._connections.get(fd)
-        if connection is not None:
-            connection.delivered = True
-
-    def tend(self, force: bool = False) -> None:
-        """Learn new connections; check each at most every ``CHECK_INTERVAL_S`` (or now)."""
-        self._accept()
-        now = time.monotonic()
-        if not SUPPORTED or (now < self._next_check and not force):
-            return
-        self._next_check = now + CHECK_INTERVAL_S
-        for fd, connection in list(self._connections.items()):
-            self._check(fd, connection)
+        with self._lock:
+            if fd < 0 and not self._blind:
+                self._blind = True
+                log.warning("peer server: libzmq does not name connections (ZMQ_SRCFD); "
+                            "unfinished messages are not bounded")  # fmt: skip
+            connection = self._connections.get(fd)
+            if connection is not None:
+                connection.delivered = True
 
     def drop(self, fd: int, reason: str) -> None:
-        """Shut connection ``fd`` down (libzmq then closes it and drops what it buffered)."""
-        connection = self._connections.pop(fd, None)
-        if connection is None:
-            return
-        self._counters[f"connections_dropped_{reason}"] += 1
-        with contextlib.suppress(OSError):  # already gone
-            connection.sock.shutdown(socket.SHUT_RDWR)
-        connection.sock.close()
+        """Shut connection ``fd`` down (libzmq then closes it and drops what it buffered).
+
+        A connection the guard has not learnt of yet (its monitor event is still on its way)
+        is reached through its number, which names it as long as libzmq keeps it open.
+        """
+        with self._lock:
+            connection = self._connections.pop(fd, None)
+            sock = connection.sock if connection is not None else _duplicate(fd)
+            if sock is None:
+                return
+            self._counters[f"connections_dropped_{reason}"] += 1
+            _abort(sock)
+            self._closing.append(sock)
 
     def close(self) -> None:
-        for connection in self._connections.values():
-            connection.sock.close()
-        self._connections.clear()
+        """Stop and join the guard's thread; the caller then closes the monitor socket."""
+        self._stop.set()
+        self._thread.join()
+        with self._lock:
+            for sock in [*self._closing, *(c.sock for c in self._connections.values())]:
+                sock.close()
+            self._closing.clear()
+            self._connections.clear()
+
+    # -- the guard's thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._monitor, zmq.POLLIN)
+        polled: dict[int, int] = {}  # duplicate descriptor -> libzmq's number
+        next_sweep = 0.0
+        while not self._stop.is_set():
+            ready = dict(poller.poll(int(POLL_S * 1000)))
+            if ready.pop(self._monitor, None):
+                self._accept()
+            now = time.monotonic()
+            if now >= next_sweep:
+                next_sweep = now + SWEEP_S
+                with self._lock:
+                    due = list(self._connections)
+            else:
+                due = [polled[d] for d in ready if d in polled]
+            for fd in due:
+                self._check(fd)
+            polled = self._repoll(poller, polled)
+            if ready:
+                self._stop.wait(RECHECK_S)  # readiness stays while libzmq reads: do not spin
+
+    def _repoll(self, poller: zmq.Poller, polled: dict[int, int]) -> dict[int, int]:
+        """Poll exactly the duplicates of the connections watched now; close the others."""
+        with self._lock:
+            watched = {c.sock.fileno(): fd for fd, c in self._connections.items()}
+            closing, self._closing = self._closing, []
+        for stale in polled.keys() - watched.keys():
+            poller.unregister(stale)
+        for sock in closing:
+            sock.close()
+        for new in watched.keys() - polled.keys():
+            poller.register(new, zmq.POLLIN)
+        return watched
 
     def _accept(self) -> None:
-        while self.monitor.poll(0):
-            event = parse_monitor_message(self.monitor.recv_multipart())
+        while self._monitor.poll(0):
+            event = parse_monitor_message(self._monitor.recv_multipart())
             if event["event"] == zmq.EVENT_ACCEPTED and SUPPORTED:
                 self._watch(int(event["value"]))
 
     def _watch(self, fd: int) -> None:
-        try:
-            duplicate = os.dup(fd)
-        except OSError:
-            return  # closed again before we looked
-        try:
-            sock = socket.socket(fileno=duplicate)
-        except OSError:  # the number names another file by now
-            os.close(duplicate)
+        sock = _duplicate(fd)
+        if sock is None:
             return
-        inode = os.fstat(sock.fileno()).st_ino
-        old = self._connections.pop(fd, None)
-        if old is not None:
-            old.sock.close()
-        self._connections[fd] = _Connection(sock, inode)
-        if len(self._connections) > self._max_connections:
+        with self._lock:
+            old = self._connections.pop(fd, None)
+            if old is not None:
+                self._closing.append(old.sock)
+            self._connections[fd] = _Connection(sock, os.fstat(sock.fileno()).st_ino)
+            crowded = len(self._connections) > self._max_connections
+        if crowded:
             self.drop(fd, "too_many")
 
-    def _check(self, fd: int, connection: _Connection) -> None:
-        try:
-            alive = os.fstat(fd).st_ino == connection.inode
-            read = _bytes_read(connection.sock) if alive else None
-        except OSError:
-            alive, read = False, None
-        if not alive:  # libzmq closed it (its number may name another file now)
-            del self._connections[fd]
-            connection.sock.close()
-        elif read is None or self._blind:
-            return  # this kernel or libzmq does not say: never cut a connection off blindly
-        elif connection.delivered:
-            connection.mark, connection.delivered = read, False
-        elif read - connection.mark > self.limit_bytes:
-            log.warning(
-                "peer server: dropped a connection that sent %d bytes without ending a message",
-                read - connection.mark,
-            )
+    def _check(self, fd: int) -> None:
+        """Forget ``fd`` if libzmq let go of it; cut it off if its pending bytes are too many."""
+        with self._lock:
+            connection = self._connections.get(fd)
+            if connection is None:
+                return
+            try:
+                alive = os.fstat(fd).st_ino == connection.inode
+                read = _bytes_read(connection.sock) if alive else None
+            except OSError:
+                alive, read = False, None
+            if not alive:  # libzmq closed it (its number may name another file now)
+                del self._connections[fd]
+                self._closing.append(connection.sock)
+                return
+            if read is None or self._blind:
+                return  # the kernel or libzmq does not say: never cut a connection off blindly
+            if connection.delivered:
+                connection.mark, connection.delivered = read, False
+                return
+            pending = read - connection.mark
+        if pending > self.limit_bytes:
+            log.warning("peer server: dropped a connection that sent %d bytes without ending "
+                        "a message", pending)  # fmt: skip
             self.drop(fd, "runaway")
+
+
+def _duplicate(fd: int) -> socket.socket | None:
+    """A socket on a duplicate of descriptor ``fd``; ``None`` if it is closed or not a socket."""
+    if fd < 0:
+        return None
+    try:
+        duplicate = os.dup(fd)
+    except OSError:
+        return None  # closed again before we looked
+    try:
+        return socket.socket(fileno=duplicate)
+    except OSError:  # the number names another file by now
+        os.close(duplicate)
+        return None
+
+
+def _abort(sock: socket.socket) -> None:
+    """End the connection and discard what the kernel still holds of it.
+
+    After a shutdown the kernel still hands queued bytes to libzmq, which could then finish the
+    very message the connection was cut off for: those bytes are taken here instead.
+    """
+    with contextlib.suppress(OSError):  # already gone
+        sock.shutdown(socket.SHUT_RDWR)
+    for _ in range(ABORT_READS):
+        try:
+            if not sock.recv(1 << 20, socket.MSG_DONTWAIT):
+                return
+        except OSError:  # nothing queued (EAGAIN), or gone
+            return
 
 
 def _bytes_read(sock: socket.socket) -> int | None:

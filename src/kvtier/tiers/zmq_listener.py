@@ -30,8 +30,6 @@ log = logging.getLogger(__name__)
 
 #: Handshake bytes (ZMTP greeting, READY or CURVE HELLO/INITIATE and metadata) a guard allows.
 HANDSHAKE_BYTES = 16 << 10
-#: While dropping an oversized message, the guard is tended every this many frames.
-DRAIN_TEND_FRAMES = 4096
 
 
 class _Tracked:
@@ -54,25 +52,24 @@ class ZmqListener:
         monitor: zmq.Socket[bytes],
         forget: Callable[[zmq.Socket[bytes]], None],
     ) -> None:
-        self._socket, self.port, self._forget = socket, port, forget
-        self._limits, self._counters = limits, Counter[str]()
+        self.socket, self.port, self._forget = socket, port, forget
+        self._limits, self._counters, self._monitor = limits, Counter[str](), monitor
         limit = (RECV_QUEUE_MESSAGES + 1) * limits.wire_bytes + HANDSHAKE_BYTES
-        self.guard = ConnectionGuard(monitor, limit, self._counters)
+        self._guard = ConnectionGuard(monitor, limit, self._counters)
 
     def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt:
         parts = [zmq.Frame(f, track=True) for f in frames]
         try:
-            self._socket.send_multipart([peer, *parts], flags=zmq.NOBLOCK, copy=False)
+            self.socket.send_multipart([peer, *parts], flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # a full queue drops the reply; the client times out
             log.debug("peer server: reply dropped (%s)", exc)
         return _Tracked(zmq.MessageTracker(*parts))
 
     def recv(self) -> tuple[bytes, list[memoryview]] | None:
         """The next message within the limits, or ``None`` when none waits (never blocks)."""
-        self.guard.tend()
         while True:
             try:
-                first = self._socket.recv(flags=zmq.NOBLOCK, copy=False)
+                first = self.socket.recv(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return None
             message = self._rest(first)
@@ -84,7 +81,7 @@ class ZmqListener:
         frames: list[memoryview] = []
         size, fd, more = 0, -1, first.more
         while more and len(frames) < self._limits.max_frames:
-            frame = self._socket.recv(copy=False)
+            frame = self.socket.recv(copy=False)
             if fd < 0:
                 fd = _source_fd(frame)
             frames.append(frame.buffer)
@@ -92,30 +89,27 @@ class ZmqListener:
             if size > self._limits.max_message_bytes:
                 break
         if not more and size <= self._limits.max_message_bytes:
-            self.guard.delivered(fd)
+            self._guard.delivered(fd)
             return first.bytes, frames
         self._drop_rest(more)
         self._counters["messages_dropped_oversized"] += 1
-        self.guard.drop(fd, "oversized")
+        self._guard.drop(fd, "oversized")
         return None
 
     def _drop_rest(self, more: bool) -> None:
         """Take the rest of a message off the socket without keeping it."""
-        taken = 0
         while more:
-            more = self._socket.recv(copy=False).more
-            taken += 1
-            if taken % DRAIN_TEND_FRAMES == 0:
-                self.guard.tend()
+            more = self.socket.recv(copy=False).more
 
     def stats(self) -> dict[str, int]:
         return dict(self._counters)
 
     def close(self) -> None:
-        self.guard.close()
-        self._socket.disable_monitor()
-        self._forget(self.guard.monitor)
-        self._forget(self._socket)
+        """Stop the guard, then close the monitor and the router socket."""
+        self._guard.close()
+        self.socket.disable_monitor()
+        self._monitor.close(linger=0)
+        self._forget(self.socket)
 
 
 def _source_fd(frame: zmq.Frame) -> int:
