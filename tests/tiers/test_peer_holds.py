@@ -1,0 +1,139 @@
+"""A client that repeats FETCH without reading its replies cannot take the engine's host slots.
+
+The serving manager runs in this process (its own driver thread answers peers) with 32 host
+slots of 256 KiB, all holding chunks. The hostile client is a raw DEALER on a thread of its own
+that shakes hands and then asks for every chunk again and again, never reading a reply: its
+replies stall in TCP, so every slot it is served stays held until its deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from kvtier import CacheIdentity, KVLayout, TieringManager
+from kvtier.config import P2PTierConfig
+from kvtier.host import HostTier
+from kvtier.keys import ChunkKey
+from kvtier.region import HostRegion
+from kvtier.serve_holds import PeerHolds, owner_of
+from kvtier.tiers import peer_protocol as proto
+from kvtier.tiers.base import TransferJob
+from kvtier.tiers.peer import PeerTier
+from tests.conftest import collect, config, fill, holds, make_keys, wait_for
+from tests.tiers.s3_server import free_port
+
+LAYOUT = KVLayout(num_layers=4, num_kv_heads=8, head_dim=128, dtype="float16",
+                  block_size=16, blocks_per_chunk=1)  # fmt: skip
+IDENTITY = CacheIdentity(model="test/model", revision="r1", layout=LAYOUT)
+SLOTS, HOLD_TIMEOUT_S = 32, 1.0
+KEYS = make_keys(IDENTITY, SLOTS)
+
+
+def store(manager: TieringManager, keys: list[ChunkKey]) -> bool:
+    """The engine's store of ``keys``; False when ``prepare_store`` found no slots."""
+    plan = manager.prepare_store(keys)
+    if plan is None:
+        return False
+    for key, slot in zip(plan.keys, plan.slots):
+        fill(manager.region, slot, key)
+    manager.complete_store(plan.keys)
+    return True
+
+
+def held_slots(manager: TieringManager) -> int:
+    return int(manager.stats()["host"]["held_slots"])
+
+
+class Hoarder:
+    """Repeats FETCH of every key until stopped; reads nothing after its handshake."""
+
+    def __init__(self, port: int) -> None:
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        for option, value in ((zmq.LINGER, 0), (zmq.RCVHWM, 1), (zmq.RCVBUF, 4096)):
+            self._socket.setsockopt(option, value)
+        self._socket.connect(f"tcp://127.0.0.1:{port}")
+        self._socket.send(proto.hello(1, IDENTITY.digest))
+        assert self._socket.poll(20_000), "no handshake reply"
+        self._socket.recv()
+        self.sent, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            self.sent += 1
+            self._socket.send(proto.keyed(proto.FETCH, 100 + self.sent, KEYS))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._context.destroy(linger=0)
+
+
+@pytest.fixture
+def server() -> Iterator[TieringManager]:
+    serve = {"port": free_port(), "hold_timeout_s": HOLD_TIMEOUT_S}
+    manager = TieringManager(config(SLOTS, LAYOUT, serve=serve), IDENTITY)
+    assert store(manager, KEYS)
+    yield manager
+    manager.close()
+
+
+def honest_fetch(port: int) -> None:
+    """Another client is served meanwhile: each client has a budget of its own."""
+    region = HostRegion(2, LAYOUT.chunk_bytes)
+    tier = PeerTier(P2PTierConfig(host="127.0.0.1", port=port, timeout_s=10.0), region, IDENTITY)
+    try:
+        tier.submit_load(TransferJob(1, tuple(KEYS[:2]), (0, 1)))
+        assert collect(tier, [1], timeout=30)[1].ok, "an honest client was refused"
+        assert holds(region, 0, KEYS[0]) and holds(region, 1, KEYS[1])
+    finally:
+        tier.close()
+
+
+def test_a_hoarding_client_leaves_the_engine_slots_and_its_holds_expire(server):
+    assert server.peer_server is not None
+    hoarder = Hoarder(server.peer_server.port)
+    try:
+        wait_for(lambda: held_slots(server) > 0 and hoarder.sent > 20, timeout=20,
+                 what="the hoarder being served")  # fmt: skip
+        honest_fetch(server.peer_server.port)
+        for round_ in range(5):  # while it keeps asking, the engine still gets slots
+            new = make_keys(IDENTITY, 4, seed=100 + round_)
+            assert store(server, new), f"prepare_store found no slots (round {round_})"
+            time.sleep(0.1)
+        # Its holds end at their deadline, and it gets no more while its replies are unread.
+        wait_for(lambda: held_slots(server) == 0, timeout=HOLD_TIMEOUT_S + 20,
+                 what="the hoarder's holds expiring")  # fmt: skip
+        asked = hoarder.sent
+        wait_for(lambda: hoarder.sent > asked + 50, timeout=20, what="the hoarder asking more")
+        assert held_slots(server) == 0, "a renewed FETCH took slots again"
+        assert store(server, make_keys(IDENTITY, SLOTS, seed=7)), "every slot is the engine's"
+    finally:
+        hoarder.stop()
+    stats = server.peer_server.stats()
+    assert stats["holds_expired"] >= 1 and stats["fetch_refused_stalled"] >= 1
+
+
+def test_a_renewed_hold_keeps_its_first_deadline_and_owners_stay_apart():
+    host, keys = HostTier(16), make_keys(IDENTITY, 12)
+    host.allocate(keys)
+    host.complete_write(keys, success=True)
+    peer_holds = PeerHolds(16, hold_timeout_s=1.0)
+    assert (peer_holds.per_client, peer_holds.total) == (8, 8)  # at least 8: a whole request
+    first = peer_holds.take(host, b"a", keys[:2], now=10.0)
+    renewed = peer_holds.take(host, b"a", keys[:3], now=10.9)
+    assert first.deadline == renewed.deadline == 11.0, "a renewal never extends a deadline"
+    assert peer_holds.take(host, b"a", keys, now=11.0).keys == keys[:3], "a's budget: 8"
+    assert peer_holds.take(host, b"b", keys, now=11.0).keys == [], "all clients: 8"
+    peer_holds.give_back(host, b"b", keys[:1])  # b holds nothing: nothing changes
+    assert peer_holds.counters["release_mismatch"] == 1
+    assert sorted(host.holds_of(owner_of(b"a"))) == sorted([*keys[:2], *keys[:3], *keys[:3]])
+    peer_holds.give_back(host, b"a", host.holds_of(owner_of(b"a")))
+    assert host.num_held == 0 and peer_holds.held == 0
