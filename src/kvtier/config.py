@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
 from kvtier.errors import ConfigError
+from kvtier.slo import SLOGuardConfig
 
 if TYPE_CHECKING:
     from kvtier.layout import KVLayout
@@ -220,6 +221,8 @@ class TieringConfig:
     kv_events: KVEventsConfig | None = None
     #: Record a request trace (``kvtier.plan.trace``) here, for ``kvtier plan``; off when ``None``.
     trace_path: str | None = None
+    #: Switch a tier off while it breaks a latency budget (``kvtier.slo``); off when ``None``.
+    slo_guard: SLOGuardConfig | None = None
 
     def __post_init__(self) -> None:
         _check_positive("cpu_bytes_to_use", self.cpu_bytes_to_use)

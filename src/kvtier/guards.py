@@ -61,3 +61,13 @@ def check_keys(where: str, keys: Sequence[ChunkKey]) -> None:
     """``InvalidKeyError`` unless ``keys`` is a sequence of ``ChunkKey`` (a str or bytes is not)."""
     if isinstance(keys, (str, bytes)) or not set(map(type, keys)) <= {ChunkKey}:
         raise InvalidKeyError(f"{where}: keys must be a sequence of ChunkKey (see chunk_keys)")
+
+
+def under_lock(lock: threading.RLock, read: Callable[[], R]) -> Callable[[], R]:
+    """``read`` wrapped to run under ``lock`` (e.g. a gauge read on the metrics HTTP thread)."""
+
+    def locked() -> R:
+        with lock:
+            return read()
+
+    return locked

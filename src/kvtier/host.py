@@ -122,6 +122,15 @@ class HostTier:
         """How many slots ``allocate`` can hand out now (free, or held by evictable chunks)."""
         return len(self._free) + len(self._policy) - self._num_pinned
 
+    def snapshot(self) -> dict[str, int]:
+        """Slot counts: ``num_slots``, ``used_slots``, ``free_slots``, ``held_slots``."""
+        return {
+            "num_slots": self.num_slots,
+            "used_slots": len(self._entries),
+            "free_slots": len(self._free),
+            "held_slots": self.num_held,
+        }
+
     # -- allocation ------------------------------------------------------------------------
     def allocate(
         self, keys: Sequence[ChunkKey], writer: Hashable = ENGINE

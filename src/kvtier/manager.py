@@ -24,28 +24,24 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from kvtier.clock import TransferClock
 from kvtier.config import TieringConfig
 from kvtier.errors import ClosedError, ConfigError, KVTierError
 from kvtier.events import EventKind, EventLog, EventPublisher, KVEvent
-from kvtier.guards import engine_call, serialized
+from kvtier.guards import engine_call, serialized, under_lock
 from kvtier.host import ENGINE, HostTier, WriteThrough
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
-from kvtier.logs import ThrottledLog
-from kvtier.metrics import (
-    ManagerMetrics,
-    MetricsServer,
-    TelemetryCollector,
-    state_gauges,
-)
+from kvtier.metrics import ManagerMetrics, MetricsServer, TelemetryCollector, state_gauges
 from kvtier.promotion import Promoter
 from kvtier.provenance import Provenance
 from kvtier.region import HostRegion
 from kvtier.services import ManagerService, Services, close_all
+from kvtier.slo import SLOGuard
 from kvtier.slots import SlotAllocator
+from kvtier.tier_control import TierControl, TierSwitch
 from kvtier.tier_set import Finished, TierSet
 from kvtier.tiers.base import Lookup, SecondaryTier
 from kvtier.tiers.registry import build_tier
@@ -53,11 +49,9 @@ from kvtier.tiers.registry import build_tier
 if TYPE_CHECKING:
     from kvtier.serve import PeerServer
 
-R = TypeVar("R")
 #: Builds a tier over the manager's host region, for ``TieringManager(tiers=...)``.
 TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
 log = logging.getLogger(__name__)
-warn = ThrottledLog(log)
 
 
 @dataclass(frozen=True)
@@ -109,6 +103,8 @@ class TieringManager:
         tokens_per_chunk = identity.layout.tokens_per_chunk
         self._provenance = Provenance(self.metrics, self._tiers, tokens_per_chunk)
         self._slots = SlotAllocator(self.host, self._provenance, self.metrics, self._events)
+        guard = None if config.slo_guard is None else SLOGuard(config.slo_guard)
+        self._control = TierControl(self._tiers, guard)
         self._promoter = Promoter(
             self.host, self._tiers, self._slots, self._provenance, self.metrics, self._events
         )
@@ -172,7 +168,8 @@ class TieringManager:
         self._events.add(EventKind.STORED, own, "accelerator", "host")
         self._provenance.stored(own)
         for index in range(len(self._tiers) if own else 0):
-            self._write_through(index, own)
+            if self._tiers.enabled(index):
+                self._write_through(index, own)
 
     def _write_through(self, index: int, keys: list[ChunkKey]) -> None:
         """Tier ``index`` writes ``keys`` from their slots, held until the tier reports."""
@@ -245,6 +242,30 @@ class TieringManager:
             self._provenance.count_accelerator_hits(len(keys))
         self.host.touch(keys)
 
+    # -- tiers at run time -------------------------------------------------------------------
+    @serialized
+    def disable_tier(self, name: str, reason: str = "manual") -> bool:
+        """Switch tier ``name`` off: no lookups, promotions or writes until ``enable_tier``.
+
+        Its jobs in flight still finish (or fail) safely. Returns whether anything changed.
+        """
+        return self._control.switch(name, False, reason)
+
+    @serialized
+    def enable_tier(self, name: str) -> bool:
+        """Switch tier ``name`` back on; returns whether anything changed."""
+        return self._control.switch(name, True, "manual")
+
+    @serialized
+    def report_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
+        """A finished request's time to first token and inter-token latency, for the SLO guard."""
+        self._control.report_request(ttft_s, itl_s)
+
+    @serialized
+    def take_tier_switches(self) -> list[TierSwitch]:
+        """Tiers switched on or off since the last call (by hand or by the SLO guard)."""
+        return self._control.take_switches()
+
     # -- background progress -----------------------------------------------------------------
     @serialized
     def add_service(self, service: ManagerService) -> None:
@@ -268,6 +289,7 @@ class TieringManager:
 
     def _poll(self) -> int:
         self._services.step(self)
+        self._control.step()
         finished, removed = self._tiers.poll()
         for job in finished:
             self._route(job)
@@ -282,6 +304,7 @@ class TieringManager:
     def _route(self, finished: Finished) -> None:
         """A store ends its write-through holds; a load ends a promotion."""
         job = finished.job
+        self._control.observe(finished)
         if job.op == "load":
             self._promoter.finish(finished)
             return
@@ -319,17 +342,12 @@ class TieringManager:
     def stats(self) -> dict[str, Any]:
         """A snapshot: host occupancy, every counter (``name{labels}``), and each tier's stats."""
         return {
-            "host": {
-                "num_slots": self.host.num_slots,
-                "used_slots": len(self.host),
-                "free_slots": self.host.num_free,
-                "held_slots": self.host.num_held,
-                "slot_bytes": self.region.slot_bytes,
-            },
+            "host": {**self.host.snapshot(), "slot_bytes": self.region.slot_bytes},
             "counters": self.metrics.flat(),
             "pending_jobs": self._tiers.num_pending,
             "events_dropped": self._events.dropped,
             "tiers": {tier.name: tier.stats() for tier in self.tiers},
+            "disabled_tiers": self._tiers.split_by_state()[1],
         }
 
     def prometheus_registry(self) -> Any:
@@ -347,15 +365,10 @@ class TieringManager:
         server's thread, while the engine's thread changes the host tier).
         """
         gauges = state_gauges(self.host, self.tiers)
-        locked = {name: (doc, self._locked(read)) for name, (doc, read) in gauges.items()}
+        gauges["kvtier_tier_enabled"] = ("1 while a tier serves, 0 while switched off",
+                                         self._control.enabled_gauge)  # fmt: skip
+        locked = {name: (doc, under_lock(self._lock, read)) for name, (doc, read) in gauges.items()}
         return TelemetryCollector(self.metrics.telemetry, locked)
-
-    def _locked(self, read: Callable[[], R]) -> Callable[[], R]:
-        def snapshot() -> R:
-            with self._lock:
-                return read()
-
-        return snapshot
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:

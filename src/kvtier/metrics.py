@@ -258,6 +258,7 @@ MANAGER_FAMILIES = (
     ("kvtier_recomputed_chunks_total", "counter", "Chunks recomputed, by the reason of the miss"),
     ("kvtier_events_total", "counter", "KV events recorded, by kind"),
     ("kvtier_internal_errors_total", "counter", "Unexpected conditions survived, by kind"),
+    ("kvtier_tier_disabled_total", "counter", "Tiers switched off at run time, by reason"),
 )  # fmt: skip
 
 #: Why a chunk was recomputed; each recomputed chunk is counted under exactly one.
@@ -269,6 +270,7 @@ MISS_REASONS = (
     "promotion_failed",  # a tier held it but could not read it back
     "host_full",  # a tier holds it but every host slot is held, nowhere to promote
     "store_in_flight",  # the engine is still writing it into host memory
+    "tier_disabled",  # the tier that might hold it is switched off (by hand or the SLO guard)
 )
 
 

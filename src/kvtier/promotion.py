@@ -171,18 +171,28 @@ class Promoter:
                 return walk
         return walk
 
-    def _find_holder(self, key: ChunkKey, ask_peers: bool = True) -> tuple[int | Lookup, bool]:
-        """The first tier that holds ``key`` (or RETRY, or MISS), and whether a tier was down."""
-        maybe = unavailable = False
+    def _find_holder(
+        self, key: ChunkKey, ask_peers: bool = True
+    ) -> tuple[int | Lookup, str | None]:
+        """The first tier that holds ``key`` (or RETRY, or MISS), and why a tier could not tell.
+
+        The second value is ``tier_unavailable`` when a tier was down, ``tier_disabled`` when one
+        is switched off (it is not asked), else ``None``.
+        """
+        maybe, absent = False, None
         for index, tier in enumerate(self.tiers):
             if self.provenance.has_failed(index, key) or (tier.reads_peers and not ask_peers):
                 continue
+            if not self.tiers.enabled(index):
+                absent = absent or "tier_disabled"
+                continue
             answer = self.tiers.lookup(index, key)
-            unavailable = unavailable or answer is None or not tier.available
+            if answer is None or not tier.available:
+                absent = "tier_unavailable"
             if answer is HIT:
-                return index, unavailable
+                return index, absent
             maybe = maybe or answer is RETRY
-        return (RETRY if maybe else MISS), unavailable
+        return (RETRY if maybe else MISS), absent
 
     def _promote(self, index: int, keys: list[ChunkKey]) -> bool:
         slots = self.slots.allocate(keys, writer=Promotion(self.tiers[index].name))

@@ -67,15 +67,15 @@ class Provenance:
     def has_failed(self, tier: int, key: ChunkKey) -> bool:
         return (tier, key) in self._failed
 
-    def miss_reason(self, key: ChunkKey, unavailable: bool) -> str:
+    def miss_reason(self, key: ChunkKey, absent: str | None) -> str:
         """Why ``key``, held by no tier, must be recomputed (one of ``MISS_REASONS``)."""
         failures = {self._failed.get((tier, key)) for tier in range(len(self._tiers))}
         if "integrity" in failures:
             return "integrity_failure"
         if "io" in failures:
             return "promotion_failed"
-        if unavailable:
-            return "tier_unavailable"
+        if absent is not None:  # a tier that was down or switched off might have held it
+            return absent
         return "evicted" if key in self._evicted else "never_stored"
 
     def count_loaded(self, keys: Sequence[ChunkKey]) -> None:

@@ -6,6 +6,10 @@ submission (``Finished``). A tier that raises is never fatal: in ``submit`` the 
 failed result at once, in ``lookup`` the answer is unknown, in ``poll`` the tier reports nothing
 this time; each is counted in ``kvtier_tier_errors_total{where}``.
 
+A tier can be switched off at run time (``disable``): it is then asked no lookup and given no
+new job, while the jobs it already has still report through ``poll`` (their slots are released
+and their bytes verified as always), so nothing is lost or left pinned.
+
 Thread safety: none; it belongs to the manager (called under its lock). The tiers' own threads
 are behind their non-blocking methods.
 """
@@ -14,10 +18,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from itertools import count
 
+from kvtier.errors import KVTierError
 from kvtier.keys import ChunkKey
 from kvtier.logs import ThrottledLog
 from kvtier.metrics import ManagerMetrics
@@ -45,6 +50,7 @@ class Finished:
 
     job: PendingJob
     result: JobResult
+    seconds: float = 0.0  # from submission to report
 
     @property
     def succeeded(self) -> list[ChunkKey]:
@@ -63,6 +69,7 @@ class TierSet:
         self._metrics, self._chunk_bytes = metrics, chunk_bytes
         self._ids = count()
         self._pending: dict[int, PendingJob] = {}
+        self._disabled: dict[int, str] = {}  # tier index -> why
 
     def __len__(self) -> int:
         return len(self.tiers)
@@ -130,7 +137,36 @@ class TierSet:
         name = self.tiers[job.tier].name
         nbytes = ok * self._chunk_bytes
         self._metrics.job(name, job.op, ok, len(job.keys) - ok, nbytes, seconds)
-        return finished
+        return Finished(job, finished.result, seconds)
+
+    # -- switching tiers on and off ------------------------------------------------------------
+    def enabled(self, index: int) -> bool:
+        return index not in self._disabled
+
+    def index_of(self, name: str) -> int:
+        """The index of the tier called ``name``; ``KVTierError`` naming the tiers if none is."""
+        for index, tier in enumerate(self.tiers):
+            if tier.name == name:
+                return index
+        raise KVTierError(f"no tier named {name!r} (tiers: {', '.join(self.names()) or 'none'})")
+
+    def switch(self, name: str, enable: bool, reason: str) -> bool:
+        """Switch tier ``name`` on or off; whether that changed anything."""
+        index = self.index_of(name)
+        if enable == self.enabled(index):
+            return False
+        if enable:
+            del self._disabled[index]
+        else:
+            self._disabled[index] = reason
+            self._metrics.count("tier_disabled", tier=name, reason=reason)
+        return True
+
+    def split_by_state(self) -> tuple[list[str], list[str]]:
+        """Names of the enabled and of the disabled tiers, each in config order."""
+        names = self.names()
+        enabled = [n for i, n in enumerate(names) if self.enabled(i)]
+        return enabled, [n for i, n in enumerate(names) if not self.enabled(i)]
 
     # -- lookups -----------------------------------------------------------------------------
     def lookup(self, index: int, key: ChunkKey) -> Lookup | None:
@@ -146,5 +182,5 @@ class TierSet:
         self._metrics.count("tier_lookups", tier=tier.name, result=answer.value)
         return answer
 
-    def names(self) -> Sequence[str]:
+    def names(self) -> list[str]:
         return [tier.name for tier in self.tiers]

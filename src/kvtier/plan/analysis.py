@@ -56,8 +56,8 @@ class PlanOptions:
     page_cache_bytes: int | None = None
     max_fs_bytes: int = 2 * TiB
     exact_limit: int = 2_000_000
-    arc_limit: int = 100_000
-    arc_points: int = 8
+    arc_limit: int = 50_000
+    arc_points: int = 6
     min_reuse: float = 0.05
     min_gain: float = 0.02
     knee: float = 0.95

@@ -100,7 +100,7 @@ def _machine_arguments(plan: Any) -> None:
         help="references analyzed exactly; more are sampled (SHARDS)",
     )
     machine.add_argument(
-        "--arc-limit", type=int, default=100_000, help="references of the ARC miniature simulations"
+        "--arc-limit", type=int, default=50_000, help="references of the ARC miniature simulations"
     )
 
 

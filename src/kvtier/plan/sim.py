@@ -26,6 +26,7 @@ Runs on the caller's thread.
 from __future__ import annotations
 
 from collections.abc import Container, Hashable, Iterator
+from itertools import pairwise
 from typing import TypeVar
 
 import numpy as np
@@ -39,11 +40,12 @@ K = TypeVar("K", bound=Hashable)
 
 
 def requests_of(stream: Stream) -> Iterator[tuple[list[int], list[bool]]]:
-    """Each request's keys and usable flags, in prompt order."""
+    """Each request's keys and usable flags, in prompt order (requests without keys, which
+    change nothing, are left out)."""
     keys, usable, starts = stream.keys.tolist(), stream.usable.tolist(), stream.starts.tolist()
-    for r in range(len(starts) - 1):
-        lo, hi = starts[r], starts[r + 1]
-        yield keys[lo:hi][::-1], usable[lo:hi][::-1]
+    for lo, hi in pairwise(starts):
+        if hi > lo:
+            yield keys[lo:hi][::-1], usable[lo:hi][::-1]
 
 
 def count_hits(keys: list[K], usable: list[bool], resident: Container[K], prefix: bool) -> list[K]:

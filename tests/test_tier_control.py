@@ -1,0 +1,233 @@
+"""Tiers switched off and on at run time, by hand and by the SLO guard.
+
+A switched-off tier gets no lookups, promotions or writes; its jobs in flight finish safely;
+serving continues from host memory and the other tiers, never with wrong bytes, never stuck.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+
+from kvtier import RETRY, KVTierError, TieringManager
+from kvtier.config import FsTierConfig, MemoryTierConfig
+from kvtier.slo import SLOGuard, SLOGuardConfig
+from kvtier.tiers.fault import FaultInjectingTier
+from kvtier.tiers.filesystem import FilesystemTier
+from kvtier.tiers.memory import MemoryTier
+from tests.conftest import config, fill, make_keys, wait_for
+from tests.test_manager import push_out, read, settle, store
+
+
+def fs_factory(root):
+    return lambda region, identity: FilesystemTier(
+        FsTierConfig(root_dir=str(root)), region, identity
+    )
+
+
+def slow_memory(region, identity):
+    return FaultInjectingTier(MemoryTier(MemoryTierConfig(), region, identity), name="slow")
+
+
+def counter(m, name):
+    return m.stats()["counters"].get(name, 0)
+
+
+def test_a_disabled_tier_is_asked_nothing_and_written_nothing(identity, tmp_path):
+    keys, later = make_keys(identity, 2), make_keys(identity, 2, seed=3)
+    with TieringManager(config(2), identity, tiers=[fs_factory(tmp_path)]) as m:
+        store(m, keys)
+        assert m.wait_idle(10)
+        assert m.disable_tier("fs") and not m.disable_tier("fs")
+        store(m, later)  # evicts keys from host; not written to the disabled fs tier
+        assert m.wait_idle(10)
+        lookups = counter(m, "kvtier_tier_lookups_total{result=hit,tier=fs}")
+        assert m.lookup(keys) == 0, "no RETRY: the disabled tier is not waited on"
+        assert counter(m, "kvtier_tier_lookups_total{result=hit,tier=fs}") == lookups
+        assert counter(m, "kvtier_recomputed_chunks_total{reason=tier_disabled}") == 2
+        assert m.stats()["disabled_tiers"] == ["fs"]
+        assert m.enable_tier("fs")
+        assert settle(m, keys) == 2 and read(m, keys)
+        push_out(m, identity, 2)
+        assert settle(m, later) == 0, "chunks stored while the tier was off never reached it"
+        switches = m.take_tier_switches()
+    assert [(s.tier, s.enabled, s.reason) for s in switches] == [
+        ("fs", False, "manual"),
+        ("fs", True, "manual"),
+    ]
+
+
+def test_switching_an_unknown_tier_names_the_tiers(identity, tmp_path):
+    m = TieringManager(config(2), identity, tiers=[fs_factory(tmp_path)])
+    with m, pytest.raises(KVTierError, match="fs"):
+        m.disable_tier("nope")
+
+
+def test_a_store_in_flight_when_the_tier_is_disabled_finishes_and_frees_its_slots(identity):
+    keys = make_keys(identity, 2)
+    with TieringManager(config(2), identity, tiers=[slow_memory]) as m:
+        m.tiers[0].delay_s = 0.3
+        store(m, keys)
+        m.disable_tier("slow")
+        assert m.prepare_store(make_keys(identity, 1, seed=8)) is None, "still written"
+        assert m.wait_idle(10)
+        assert m.stats()["host"]["held_slots"] == 0
+        assert counter(m, "kvtier_tier_chunks_total{op=store,outcome=ok,tier=slow}") == 2
+
+
+def test_disable_and_enable_under_load_serve_no_wrong_bytes_and_never_stall(identity, tmp_path):
+    """An engine thread stores, looks up and loads while another thread flips the fs tier."""
+    prefixes = [make_keys(identity, 3, seed=s) for s in range(12)]
+    stop, failures = threading.Event(), []
+    with TieringManager(config(6), identity, tiers=[fs_factory(tmp_path)]) as m:
+
+        def flip() -> None:
+            while not stop.is_set():
+                m.disable_tier("fs")
+                time.sleep(0.003)
+                m.enable_tier("fs")
+                time.sleep(0.003)
+
+        flipper = threading.Thread(target=flip)
+        flipper.start()
+        try:
+            for round_ in range(6):
+                for keys in prefixes:
+                    n = settle(m, keys, timeout=20)
+                    if n and not read(m, keys[:n]):
+                        failures.append((round_, n))
+                    plan = m.prepare_store(keys[n:]) if n < len(keys) else None
+                    if plan is not None:  # None: every slot is held now; an engine skips it
+                        for key, slot in zip(plan.keys, plan.slots):
+                            fill(m.region, slot, key)
+                        m.complete_store(plan.keys)
+        finally:
+            stop.set()
+            flipper.join()
+        assert m.wait_idle(10) and m.stats()["host"]["held_slots"] == 0
+    assert failures == []
+
+
+# -- the SLO guard, on its own clock --------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def guard(**options: float) -> tuple[SLOGuard, Clock]:
+    settings = {"window_s": 10.0, "sustain_s": 2.0, "cooldown_s": 5.0, "min_samples": 3}
+    clock = Clock()
+    return SLOGuard(SLOGuardConfig(**{**settings, **options}), clock), clock
+
+
+def test_the_guard_trips_only_after_a_sustained_breach():
+    g, clock = guard(promotion_p99_s=0.1)
+    for _ in range(3):
+        g.observe_promotion("fs", 0.5)
+    assert g.decide(["fs"], []) == []  # broken, not yet for sustain_s
+    clock.now += 1.0
+    assert g.decide(["fs"], []) == []
+    clock.now += 1.0
+    (decision,) = g.decide(["fs"], [])
+    assert (decision.tier, decision.enable, decision.reason) == ("fs", False, "promotion_p99")
+
+
+def test_a_breach_that_ends_before_sustain_s_does_not_trip():
+    g, clock = guard(promotion_p99_s=0.1)
+    for _ in range(3):
+        g.observe_promotion("fs", 0.5)
+    g.decide(["fs"], [])
+    clock.now += 11.0  # the slow samples leave the window
+    g.decide(["fs"], [])
+    clock.now += 2.0
+    assert g.decide(["fs"], []) == []
+
+
+def test_a_request_budget_disables_the_newest_tier_and_returns_it_with_hysteresis():
+    g, clock = guard(ttft_p99_s=1.0)
+    for _ in range(3):
+        g.observe_request(ttft_s=2.0)
+    g.decide(["fs", "obj"], [])
+    clock.now += 2.0
+    assert [d.tier for d in g.decide(["fs", "obj"], [])] == ["obj"]
+    clock.now += 6.0  # cooled down, but the TTFT p99 is still over budget: stays off
+    assert g.decide(["fs"], ["obj"]) == []
+    clock.now += 11.0
+    for _ in range(3):
+        g.observe_request(ttft_s=0.9)  # under budget, not under 0.8 of it: still off
+    assert g.decide(["fs"], ["obj"]) == []
+    for _ in range(300):
+        g.observe_request(ttft_s=0.1)
+    (back,) = g.decide(["fs"], ["obj"])
+    assert (back.tier, back.enable) == ("obj", True)
+
+
+def test_a_tier_that_trips_again_soon_waits_twice_as_long():
+    g, clock = guard(promotion_p99_s=0.1)
+
+    def trip(enabled: list[str]) -> None:
+        for _ in range(3):
+            g.observe_promotion("fs", 0.5)
+        g.decide(enabled, [])
+        clock.now += 2.0
+        assert [d.enable for d in g.decide(enabled, [])] == [False]
+
+    trip(["fs"])
+    clock.now += 5.0
+    assert [d.enable for d in g.decide([], ["fs"])] == [True]
+    trip(["fs"])
+    clock.now += 5.0
+    assert g.decide([], ["fs"]) == [], "the second cool-down is twice as long"
+    clock.now += 5.0
+    assert [d.enable for d in g.decide([], ["fs"])] == [True]
+
+
+def test_a_tier_disabled_by_hand_is_never_switched_on_by_the_guard():
+    g, clock = guard(promotion_p99_s=0.1)
+    clock.now += 1000.0
+    assert g.decide([], ["fs"]) == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{}, {"ttft_p99_s": float("nan")}, {"ttft_p99_s": 1.0, "min_samples": 0},
+     {"ttft_p99_s": 1.0, "recover_ratio": 1.5}, {"ttft_p99_s": 1.0, "window_s": float("inf")}],
+)  # fmt: skip
+def test_guard_settings_are_checked(bad):
+    with pytest.raises(KVTierError):
+        SLOGuardConfig(**bad)
+
+
+# -- the SLO guard in a manager -------------------------------------------------------------------
+def test_a_tier_turning_slow_is_switched_off_then_back_on_when_healthy(identity):
+    """Promotions from a tier that turns slow mid-run trip the guard: lookups stop waiting on
+    it. Once it is fast again it returns after its cool-down and serves promotions."""
+    slo = {"promotion_p99_s": 0.1, "window_s": 1.0, "sustain_s": 0.2, "cooldown_s": 0.5,
+           "min_samples": 2}  # fmt: skip
+    with TieringManager(config(4, slo_guard=slo), identity, tiers=[slow_memory]) as m:
+        slow = m.tiers[0]
+        prefixes = [make_keys(identity, 1, seed=s) for s in range(40)]
+        for keys in prefixes:
+            store(m, keys)
+            assert m.wait_idle(10)
+        slow.delay_s = 0.3
+        tried, seeds = iter(prefixes), itertools.count(900)
+
+        def promote_once() -> bool:
+            keys = next(tried)
+            push_out(m, identity, 4, seed=next(seeds))
+            return settle(m, keys, timeout=20) == 0 and "slow" in m.stats()["disabled_tiers"]
+
+        wait_for(promote_once, timeout=30)
+        assert m.lookup(make_keys(identity, 1, seed=39)) is not RETRY
+        slow.delay_s = 0.0
+        wait_for(lambda: (m.poll(), not m.stats()["disabled_tiers"])[1], timeout=30)
+        assert counter(m, "kvtier_tier_disabled_total{reason=promotion_p99,tier=slow}") >= 1
+        reasons = [(s.enabled, s.reason) for s in m.take_tier_switches()]
+    assert (False, "promotion_p99") in reasons and (True, "cooled_down") in reasons
