@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import xxhash
 
 from kvtier.plan.trace import Trace
 
@@ -10,7 +11,8 @@ MASK = (1 << 64) - 1
 
 
 def key(*parts: int) -> int:
-    return hash(("k", *parts)) & MASK
+    """A deterministic 64-bit key (``hash`` of a tuple changes with PYTHONHASHSEED)."""
+    return xxhash.xxh3_64_intdigest(repr(parts).encode())
 
 
 def cyclic_docs(docs: int, chunks: int, requests: int, chunk_tokens: int) -> Trace:

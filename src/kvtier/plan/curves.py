@@ -64,7 +64,10 @@ def method_of(samples: list[Sample]) -> str:
     if len(samples) == 1 and samples[0].rate == 1.0:
         return "exact LRU stack distances"
     rate = sum(s.rate for s in samples)
-    return f"SHARDS spatial sampling at {rate:.3%} of keys, {len(samples)} sub-samples"
+    return (
+        f"SHARDS spatial sampling at {rate:.3%} of keys, {len(samples)} sub-samples "
+        f"(+ the {samples[0].hot_keys} hottest keys exactly)"
+    )
 
 
 def stack_curve(
@@ -79,8 +82,11 @@ def stack_curve(
     parts = []
     for i, sample in enumerate(samples):
         values = sample.distances if need is None else need[i]
-        usable = np.sort(values[sample.stream.usable])
-        parts.append(np.searchsorted(usable, capacities, side="left") * sample.weight)
+        usable = sample.stream.usable
+        order = np.argsort(values[usable], kind="stable")
+        served = np.concatenate([[0.0], np.cumsum(sample.weight[usable][order])])
+        index = np.searchsorted(values[usable][order], capacities, side="left")
+        parts.append(served[index])
     estimates = np.array(parts) / total_tokens
     hit = estimates.sum(axis=0)
     error = 0.0

@@ -124,7 +124,8 @@ def histograms(samples: list[Sample], times: np.ndarray, chunk_bytes: int) -> Hi
         bucket = np.searchsorted(PREFIX_EDGES, prefix_tokens, side="left")
         size = sample.distances[reuse] * chunk_bytes
         size_bin = np.clip(np.searchsorted(edges, size, side="right") - 1, 0, len(edges) - 2)
-        np.add.at(by_bytes, (bucket, size_bin), sample.weight)
+        weight = sample.weight[reuse]
+        np.add.at(by_bytes, (bucket, size_bin), weight)
         age = times[sample.stream.request[reuse]] - creation_times(sample, times)[reuse]
-        np.add.at(by_age, (bucket, np.searchsorted(AGE_EDGES, age, side="right")), sample.weight)
+        np.add.at(by_age, (bucket, np.searchsorted(AGE_EDGES, age, side="right")), weight)
     return Histograms(edges, by_bytes.tolist(), by_age.tolist())

@@ -5,7 +5,7 @@ first, its first chunk last), which is the recency kvtier's integrations leave b
 prefix outlives its tail). Every chunk of a request is looked up *before* any of them is
 referenced, so a chunk's distance is its position in the LRU stack when the request arrives:
 ``d`` = how many distinct chunks were used more recently. An LRU cache of ``C`` chunks holds
-it exactly when ``d < C``; a chunk never seen before has ``d = COLD``. Because a chunk is always
+it exactly when ``d < C``; a chunk never seen before has ``d = inf``. Because a chunk is always
 referenced together with its parent (keys are prefix-chained) and after it, a cache's resident
 set is prefix-closed, so per-chunk hits equal the longest cached prefix of each request.
 
@@ -15,9 +15,15 @@ for a chunk last used at position ``a``: ``O(log n)`` per reuse, ``O(1)`` per fi
 in pure Python (about 2 to 4 us per reuse).
 
 **Sampled (SHARDS).** Beyond ``exact_limit`` references, keys are sampled by a hash of the key
-(every reference of a sampled key is kept), at rate ``R``; distances measured on the sample are
-scaled by ``1 / R``. The sample is split into ``K`` disjoint sub-samples; the curve is their mean
-and its standard error (their standard deviation over ``sqrt(K)``) is reported.
+(every reference of a sampled key is kept), at rate ``R``; a sampled key stands for ``1 / R``
+keys, so distances are weighted sums. The sample is split into ``K`` disjoint sub-samples; the
+curve is their mean and its standard error (their standard deviation over ``sqrt(K)``) is
+reported. The hottest keys are kept in every sub-sample at weight 1, as many as fit a budget
+of ``exact_limit / (2 K)`` references: spatial sampling would otherwise keep or drop them for
+all sub-samples at once, a bias no spread between sub-samples reveals. Keys too hot for that
+budget (a system prompt shared by most requests) are sampled like the others, so a trace
+dominated by a few such prefixes may be estimated low at small capacities; a larger
+``exact_limit`` reduces that.
 
 Runs on the caller's thread.
 """
@@ -30,7 +36,6 @@ import numpy as np
 
 from kvtier.plan.trace import Trace
 
-COLD = -1  #: distance of a first use (or a repeat inside one request): never a hit
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _BUCKETS = 1 << 24
 
@@ -97,34 +102,38 @@ def previous_use(keys: np.ndarray) -> np.ndarray:
     return prev
 
 
-def stack_distances(stream: Stream) -> np.ndarray:
-    """Lookup-time LRU stack distance of every reference (``COLD`` for a first use)."""
+def stack_distances(stream: Stream, marks: np.ndarray | None = None) -> np.ndarray:
+    """Lookup-time LRU stack distance of every reference: the total ``marks`` weight of the
+    distinct keys used more recently (weight 1 each by default, so the count of them); ``inf``
+    for a first use or a repeat inside one request."""
     prev = previous_use(stream.keys).tolist()
     starts = stream.starts.tolist()
     n = len(prev)
-    tree = [0] * (n + 1)
-    dist = [COLD] * n
-    distinct = 0
+    weights = [1.0] * n if marks is None else marks.tolist()
+    below = np.concatenate([[0.0], np.cumsum(weights)]).tolist()  # weight of positions < i
+    tree = [0.0] * (n + 1)
+    dist = [np.inf] * n
+    distinct = 0.0
     for r in range(len(starts) - 1):
         lo, hi = starts[r], starts[r + 1]
         for j in range(lo, hi):
             a = prev[j]
             if a < lo and a >= 0:
-                i, removed = a + 1, 0
+                i, removed = a + 1, 0.0
                 while i:
                     removed += tree[i]
                     i &= i - 1
-                dist[j] = distinct - (a + 1 - removed)
+                dist[j] = distinct - (below[a + 1] - removed)
         for j in range(lo, hi):
             a = prev[j]
             if a < 0:
-                distinct += 1
+                distinct += weights[j]
                 continue
-            i = a + 1
+            i, w = a + 1, weights[a]
             while i <= n:
-                tree[i] += 1
+                tree[i] += w
                 i += i & -i
-    return np.array(dist, dtype=np.int64)
+    return np.array(dist, dtype=np.float64)
 
 
 def sample_buckets(keys: np.ndarray, salt: int = 0) -> np.ndarray:
@@ -135,51 +144,76 @@ def sample_buckets(keys: np.ndarray, salt: int = 0) -> np.ndarray:
 
 @dataclass
 class Sample:
-    """One (sub-)sample: its stream, LRU distances scaled to the full trace, and its weight:
-    prompt tokens of the full trace each of its usable references stands for."""
+    """One (sub-)sample: its stream, LRU distances in units of the full trace (``inf`` for a
+    first use), each reference's mark weight (the keys of the full trace its key stands for),
+    and each reference's weight: the prompt tokens of the full trace one of its usable
+    references stands for."""
 
     stream: Stream
-    distances: np.ndarray  # float64, scaled; inf for COLD
-    weight: float
+    distances: np.ndarray
+    marks: np.ndarray
+    weight: np.ndarray
     rate: float
+    hot_keys: int = 0
 
 
 def samples(stream: Stream, exact_limit: int, parts: int = 4, salt: int = 0) -> list[Sample]:
     """The whole stream as one exact sample when it has at most ``exact_limit`` references;
-    else ``parts`` disjoint SHARDS sub-samples of about ``exact_limit / parts`` each."""
+    else ``parts`` SHARDS sub-samples: the hottest keys (at most ``exact_limit / (2 * parts)``
+    references) are in every sub-sample with weight 1, so one very popular prefix cannot be in
+    or out of all of them at once; the other keys are split by hash into ``parts`` disjoint
+    samples of about ``exact_limit / (2 * parts)`` references each."""
+    tokens = float(stream.chunk_tokens)
     if len(stream) <= exact_limit:
-        return [measure(stream, 1.0, stream.usable.sum())]
-    rate = exact_limit / len(stream)
+        ones = np.ones(len(stream))
+        return [Sample(stream, stack_distances(stream), ones, ones * tokens, 1.0)]
+    hot = hot_references(stream.keys, exact_limit // (2 * parts))
+    normal = ~hot
+    rate = min(1.0, exact_limit / 2 / max(1, int(normal.sum())))
     buckets = sample_buckets(stream.keys, salt)
-    chosen = buckets < int(rate * _BUCKETS)
-    total_usable = int(stream.usable.sum())
+    chosen = normal & (buckets < int(rate * _BUCKETS))
+    normal_usable = max(1, int((normal & stream.usable).sum()))
     result = []
     for part in range(parts):
-        sub = stream.subset(chosen & (buckets % parts == part))
-        result.append(measure(sub, rate / parts, total_usable, parts))
+        mask = hot | (chosen & (buckets % parts == part))
+        sub = stream.subset(mask)
+        sub_hot = hot[mask]
+        sub_rate = rate / parts
+        marks = np.where(sub_hot, 1.0, 1.0 / sub_rate)
+        sampled_usable = max(1, int((~sub_hot & sub.usable).sum()))
+        weight = np.where(sub_hot, tokens, tokens * normal_usable / sampled_usable) / parts
+        hot_count = int(np.unique(stream.keys[hot]).size)
+        result.append(Sample(sub, stack_distances(sub, marks), marks, weight, sub_rate, hot_count))
     return result
 
 
-def measure(stream: Stream, rate: float, total_usable: int, parts: int = 1) -> Sample:
-    """LRU distances of a sample taken at ``rate``, scaled by ``1 / rate``; the weight makes
-    ``parts`` sub-samples average to the full trace (SHARDS-adj: the sample's actual usable
-    share, not the nominal rate)."""
-    raw = stack_distances(stream)
-    distances = np.where(raw == COLD, np.inf, raw / rate)
+def hot_references(keys: np.ndarray, budget: int) -> np.ndarray:
+    """Which references belong to the most used keys, as many keys as fit ``budget``
+    references (keys used once never count)."""
+    unique, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    fits = order[(np.cumsum(counts[order]) <= budget) & (counts[order] > 1)]
+    is_hot = np.zeros(len(unique), dtype=bool)
+    is_hot[fits] = True
+    hot: np.ndarray = is_hot[inverse]
+    return hot
+
+
+def measure(stream: Stream, rate: float, total_usable: int) -> Sample:
+    """LRU distances of a plain sample taken at ``rate`` (every key weighs ``1 / rate``)."""
+    marks = np.full(len(stream), 1.0 / rate)
     sampled_usable = max(1, int(stream.usable.sum()))
-    weight = stream.chunk_tokens * total_usable / sampled_usable / parts
-    return Sample(stream, distances, weight, rate)
+    weight = np.full(len(stream), stream.chunk_tokens * total_usable / sampled_usable)
+    return Sample(stream, stack_distances(stream, marks), marks, weight, rate)
 
 
 def rescan(sample: Sample, mask: np.ndarray) -> Sample:
     """LRU distances of the sub-stream ``mask`` of a sample (e.g. admitted chunks, or chunks
-    that missed host memory), at the sample's rate and weight."""
+    that missed host memory), with the sample's weights; ``inf`` outside the mask."""
     sub = sample.stream.subset(mask)
-    raw = stack_distances(sub)
-    distances = np.where(raw == COLD, np.inf, raw / sample.rate)
     full = np.full(len(sample.stream), np.inf)
-    full[np.flatnonzero(mask)] = distances
-    return Sample(sample.stream, full, sample.weight, sample.rate)
+    full[np.flatnonzero(mask)] = stack_distances(sub, sample.marks[mask])
+    return Sample(sample.stream, full, sample.marks, sample.weight, sample.rate, sample.hot_keys)
 
 
 def first_uses(stream: Stream) -> np.ndarray:

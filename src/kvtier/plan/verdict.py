@@ -86,7 +86,7 @@ def lru_knee(a: Analysis, base: float, fraction: float) -> int:
     """The exact smallest LRU capacity (chunks) that adds ``fraction`` of what LRU can add over
     ``base`` (not limited to the curve's grid)."""
     values = np.concatenate([s.distances[s.stream.usable] for s in a.samples])
-    weights = np.concatenate([np.full(int(s.stream.usable.sum()), s.weight) for s in a.samples])
+    weights = np.concatenate([s.weight[s.stream.usable] for s in a.samples])
     finite = np.isfinite(values)
     order = np.argsort(values[finite], kind="stable")
     ordered, served = values[finite][order], np.cumsum(weights[finite][order]) / a.total_tokens
@@ -103,7 +103,7 @@ def host_share(a: Analysis, capacity: int, admission: bool) -> float:
     served = 0.0
     for sample, host in zip(a.samples, hosts, strict=True):
         hits = host_level_hits(sample, host, a.device_chunks, capacity) & sample.stream.usable
-        served += float(hits.sum()) * sample.weight
+        served += float(sample.weight[hits].sum())
     return served / a.total_tokens
 
 
