@@ -162,14 +162,15 @@ def samples(stream: Stream, exact_limit: int, parts: int = 4, salt: int = 0) -> 
     else ``parts`` SHARDS sub-samples: the hottest keys (at most ``exact_limit / (2 * parts)``
     references) are in every sub-sample with weight 1, so one very popular prefix cannot be in
     or out of all of them at once; the other keys are split by hash into ``parts`` disjoint
-    samples of about ``exact_limit / (2 * parts)`` references each."""
+    samples sharing the rest of the ``exact_limit`` budget."""
     tokens = float(stream.chunk_tokens)
     if len(stream) <= exact_limit:
         ones = np.ones(len(stream))
         return [Sample(stream, stack_distances(stream), ones, ones * tokens, 1.0)]
     hot = hot_references(stream.keys, exact_limit // (2 * parts))
     normal = ~hot
-    rate = min(1.0, exact_limit / 2 / max(1, int(normal.sum())))
+    budget = exact_limit - parts * int(hot.sum())  # every sub-sample holds the hot references
+    rate = min(1.0, budget / max(1, int(normal.sum())))
     buckets = sample_buckets(stream.keys, salt)
     chosen = normal & (buckets < int(rate * _BUCKETS))
     normal_usable = max(1, int((normal & stream.usable).sum()))
@@ -192,7 +193,8 @@ def hot_references(keys: np.ndarray, budget: int) -> np.ndarray:
     references (keys used once never count)."""
     unique, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
     order = np.argsort(-counts, kind="stable")
-    fits = order[(np.cumsum(counts[order]) <= budget) & (counts[order] > 1)]
+    candidates = order[(counts[order] <= budget) & (counts[order] > 1)]
+    fits = candidates[np.cumsum(counts[candidates]) <= budget]
     is_hot = np.zeros(len(unique), dtype=bool)
     is_hot[fits] = True
     hot: np.ndarray = is_hot[inverse]
