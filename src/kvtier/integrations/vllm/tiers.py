@@ -24,6 +24,7 @@ How the contract of vLLM's ``SecondaryTierManager`` is met:
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Iterable
@@ -252,9 +253,15 @@ class KvtierSecondaryTier(SecondaryTierManager):
             return
         self._closed = True
         self._tier.close()
+        # Slices of vLLM's view share its buffer export, so every object that may still hold
+        # one (the tier's links and finished requests, reference cycles) must be gone before
+        # vLLM closes its region; calls after shutdown then fail as misses and failed jobs.
+        del self._tier
+        self._ready, self._jobs = [], {}
+        gc.collect()
         try:
             self._region.release()
-        except BufferError as exc:  # a view still held somewhere: vLLM's cleanup will say so
+        except BufferError as exc:  # still held: vLLM's region cleanup will complain too
             log.warning("%s: primary view still in use at shutdown: %s", self.tier_type, exc)
 
 
