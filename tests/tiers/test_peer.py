@@ -10,10 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from kvtier import RETRY, CacheIdentity, TieringManager
+from kvtier.config import P2PTierConfig
 from kvtier.events import EventKind
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, TransferJob
+from kvtier.tiers.peer import PeerTier
 from tests.conftest import collect, config, fill, holds, make_keys, settle_lookup, wait_for
 from tests.tiers.peer_node import PeerNode
 from tests.tiers.s3_server import free_port
@@ -144,6 +146,56 @@ def test_a_peer_that_does_not_accept_stores_fails_them(producer, identity, regio
         assert result.succeeded == frozenset() and result.failed == frozenset(keys)
     finally:
         tier.close()
+
+
+def test_the_tier_learns_from_each_handshake_whether_stores_are_accepted(
+    producer, p2p_server, identity, region
+):
+    refusing, accepting = producer.tier(region, identity), p2p_server.tier(region, identity)
+    try:
+        wait_for(lambda: accepting.accepts_stores, timeout=20, what="an accepting peer's hello")
+        assert settle_lookup(refusing, make_keys(identity, 1)[0]) is HIT  # its hello answered
+        assert not refusing.accepts_stores
+    finally:
+        refusing.close()
+        accepting.close()
+
+
+def test_a_store_for_a_peer_that_refuses_stores_never_leaves_this_process(identity, region):
+    """Submitted before the handshake is answered, so it waits for it; then fails here."""
+    with TieringManager(config(8, serve={"port": free_port()}), identity) as server:
+        assert server.peer_server is not None
+        p2p_config = P2PTierConfig(host="127.0.0.1", port=server.peer_server.port)
+        tier = PeerTier(p2p_config, region, identity)
+        try:
+            keys = make_keys(identity, 2, seed=5)
+            tier.submit_store(TransferJob(1, tuple(keys), (0, 1)))
+            assert collect(tier, [1])[1].failed == frozenset(keys)
+            assert tier.stats()["stores_not_accepted"] == 1
+            assert settle_lookup(tier, make_keys(identity, 1, seed=6)[0]) is MISS  # still up
+            assert tier.stats().get("peer_failures", 0) == 0
+        finally:
+            tier.close()
+        stats = server.peer_server.stats()
+    assert "stores_refused" not in stats and "messages_dropped_oversized" not in stats
+
+
+@pytest.mark.xfail(
+    strict=True, reason="the manager must not write through to a tier whose accepts_stores is False"
+)
+def test_peers_that_refuse_stores_get_no_write_through_and_no_failure(producer, identity):
+    keys = make_keys(identity, 4, seed=11)
+    with TieringManager(config(16, secondary_tiers=[p2p(producer.port)]), identity) as m:
+        assert settle(m, make_keys(identity, 1)) == 1  # the peer's handshake was answered
+        plan = m.prepare_store(keys)
+        assert plan is not None
+        for key, slot in zip(plan.keys, plan.slots):
+            fill(m.region, slot, key)
+        m.complete_store(plan.keys)
+        assert m.wait_idle(timeout=20)
+        counters = m.stats()["counters"]
+    stores = {name: n for name, n in counters.items() if "op=store" in name and "tier=p2p" in name}
+    assert stores == {}, f"write-through to peers that refuse stores: {stores}"
 
 
 def test_one_request_is_served_by_the_filesystem_and_a_peer(identity, tmp_path):
