@@ -19,7 +19,7 @@ in pure Python (about 2 to 4 us per reuse).
 keys, so distances are weighted sums. The sample is split into ``K`` disjoint sub-samples; the
 curve is their mean and its standard error (their standard deviation over ``sqrt(K)``) is
 reported. The hottest keys are kept in every sub-sample at weight 1, as many as fit a budget
-of ``exact_limit / (4 K)`` references: spatial sampling would otherwise keep or drop them for
+of ``exact_limit / (2 K)`` references: spatial sampling would otherwise keep or drop them for
 all sub-samples at once, a bias no spread between sub-samples reveals. Keys too hot for that
 budget (a system prompt shared by most requests) are sampled like the others, so a trace
 dominated by a few such prefixes may be estimated low at small capacities; a larger
@@ -159,7 +159,7 @@ class Sample:
 
 def samples(stream: Stream, exact_limit: int, parts: int = 4, salt: int = 0) -> list[Sample]:
     """The whole stream as one exact sample when it has at most ``exact_limit`` references;
-    else ``parts`` SHARDS sub-samples: the hottest keys (at most ``exact_limit / (4 * parts)``
+    else ``parts`` SHARDS sub-samples: the hottest keys (at most ``exact_limit / (2 * parts)``
     references) are in every sub-sample with weight 1, so one very popular prefix cannot be in
     or out of all of them at once; the other keys are split by hash into ``parts`` disjoint
     samples sharing the rest of the ``exact_limit`` budget."""
@@ -167,7 +167,7 @@ def samples(stream: Stream, exact_limit: int, parts: int = 4, salt: int = 0) -> 
     if len(stream) <= exact_limit:
         ones = np.ones(len(stream))
         return [Sample(stream, stack_distances(stream), ones, ones * tokens, 1.0)]
-    hot = hot_references(stream.keys, exact_limit // (4 * parts))
+    hot = hot_references(stream.keys, exact_limit // (2 * parts))
     normal = ~hot
     budget = exact_limit - parts * int(hot.sum())  # every sub-sample holds the hot references
     rate = min(1.0, budget / max(1, int(normal.sum())))
