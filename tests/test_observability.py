@@ -154,8 +154,9 @@ def test_host_full_and_store_in_flight_reasons(identity, tmp_path):
         assert reason_counts(m) == {"host_full": 1, "store_in_flight": 1}
 
 
-class BlockStored(msgspec.Struct, array_like=True, tag=True):
-    """The shape vLLM consumers decode (vllm.distributed.kv_events), written from its docs."""
+class BlockStored(msgspec.Struct, tag=True):
+    """The shape vLLM consumers decode (vllm.distributed.kv_events), written from its docs:
+    tagged maps (vLLM >= 0.32)."""
 
     block_hashes: list[bytes]
     parent_block_hash: bytes | None
@@ -165,7 +166,7 @@ class BlockStored(msgspec.Struct, array_like=True, tag=True):
     medium: str | None
 
 
-class BlockRemoved(msgspec.Struct, array_like=True, tag=True):
+class BlockRemoved(msgspec.Struct, tag=True):
     block_hashes: list[bytes]
     medium: str | None
 
@@ -173,6 +174,27 @@ class BlockRemoved(msgspec.Struct, array_like=True, tag=True):
 class KVEventBatch(msgspec.Struct, array_like=True):
     ts: float
     events: list[BlockStored | BlockRemoved]
+
+
+class ArrayBlockStored(msgspec.Struct, array_like=True, tag="BlockStored"):
+    """The same events as tagged arrays (vLLM before 0.32)."""
+
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+class ArrayBlockRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved"):
+    block_hashes: list[bytes]
+    medium: str | None
+
+
+class ArrayKVEventBatch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[ArrayBlockStored | ArrayBlockRemoved]
 
 
 def publishing_manager(identity, tmp_path, tiers, topic=None):
@@ -188,10 +210,15 @@ def publishing_manager(identity, tmp_path, tiers, topic=None):
     return m, f"tcp://127.0.0.1:{port}"
 
 
+def extras(event) -> dict:
+    """kvtier's own keys of a wire event (``seq``, ``kind``, ``source``, ``destination``): keys
+    of the event's map, or the trailing map of an array-like event."""
+    return event if isinstance(event, dict) else event[-1]
+
+
 def wire_seq(event) -> int:
     """The kvtier sequence number a wire event carries."""
-    extra = event if isinstance(event, dict) else event[-1]
-    return extra["seq"]
+    return extras(event)["seq"]
 
 
 def warm_up(m, identity, arrived, timeout=30.0):
@@ -233,7 +260,7 @@ def test_events_on_the_socket_match_the_chunk_movements(identity, tmp_path):
     assert batches == list(range(batches[0], batches[0] + len(batches)))
     wire = [e for _, _, events in received for e in events]
     assert [wire_seq(e) for e in wire] == [e.seq for e in local]
-    assert [(e[-1]["kind"], e[-1]["source"], e[-1]["destination"]) for e in wire] == [
+    assert [(extras(e)["kind"], extras(e)["source"], extras(e)["destination"]) for e in wire] == [
         (e.kind.value, e.source, e.destination) for e in local
     ]
     assert {e.kind for e in local} == {
@@ -242,8 +269,17 @@ def test_events_on_the_socket_match_the_chunk_movements(identity, tmp_path):
         EventKind.EVICTED,
         EventKind.PROMOTED,
     }
-    mediums = {(e[0], e[2] if e[0] == "BlockRemoved" else e[6]) for e in wire}
-    assert mediums == {("BlockStored", "CPU"), ("BlockStored", "RAM"), ("BlockRemoved", "CPU")}
+    if isinstance(wire[0], dict):  # vLLM >= 0.32: tagged maps, secondary tiers are STORAGE
+        mediums = {(e["type"], e["medium"], e["ownership"]) for e in wire}
+        stored_in_ram = ("BlockStored", "STORAGE", "ram")
+        assert mediums == {
+            ("BlockStored", "CPU", None),
+            stored_in_ram,
+            ("BlockRemoved", "CPU", None),
+        }
+    else:  # tagged arrays, a secondary tier's medium is its name
+        mediums = {(e[0], e[2] if e[0] == "BlockRemoved" else e[6]) for e in wire}
+        assert mediums == {("BlockStored", "CPU"), ("BlockStored", "RAM"), ("BlockRemoved", "CPU")}
 
 
 def stream_until(stream, count):
@@ -263,12 +299,15 @@ def test_wire_format_decodes_with_vllm_structs(identity, tmp_path):
         store(m, keys)
         store(m, make_keys(identity, SLOTS, seed=5))
         local = m.take_events()
-    batch = msgspec.msgpack.decode(encode_batch(local, 8, 1.5), type=KVEventBatch)
+    payload = encode_batch(local, 8, 1.5)
+    maps = isinstance(msgspec.msgpack.decode(payload)[1][0], dict)
+    batch = msgspec.msgpack.decode(payload, type=KVEventBatch if maps else ArrayKVEventBatch)
+    stored, removed = (BlockStored, BlockRemoved) if maps else (ArrayBlockStored, ArrayBlockRemoved)
     assert batch.ts == 1.5 and len(batch.events) == len(local)
     first = batch.events[0]
-    assert isinstance(first, BlockStored) and first.block_hashes == [bytes(keys[0])]
+    assert isinstance(first, stored) and first.block_hashes == [bytes(keys[0])]
     assert first.medium == "CPU" and first.block_size == 8
-    removed = [e for e in batch.events if isinstance(e, BlockRemoved)]
+    removed = [e for e in batch.events if isinstance(e, removed)]
     assert [e.block_hashes[0] for e in removed] == [bytes(keys[0])]
 
 
