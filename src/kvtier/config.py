@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
+from kvtier.admission import AdmissionConfig
 from kvtier.errors import ConfigError
 from kvtier.slo import SLOGuardConfig
 
@@ -223,8 +224,15 @@ class TieringConfig:
     trace_path: str | None = None
     #: Switch a tier off while it breaks a latency budget (``kvtier.slo``); off when ``None``.
     slo_guard: SLOGuardConfig | None = None
+    #: What each level keeps (``kvtier.admission``): ``level`` is ``host`` or a tier's name.
+    admission: tuple[AdmissionConfig, ...] = ()
+    #: vLLM's name for host memory's ``min_reuse`` (chunks seen fewer times are not stored).
+    store_threshold: int | None = None
+    #: Chunks retained below this priority (0-100) are never written to secondary tiers.
+    secondary_min_priority: int = 0
 
     def __post_init__(self) -> None:
+        _check_retention(self)
         _check_positive("cpu_bytes_to_use", self.cpu_bytes_to_use)
         if self.block_size is not None and self.blocks_per_chunk is not None:
             raise ConfigError(
@@ -234,6 +242,12 @@ class TieringConfig:
         for key in ("block_size", "blocks_per_chunk"):
             if getattr(self, key) is not None:
                 _check_positive(key, getattr(self, key))
+
+    def admission_configs(self) -> tuple[AdmissionConfig, ...]:
+        """``admission``, plus ``store_threshold`` as host memory's ``min_reuse``."""
+        if self.store_threshold is None:
+            return self.admission
+        return (*self.admission, AdmissionConfig(level="host", min_reuse=self.store_threshold))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TieringConfig:
@@ -296,3 +310,14 @@ class TieringConfig:
 def _check_positive(key: str, value: int) -> None:
     if value <= 0:
         raise ConfigError(f"{key}: expected a positive integer, got {value}")
+
+
+def _check_retention(config: TieringConfig) -> None:
+    for key, value, low, high in (
+        ("secondary_min_priority", config.secondary_min_priority, 0, 100),
+        ("store_threshold", config.store_threshold, 1, 255),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(f"{key}: expected an integer from {low} to {high}, got {value!r}")

@@ -11,6 +11,7 @@ tiers that cannot start. The hierarchy::
     ├── CapacityError           a region or tier cannot hold what was asked of it
     ├── ClosedError             a manager was called after ``close`` (also a ``RuntimeError``)
     ├── InvalidKeyError         a key that is not a ``ChunkKey`` (also a ``TypeError``)
+    ├── InvalidArgumentError    an argument out of range, e.g. a priority (also a ``ValueError``)
     └── HoldError               a release without a matching hold (``kvtier.host``)
 """
 
@@ -63,3 +64,7 @@ class InvalidKeyError(KVTierError, TypeError):
 
 class HoldError(KVTierError):
     """A release of host slots by an owner that does not hold them (nothing was released)."""
+
+
+class InvalidArgumentError(KVTierError, ValueError):
+    """An argument of an engine-facing call is out of range (e.g. a priority above 100)."""

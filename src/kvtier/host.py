@@ -19,13 +19,16 @@ Thread safety: none; the host tier belongs to the manager's thread.
 
 from __future__ import annotations
 
+import heapq
+import time
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvtier.errors import HoldError
 from kvtier.keys import ChunkKey
-from kvtier.policies import EvictionPolicy, make_policy
+from kvtier.policies import make_policy
+from kvtier.policies.priority import DEFAULT_PRIORITY, PrioritizedPolicy
 
 WRITING = -1
 
@@ -76,9 +79,15 @@ class _Held:
 class HostTier:
     """Slot bookkeeping for ``num_slots`` host slots with an ``lru`` or ``arc`` policy."""
 
-    def __init__(self, num_slots: int, policy: str = "lru") -> None:
+    def __init__(
+        self, num_slots: int, policy: str = "lru", clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.num_slots = num_slots
-        self._policy: EvictionPolicy[ChunkKey] = make_policy(policy, num_slots)
+        self._policy = PrioritizedPolicy[ChunkKey](lambda: make_policy(policy, num_slots))
+        self._clock = clock
+        self._pending: dict[ChunkKey, tuple[int, float | None]] = {}  # priority of WRITING keys
+        self._until: dict[ChunkKey, float] = {}  # when a key's priority returns to the default
+        self._expiries: list[tuple[float, ChunkKey]] = []  # heap of (until, key)
         self._entries: dict[ChunkKey, list[int]] = {}  # key -> [slot, state]
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._held = _Held(self._entries)
@@ -143,11 +152,13 @@ class HostTier:
         shortfall = len(keys) - len(self._free)
         evicted: list[ChunkKey] = []
         if shortfall > 0:
+            self._expire()
             victims = self._policy.evict(shortfall, self._held)
             if victims is None:
                 return None
             for victim in victims:
                 self._free.append(self._entries.pop(victim)[0])
+                self._until.pop(victim, None)
             evicted = victims
         slots = [self._free.pop() for _ in keys]
         for key, slot in zip(keys, slots, strict=True):
@@ -162,9 +173,11 @@ class HostTier:
             if entry is None or entry[1] != WRITING:
                 continue
             del self._writers[key]
+            priority, until = self._pending.pop(key, (DEFAULT_PRIORITY, None))
             if success:
                 entry[1] = 0
-                self._policy.add(key)
+                self._policy.add(key, priority)
+                self._expire_at(key, until)
             else:
                 self._free.append(self._entries.pop(key)[0])
 
@@ -213,3 +226,38 @@ class HostTier:
         for key in keys:
             if key in self._entries:
                 self._policy.touch(key)
+
+    # -- priority retention ----------------------------------------------------------------
+    def set_priority(self, keys: Iterable[ChunkKey], priority: int, until: float | None) -> None:
+        """Retention ``priority`` (0-100) for resident ``keys``, back to the default at ``until``.
+
+        Keys being written get it once they are ready; keys not resident are ignored.
+        """
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is None:
+                continue
+            if entry[1] == WRITING:
+                self._pending[key] = (priority, until)
+                continue
+            self._policy.set_priority(key, priority)
+            self._until.pop(key, None)
+            self._expire_at(key, until)
+
+    def priority_of(self, key: ChunkKey) -> int | None:
+        """The retention priority of a ready key; ``None`` for a key not ready."""
+        return self._policy.priority_of(key) if self.is_ready(key) else None
+
+    def _expire_at(self, key: ChunkKey, until: float | None) -> None:
+        if until is not None:
+            self._until[key] = until
+            heapq.heappush(self._expiries, (until, key))
+
+    def _expire(self) -> None:
+        """Priorities whose duration is over drop back to the default (before an eviction)."""
+        now = self._clock()
+        while self._expiries and self._expiries[0][0] <= now:
+            until, key = heapq.heappop(self._expiries)
+            if self._until.get(key) == until:
+                del self._until[key]
+                self._policy.set_priority(key, DEFAULT_PRIORITY, oldest=True)

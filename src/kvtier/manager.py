@@ -24,24 +24,27 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kvtier.admission.gate import Admission
 from kvtier.clock import TransferClock
 from kvtier.config import TieringConfig
 from kvtier.errors import ClosedError, ConfigError, KVTierError
-from kvtier.events import EventKind, EventLog, EventPublisher, KVEvent
-from kvtier.guards import engine_call, serialized, under_lock
+from kvtier.events import EventKind, EventLog, EventPublisher
+from kvtier.guards import engine_call, serialized
 from kvtier.host import ENGINE, HostTier, WriteThrough
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
-from kvtier.metrics import ManagerMetrics, MetricsServer, TelemetryCollector, state_gauges
+from kvtier.metrics import ManagerMetrics, MetricsServer
+from kvtier.operations import Operations
 from kvtier.promotion import Promoter
 from kvtier.provenance import Provenance
 from kvtier.region import HostRegion
+from kvtier.retention import Priority, Retention, expiry, priorities
 from kvtier.services import ManagerService, Services, close_all
 from kvtier.slo import SLOGuard
 from kvtier.slots import SlotAllocator
-from kvtier.tier_control import TierControl, TierSwitch
+from kvtier.tier_control import TierControl
 from kvtier.tier_set import Finished, TierSet
 from kvtier.tiers.base import Lookup, SecondaryTier
 from kvtier.tiers.registry import build_tier
@@ -62,7 +65,7 @@ class StorePlan:
     slots: list[int]
 
 
-class TieringManager:
+class TieringManager(Operations):
     """Host tier plus secondary tiers behind the engine-facing API (docs/architecture.md).
 
     ``tiers`` replaces the tiers built from ``config.secondary_tiers``: tiers built by hand, or
@@ -104,12 +107,16 @@ class TieringManager:
         self._provenance = Provenance(self.metrics, self._tiers, tokens_per_chunk)
         self._slots = SlotAllocator(self.host, self._provenance, self.metrics, self._events)
         guard = None if config.slo_guard is None else SLOGuard(config.slo_guard)
+        self._retention = Retention(self.host, Admission((), (), self.metrics), self._provenance)
         self._control = TierControl(self._tiers, guard)
         self._promoter = Promoter(
             self.host, self._tiers, self._slots, self._provenance, self.metrics, self._events
         )
         try:
             self._build(tiers)
+            admission = Admission(config.admission_configs(), self._tiers.names(), self.metrics,
+                                  config.secondary_min_priority)  # fmt: skip
+            self._retention = Retention(self.host, admission, self._provenance)
             self._start_services()
         except BaseException:
             self.close(timeout=0)
@@ -145,13 +152,29 @@ class TieringManager:
 
     # -- store -------------------------------------------------------------------------------
     @engine_call
-    def prepare_store(self, keys: Sequence[ChunkKey]) -> StorePlan | None:
-        """Reserve host slots for the keys not already in host; ``None`` if none can be freed."""
-        new = [k for k in dict.fromkeys(keys) if k not in self.host]
+    def prepare_store(
+        self,
+        keys: Sequence[ChunkKey],
+        *,
+        priority: Priority = None,
+        duration_s: float | None = None,
+        first_chunk: int = 0,
+    ) -> StorePlan | None:
+        """Reserve host slots for the keys not in host and admitted; ``None`` if none can be freed.
+
+        ``priority`` (0-100, one for all keys or one per key) orders eviction, lower first, for
+        ``duration_s`` seconds or for good; ``first_chunk`` numbers ``keys[0]`` in its request's
+        prefix (for ``min_prefix_chunks``). Chunks admission drops are left out of the plan.
+        """
+        wanted = dict(zip(keys, priorities(keys, priority), strict=True))
+        until = expiry(duration_s)
+        offered = [k for k in wanted if k not in self.host]
+        new = self._retention.plan_store(offered, first_chunk, [wanted[k] for k in offered])
         slots = self._slots.allocate(new, [k for k in keys if self.host.is_ready(k)])
         if slots is None:
             self.metrics.count("store_rejected")
             return None
+        self._retention.reserved(new, [wanted[k] for k in new], until)
         self._clock.start(new)
         return StorePlan(new, slots)
 
@@ -163,13 +186,15 @@ class TieringManager:
         self._clock.stop("accelerator_to_host", own)
         if not success:
             self.metrics.count("store_failed_chunks", len(own))
+            self._retention.failed(own)
             return
         self.metrics.count("stored_chunks", len(own))
         self._events.add(EventKind.STORED, own, "accelerator", "host")
         self._provenance.stored(own)
-        for index in range(len(self._tiers) if own else 0):
-            if self._tiers.enabled(index):
-                self._write_through(index, own)
+        names = self._tiers.names() if own else []
+        for index, chosen in enumerate(self._retention.for_tiers(own, names)):
+            if chosen and self._tiers.enabled(index):
+                self._write_through(index, chosen)
 
     def _write_through(self, index: int, keys: list[ChunkKey]) -> None:
         """Tier ``index`` writes ``keys`` from their slots, held until the tier reports."""
@@ -216,6 +241,7 @@ class TieringManager:
         if missing:
             raise KVTierError(f"prepare_load: {len(missing)} chunk(s) not ready in host memory")
         self._provenance.count_loaded(keys)
+        self._retention.used(keys)
         self._clock.start(keys)
         self.host.touch(keys)
         return self.host.hold(keys, ENGINE)
@@ -233,38 +259,26 @@ class TieringManager:
         self._events.add(EventKind.LOADED, keys, "host", "accelerator")
 
     @engine_call
-    def touch(self, keys: Sequence[ChunkKey], *, hit: bool = True) -> None:
+    def touch(
+        self,
+        keys: Sequence[ChunkKey],
+        *,
+        hit: bool = True,
+        priority: Priority = None,
+        duration_s: float | None = None,
+    ) -> None:
         """Recency for chunks the engine hit in its own accelerator cache (counted as such).
 
         ``hit=False``: recency only, e.g. to order a sequence's chunks for eviction.
+        ``priority``/``duration_s``: a new retention priority for the chunks in host memory.
         """
+        wanted, until = priorities(keys, priority), expiry(duration_s)
         if hit:
             self._provenance.count_accelerator_hits(len(keys))
+            self._retention.used(keys)
         self.host.touch(keys)
-
-    # -- tiers at run time -------------------------------------------------------------------
-    @serialized
-    def disable_tier(self, name: str, reason: str = "manual") -> bool:
-        """Switch tier ``name`` off: no lookups, promotions or writes until ``enable_tier``.
-
-        Its jobs in flight still finish (or fail) safely. Returns whether anything changed.
-        """
-        return self._control.switch(name, False, reason)
-
-    @serialized
-    def enable_tier(self, name: str) -> bool:
-        """Switch tier ``name`` back on; returns whether anything changed."""
-        return self._control.switch(name, True, "manual")
-
-    @serialized
-    def report_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
-        """A finished request's time to first token and inter-token latency, for the SLO guard."""
-        self._control.report_request(ttft_s, itl_s)
-
-    @serialized
-    def take_tier_switches(self) -> list[TierSwitch]:
-        """Tiers switched on or off since the last call (by hand or by the SLO guard)."""
-        return self._control.take_switches()
+        if priority is not None:
+            self._retention.retain_each(keys, wanted, until)
 
     # -- background progress -----------------------------------------------------------------
     @serialized
@@ -332,43 +346,6 @@ class TieringManager:
     # -- helpers ---------------------------------------------------------------------------
     def _count_events(self, kind: EventKind, num_events: int) -> None:
         self.metrics.count("events", num_events, kind=kind.value)
-
-    @serialized
-    def take_events(self) -> list[KVEvent]:
-        """Events since the last call, oldest first."""
-        return self._events.take()
-
-    @serialized
-    def stats(self) -> dict[str, Any]:
-        """A snapshot: host occupancy, every counter (``name{labels}``), and each tier's stats."""
-        return {
-            "host": {**self.host.snapshot(), "slot_bytes": self.region.slot_bytes},
-            "counters": self.metrics.flat(),
-            "pending_jobs": self._tiers.num_pending,
-            "events_dropped": self._events.dropped,
-            "tiers": {tier.name: tier.stats() for tier in self.tiers},
-            "disabled_tiers": self._tiers.split_by_state()[1],
-        }
-
-    def prometheus_registry(self) -> Any:
-        """A new ``CollectorRegistry`` exporting this manager's metrics (prometheus-client)."""
-        from prometheus_client import CollectorRegistry
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self.prometheus_collector())
-        return registry
-
-    def prometheus_collector(self) -> TelemetryCollector:
-        """The collector behind ``prometheus_registry``, to register on a registry of your own.
-
-        Its gauges are snapshots taken under the manager's lock (a scrape runs on the HTTP
-        server's thread, while the engine's thread changes the host tier).
-        """
-        gauges = state_gauges(self.host, self.tiers)
-        gauges["kvtier_tier_enabled"] = ("1 while a tier serves, 0 while switched off",
-                                         self._control.enabled_gauge)  # fmt: skip
-        locked = {name: (doc, under_lock(self._lock, read)) for name, (doc, read) in gauges.items()}
-        return TelemetryCollector(self.metrics.telemetry, locked)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:

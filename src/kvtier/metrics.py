@@ -259,6 +259,7 @@ MANAGER_FAMILIES = (
     ("kvtier_events_total", "counter", "KV events recorded, by kind"),
     ("kvtier_internal_errors_total", "counter", "Unexpected conditions survived, by kind"),
     ("kvtier_tier_disabled_total", "counter", "Tiers switched off at run time, by reason"),
+    ("kvtier_admission_dropped_total", "counter", "Chunks a level did not admit, by reason"),
 )  # fmt: skip
 
 #: Why a chunk was recomputed; each recomputed chunk is counted under exactly one.
@@ -271,6 +272,7 @@ MISS_REASONS = (
     "host_full",  # a tier holds it but every host slot is held, nowhere to promote
     "store_in_flight",  # the engine is still writing it into host memory
     "tier_disabled",  # the tier that might hold it is switched off (by hand or the SLO guard)
+    "not_admitted",  # admission dropped it at host memory and at every tier
 )
 
 

@@ -42,6 +42,7 @@ class Provenance:
         self._evicted = Bounded()  # key -> ""
         self._failed = Bounded()  # (tier, key) -> "integrity" | "io"
         self._promoted_from = Bounded()  # key -> tier name, until the chunk is loaded
+        self._not_admitted = Bounded()  # key -> "": dropped by admission at every level
 
     # -- what happened -----------------------------------------------------------------------
     def evicted(self, keys: Iterable[ChunkKey]) -> None:
@@ -51,6 +52,15 @@ class Provenance:
     def promoted(self, keys: Iterable[ChunkKey], tier_name: str) -> None:
         for key in keys:
             self._promoted_from.remember(key, tier_name)
+
+    def not_admitted(self, keys: Iterable[ChunkKey]) -> None:
+        for key in keys:
+            self._not_admitted.remember(key, "")
+
+    def admitted(self, keys: Iterable[ChunkKey]) -> None:
+        if self._not_admitted:
+            for key in keys:
+                self._not_admitted.pop(key, None)
 
     def failed(self, tier: int, key: ChunkKey, reason: Failure) -> None:
         self._failed.remember((tier, key), reason)
@@ -76,6 +86,8 @@ class Provenance:
             return "promotion_failed"
         if absent is not None:  # a tier that was down or switched off might have held it
             return absent
+        if key in self._not_admitted:
+            return "not_admitted"
         return "evicted" if key in self._evicted else "never_stored"
 
     def count_loaded(self, keys: Sequence[ChunkKey]) -> None:

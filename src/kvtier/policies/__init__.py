@@ -7,7 +7,7 @@ returns ``None``.
 
 from __future__ import annotations
 
-from collections.abc import Container, Hashable
+from collections.abc import Container, Hashable, Iterator
 from typing import Protocol, TypeVar
 
 from kvtier.errors import ConfigError
@@ -18,8 +18,9 @@ K = TypeVar("K", bound=Hashable)
 class EvictionPolicy(Protocol[K]):
     """The contract every eviction policy implements."""
 
-    def add(self, key: K) -> None:
-        """A key became resident (it must not be resident already)."""
+    def add(self, key: K, oldest: bool = False) -> None:
+        """A key became resident (it must not be resident already), as the most recently used
+        one, or with ``oldest`` as the least recently used one (the first to evict)."""
 
     def touch(self, key: K) -> None:
         """A resident key was used; unknown keys are ignored."""
@@ -33,6 +34,10 @@ class EvictionPolicy(Protocol[K]):
     def __len__(self) -> int: ...
 
     def __contains__(self, key: object) -> bool: ...
+
+    def __iter__(self) -> Iterator[K]:
+        """Every resident key (in no promised order)."""
+        ...
 
 
 def make_policy(name: str, capacity: int) -> EvictionPolicy[K]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterator
+from itertools import chain
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -29,7 +30,12 @@ class ARCPolicy(Generic[K]):
         self.b1: OrderedDict[K, None] = OrderedDict()
         self.b2: OrderedDict[K, None] = OrderedDict()
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, oldest: bool = False) -> None:
+        self._admit(key)
+        if oldest:
+            (self.t1 if key in self.t1 else self.t2).move_to_end(key, last=False)
+
+    def _admit(self, key: K) -> None:
         if key in self.b1:
             self.p = min(self.capacity, self.p + max(1.0, len(self.b2) / len(self.b1)))
             del self.b1[key]
@@ -94,3 +100,6 @@ class ARCPolicy(Generic[K]):
 
     def __contains__(self, key: object) -> bool:
         return key in self.t1 or key in self.t2
+
+    def __iter__(self) -> Iterator[K]:
+        return chain(self.t1, self.t2)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Hashable
+from collections.abc import Container, Hashable, Iterator
 from itertools import islice
 from typing import Generic, TypeVar
 
@@ -16,8 +16,10 @@ class LRUPolicy(Generic[K]):
     def __init__(self) -> None:
         self._order: OrderedDict[K, None] = OrderedDict()
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, oldest: bool = False) -> None:
         self._order[key] = None
+        if oldest:
+            self._order.move_to_end(key, last=False)
 
     def touch(self, key: K) -> None:
         if key in self._order:
@@ -42,3 +44,6 @@ class LRUPolicy(Generic[K]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._order
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._order)

@@ -1,0 +1,100 @@
+"""Admission: the decisions for host memory and each secondary tier, and what they count.
+
+``seen`` records a sighting of chunks (offered, loaded, hit); ``admit`` splits a level's offer
+into the chunks it keeps and those it drops, counting the dropped ones by reason. For secondary
+tiers it also applies ``secondary_min_priority``: chunks retained below it never leave host
+memory (reason ``priority``). With nothing configured, every method returns at once.
+
+Thread safety: none; the manager calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvtier.admission import AdmissionConfig, AdmissionPolicy, Offer
+from kvtier.admission.policies import Rules, load_policy
+from kvtier.admission.sketch import FrequencySketch
+from kvtier.errors import ConfigError
+from kvtier.keys import ChunkKey
+from kvtier.metrics import ManagerMetrics
+
+HOST = "host"
+
+
+class Admission:
+    """Per level (``host`` or a tier name): the policies that decide what it keeps."""
+
+    def __init__(
+        self,
+        configs: Sequence[AdmissionConfig],
+        levels: Sequence[str],
+        metrics: ManagerMetrics,
+        secondary_min_priority: int = 0,
+    ) -> None:
+        self._metrics, self._min_priority = metrics, secondary_min_priority
+        self._reuse = FrequencySketch() if configs else None
+        self._windows: dict[int, FrequencySketch] = {}
+        self._policies: dict[str, list[AdmissionPolicy]] = {}
+        for index, config in enumerate(configs):
+            if config.level not in (HOST, *levels):
+                known = ", ".join((HOST, *levels))
+                raise ConfigError(f"admission[{index}].level: expected one of {known}")
+            self._policies.setdefault(config.level, []).append(self._policy(config))
+        self._prefix: dict[ChunkKey, int] = {}  # keys being stored -> their prefix's chunks
+        self.active = bool(configs) or secondary_min_priority > 0
+
+    def _policy(self, config: AdmissionConfig) -> AdmissionPolicy:
+        if config.module_path is not None:
+            return load_policy(config)
+        frequency = None
+        if config.min_frequency > 1:
+            window = config.frequency_window
+            frequency = self._windows.setdefault(window, FrequencySketch(decay_every=window))
+        return Rules(config, frequency)
+
+    def seen(self, keys: Sequence[ChunkKey]) -> None:
+        """One sighting of each key (offered by the engine, loaded, or hit)."""
+        if self._reuse is not None:
+            self._reuse.record(keys)
+            for sketch in self._windows.values():
+                sketch.record(keys)
+
+    def offer(self, keys: list[ChunkKey], first_chunk: int, priorities: Sequence[int]) -> Offer:
+        """An offer of new chunks, numbered in their prefix from ``first_chunk``."""
+        prefix = [first_chunk + len(keys)] * len(keys)
+        seen = self._reuse.estimate(keys).tolist() if self._reuse is not None else [0] * len(keys)
+        return Offer(keys, seen, prefix, priorities)
+
+    def admit(self, level: str, offer: Offer) -> list[ChunkKey]:
+        """The keys of ``offer`` that ``level`` keeps; the others are counted as dropped."""
+        if not self.active:
+            return list(offer.keys)
+        reasons = [None if level == HOST else self._priority_reason(p) for p in offer.priorities]
+        for policy in self._policies.get(level, ()):
+            verdicts = policy.admit(offer)
+            reasons = [old or new for old, new in zip(reasons, verdicts, strict=True)]
+        for reason in filter(None, set(reasons)):
+            self._metrics.count("admission_dropped", reasons.count(reason), tier=level,
+                                reason=reason)  # fmt: skip
+        return [key for key, reason in zip(offer.keys, reasons, strict=True) if reason is None]
+
+    def _priority_reason(self, priority: int) -> str | None:
+        return "priority" if priority < self._min_priority else None
+
+    # -- between prepare_store and complete_store ------------------------------------------
+    def remember(self, offer: Offer, kept: Sequence[ChunkKey]) -> None:
+        if self.active:
+            prefix = dict(zip(offer.keys, offer.prefix_chunks, strict=True))
+            self._prefix.update((key, prefix[key]) for key in kept)
+
+    def stored(self, keys: list[ChunkKey], priorities: Sequence[int]) -> Offer:
+        """The offer of freshly stored ``keys`` to the secondary tiers."""
+        prefix = [self._prefix.pop(key, len(keys)) for key in keys] if self._prefix else []
+        seen = self._reuse.estimate(keys).tolist() if self._reuse is not None else [0] * len(keys)
+        return Offer(keys, seen, prefix or [len(keys)] * len(keys), priorities)
+
+    def forget(self, keys: Sequence[ChunkKey]) -> None:
+        """Keys whose store failed."""
+        for key in keys:
+            self._prefix.pop(key, None)

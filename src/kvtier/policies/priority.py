@@ -1,0 +1,103 @@
+"""Priority retention: one eviction policy per priority level, the lowest level evicted first.
+
+TensorRT-LLM's retention semantics: every resident key has a priority from 0 to 100
+(``DEFAULT_PRIORITY`` unless told otherwise); eviction takes keys of lower priority first and,
+within a level, follows that level's own policy (LRU recency, or ARC). Keys only move between
+levels through ``set_priority``; the host tier drops expired priorities back to the default,
+where the key becomes the least recently used (retention, not use, kept it until then).
+
+With every key at the default priority there is one level and ``evict`` is that policy's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Hashable, Iterator
+from itertools import islice
+from typing import Generic, TypeVar
+
+from kvtier.policies import EvictionPolicy
+
+K = TypeVar("K", bound=Hashable)
+
+MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 100, 35
+
+
+class PrioritizedPolicy(Generic[K]):
+    """Priority levels over policies made by ``make`` (one per level in use)."""
+
+    def __init__(self, make: Callable[[], EvictionPolicy[K]]) -> None:
+        self._make = make
+        self._levels: dict[int, EvictionPolicy[K]] = {DEFAULT_PRIORITY: make()}
+        self._priority: dict[K, int] = {}  # keys away from the default level only
+
+    def add(self, key: K, priority: int = DEFAULT_PRIORITY, oldest: bool = False) -> None:
+        if priority == DEFAULT_PRIORITY and not self._priority:  # the common case, kept cheap
+            self._levels[DEFAULT_PRIORITY].add(key, oldest)
+            return
+        self._priority.pop(key, None)
+        if priority != DEFAULT_PRIORITY:
+            self._priority[key] = priority
+        self._level(priority).add(key, oldest)
+
+    def touch(self, key: K) -> None:
+        self._levels[self._priority.get(key, DEFAULT_PRIORITY)].touch(key)
+
+    def remove(self, key: K) -> None:
+        priority = self._priority.pop(key, DEFAULT_PRIORITY)
+        level = self._levels.get(priority)
+        if level is not None:
+            level.remove(key)
+
+    def set_priority(self, key: K, priority: int, oldest: bool = False) -> None:
+        """Move a resident key to ``priority``, as most recently used there (or least)."""
+        if key in self and priority != self.priority_of(key):
+            self.remove(key)
+            self.add(key, priority, oldest)
+
+    def priority_of(self, key: K) -> int:
+        return self._priority.get(key, DEFAULT_PRIORITY)
+
+    def evict(self, n: int, protected: Container[K]) -> list[K] | None:
+        """Exactly ``n`` unprotected keys, lowest priority first; ``None`` (nothing) if short."""
+        if len(self._levels) == 1:
+            return self._levels[DEFAULT_PRIORITY].evict(n, protected)
+        counts, remaining = [], n
+        for priority in sorted(self._levels):
+            take = _count_unprotected(self._levels[priority], protected, remaining)
+            counts.append((priority, take))
+            remaining -= take
+            if not remaining:
+                break
+        if remaining:
+            return None
+        victims = [k for p, take in counts for k in self._evict_level(p, take, protected)]
+        return victims
+
+    def _evict_level(self, priority: int, n: int, protected: Container[K]) -> list[K]:
+        victims = self._levels[priority].evict(n, protected) or []
+        for key in victims:
+            self._priority.pop(key, None)
+        if priority != DEFAULT_PRIORITY and not self._levels[priority]:
+            del self._levels[priority]
+        return victims
+
+    def _level(self, priority: int) -> EvictionPolicy[K]:
+        level = self._levels.get(priority)
+        if level is None:
+            level = self._levels[priority] = self._make()
+        return level
+
+    def __len__(self) -> int:
+        return sum(len(level) for level in self._levels.values())
+
+    def __contains__(self, key: object) -> bool:
+        level = self._levels.get(self._priority.get(key, DEFAULT_PRIORITY))  # type: ignore[arg-type]
+        return level is not None and key in level
+
+    def __iter__(self) -> Iterator[K]:
+        for priority in sorted(self._levels):
+            yield from self._levels[priority]
+
+
+def _count_unprotected(level: EvictionPolicy[K], protected: Container[K], limit: int) -> int:
+    return sum(1 for _ in islice((k for k in level if k not in protected), limit))

@@ -1,0 +1,17 @@
+"""An admission policy of a user's own, loaded by ``module_path`` in the admission tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvtier.admission import Offer
+
+
+class EvenFirstByte:
+    """Keeps chunks whose key starts with an even byte (``parity`` flips it)."""
+
+    def __init__(self, parity: int = 0) -> None:
+        self.parity = parity
+
+    def admit(self, offer: Offer) -> Sequence[str | None]:
+        return [None if key[0] % 2 == self.parity else "odd_byte" for key in offer.keys]

@@ -1,0 +1,164 @@
+"""Admission: what host memory and each tier keep; dropped chunks are counted and recomputed.
+
+Scenarios through the manager's API on a real fs tier, and the frequency sketch on its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier import ChunkKey, ConfigError, TieringManager
+from kvtier.admission.sketch import FrequencySketch
+from tests.conftest import config, fill, make_keys
+from tests.test_manager import push_out, read, settle
+
+
+def fs(root, **extra):
+    return {"type": "fs", "root_dir": str(root), **extra}
+
+
+def dropped(m, tier, reason):
+    name = f"kvtier_admission_dropped_total{{reason={reason},tier={tier}}}"
+    return m.stats()["counters"].get(name, 0)
+
+
+def recomputed(m, reason):
+    return m.stats()["counters"].get(f"kvtier_recomputed_chunks_total{{reason={reason}}}", 0)
+
+
+def offer(m, keys, **kwargs):
+    """prepare_store + complete_store of whatever the plan admits; the admitted keys."""
+    plan = m.prepare_store(keys, **kwargs)
+    assert plan is not None
+    for key, slot in zip(plan.keys, plan.slots):
+        fill(m.region, slot, key)
+    m.complete_store(plan.keys)
+    return plan.keys
+
+
+def test_store_threshold_keeps_host_memory_for_chunks_seen_twice(identity):
+    keys = make_keys(identity, 3)
+    with TieringManager(config(4, store_threshold=2), identity) as m:
+        assert offer(m, keys) == []
+        assert dropped(m, "host", "min_reuse") == 3
+        assert m.lookup(keys) == 0 and recomputed(m, "not_admitted") == 3
+        assert offer(m, keys) == keys
+        assert m.lookup(keys) == 3 and read(m, keys)
+
+
+def test_a_tier_admits_only_chunks_seen_twice_and_the_miss_says_not_admitted(identity, tmp_path):
+    keys, again = make_keys(identity, 2), make_keys(identity, 2, seed=4)
+    admission = [{"level": "fs", "min_reuse": 2}]
+    cfg = config(2, secondary_tiers=[fs(tmp_path)], admission=admission)
+    with TieringManager(cfg, identity) as m:
+        offer(m, keys)  # seen once: host yes, fs no
+        assert m.wait_idle(10)
+        assert dropped(m, "fs", "min_reuse") == 2
+        offer(m, again)
+        m.prepare_load(again), m.complete_load(again)  # a second sighting: a use
+        push_out(m, identity, 2)
+        assert settle(m, keys) == 0 and recomputed(m, "not_admitted") == 2
+        offer(m, keys)  # the second offer: written through now
+        assert m.wait_idle(10)
+        push_out(m, identity, 2, seed=77)
+        assert settle(m, keys) == 2 and read(m, keys)
+    assert not list(tmp_path.rglob(again[0].hex())), "used once after its store: not written"
+
+
+@pytest.mark.parametrize("traffic", [0, 40])
+def test_the_frequency_filter_forgets_with_its_window(identity, tmp_path, traffic):
+    """min_frequency 2, counts halved every 8 sightings: a chunk stored and loaded is written
+    to fs when offered again soon, not after 40 sightings of other chunks."""
+    key = make_keys(identity, 1)
+    admission = [{"level": "fs", "min_frequency": 2, "frequency_window": 8}]
+    cfg = config(2, secondary_tiers=[fs(tmp_path)], admission=admission)
+    with TieringManager(cfg, identity) as m:
+        offer(m, key)
+        m.prepare_load(key), m.complete_load(key)
+        for seed in range(traffic):
+            m.touch(make_keys(identity, 1, seed=100 + seed))
+        m.disable_tier("fs")  # make room without writing the other chunks anywhere
+        push_out(m, identity, 2)
+        m.enable_tier("fs")
+        assert offer(m, key) == key
+        assert m.wait_idle(10)
+    assert bool(list(tmp_path.rglob(key[0].hex()))) is (traffic == 0)
+
+
+def test_short_prefixes_are_not_persisted(identity, tmp_path):
+    keys = make_keys(identity, 4)
+    admission = [{"level": "fs", "min_prefix_chunks": 4}]
+    cfg = config(8, secondary_tiers=[fs(tmp_path)], admission=admission)
+    with TieringManager(cfg, identity) as m:
+        offer(m, keys[:2])  # a 2-chunk prefix
+        offer(m, keys[2:], first_chunk=2)  # chunks 2 and 3 of a 4-chunk prefix
+        assert m.wait_idle(10)
+        assert dropped(m, "fs", "min_prefix_chunks") == 2
+    assert [bool(list(tmp_path.rglob(k.hex()))) for k in keys] == [False, False, True, True]
+
+
+def test_chunks_below_secondary_min_priority_stay_in_host(identity, tmp_path):
+    keys = make_keys(identity, 2)
+    cfg = config(4, secondary_tiers=[fs(tmp_path)], secondary_min_priority=50)
+    with TieringManager(cfg, identity) as m:
+        offer(m, keys, priority=[10, 60])
+        assert m.wait_idle(10)
+        assert dropped(m, "fs", "priority") == 1
+    assert not list(tmp_path.rglob(keys[0].hex())) and list(tmp_path.rglob(keys[1].hex()))
+
+
+def test_a_policy_of_your_own_by_module_path(identity):
+    keys = make_keys(identity, 16)
+    plugin = {"module_path": "tests.plugins.admission_policy", "type": "EvenFirstByte",
+              "options": {"parity": 1}}  # fmt: skip
+    with TieringManager(config(16, admission=[plugin]), identity) as m:
+        kept = offer(m, keys)
+        assert kept == [k for k in keys if k[0] % 2 == 1]
+        assert dropped(m, "host", "odd_byte") == 16 - len(kept)
+
+
+@pytest.mark.parametrize(
+    ("admission", "match"),
+    [([{"level": "nope"}], r"admission\[0\]\.level"),
+     ([{"module_path": "tests.plugins.admission_policy", "type": "Missing"}], "Missing"),
+     ([{"module_path": "tests.plugins.admission_policy", "type": "EvenFirstByte",
+        "options": {"bogus": 1}}], "options")],
+)  # fmt: skip
+def test_bad_admission_settings_name_the_key(identity, admission, match):
+    with pytest.raises(ConfigError, match=match):
+        TieringManager(config(2, admission=admission), identity)
+
+
+def test_without_admission_everything_is_kept(identity, tmp_path):
+    keys = make_keys(identity, 2)
+    with TieringManager(config(2, secondary_tiers=[fs(tmp_path)]), identity) as m:
+        assert offer(m, keys) == keys
+        assert m.wait_idle(10)
+    assert all(list(tmp_path.rglob(k.hex())) for k in keys)
+
+
+# -- the sketch -------------------------------------------------------------------------------
+@settings(max_examples=30)
+@given(st.lists(st.integers(0, 40), max_size=300))
+def test_the_sketch_never_counts_below_the_truth_without_decay(sightings):
+    """Small width (collisions on purpose), one sighting per call: estimates >= true counts."""
+    keys = [ChunkKey(np.random.default_rng(i).bytes(32)) for i in range(41)]
+    sketch = FrequencySketch(width=16, decay_every=1 << 30)
+    for i in sightings:
+        sketch.record([keys[i]])
+    truth = np.bincount(np.array(sightings, dtype=int), minlength=41)
+    assert (sketch.estimate(keys) >= np.minimum(truth, 255)).all()
+
+
+def test_the_sketch_has_a_fixed_size_whatever_it_sees():
+    sketch = FrequencySketch(width=1 << 10)
+    size = sketch._counts.nbytes
+    for _ in range(20):
+        sketch.record([ChunkKey(os.urandom(32)) for _ in range(512)])
+    assert sketch._counts.nbytes == size == 4 << 10
+    assert sketch.estimate([ChunkKey(os.urandom(32))])[0] <= 255
