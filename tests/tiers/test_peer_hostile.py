@@ -60,7 +60,7 @@ def server() -> Iterator[TieringManager]:
 def honest(server: TieringManager) -> Iterator[tuple[PeerTier, HostRegion]]:
     assert server.peer_server is not None
     region = HostRegion(4, SMALL_LAYOUT.chunk_bytes)
-    p2p = P2PTierConfig(host="127.0.0.1", port=server.peer_server.port, timeout_s=5.0)
+    p2p = P2PTierConfig(host="127.0.0.1", port=server.peer_server.port, timeout_s=20.0)
     tier = PeerTier(p2p, region, IDENTITY)
     yield tier, region
     tier.close()
@@ -71,7 +71,7 @@ def honest_fetch(tier: PeerTier, region: HostRegion) -> None:
     region.numpy(0)[:] = 0
     job_id = next(JOB_IDS)
     tier.submit_load(TransferJob(job_id, tuple(KEYS[:2]), (0, 1)))
-    result = collect(tier, [job_id], timeout=30)[job_id]
+    result = collect(tier, [job_id], timeout=60)[job_id]
     assert result.ok, f"the honest client was not answered: {result.error}"
     assert holds(region, 0, KEYS[0]) and holds(region, 1, KEYS[1])
 

@@ -127,15 +127,14 @@ class ConnectionGuard:
         next_sweep = 0.0
         while not self._stop.is_set():
             ready = dict(poller.poll(int(POLL_S * 1000)))
-            if ready.pop(self._monitor, None):
-                self._accept()
+            new = self._accept() if ready.pop(self._monitor, None) else []
             now = time.monotonic()
             if now >= next_sweep:
                 next_sweep = now + SWEEP_S
                 with self._lock:
                     due = list(self._connections)
-            else:
-                due = [polled[d] for d in ready if d in polled]
+            else:  # new ones at once: they may have sent a lot before we heard of them
+                due = new + [polled[d] for d in ready if d in polled]
             for fd in due:
                 self._check(fd)
             polled = self._repoll(poller, polled)
@@ -155,16 +154,20 @@ class ConnectionGuard:
             poller.register(new, zmq.POLLIN)
         return watched
 
-    def _accept(self) -> None:
+    def _accept(self) -> list[int]:
+        """Watch the connections accepted since the last call; their descriptors."""
+        accepted = []
         while self._monitor.poll(0):
             event = parse_monitor_message(self._monitor.recv_multipart())
             if event["event"] == zmq.EVENT_ACCEPTED and SUPPORTED:
-                self._watch(int(event["value"]))
+                fd = int(event["value"])
+                accepted += [fd] if self._watch(fd) else []
+        return accepted
 
-    def _watch(self, fd: int) -> None:
+    def _watch(self, fd: int) -> bool:
         sock = _duplicate(fd)
         if sock is None:
-            return
+            return False
         with self._lock:
             old = self._connections.pop(fd, None)
             if old is not None:
@@ -173,6 +176,7 @@ class ConnectionGuard:
             crowded = len(self._connections) > self._max_connections
         if crowded:
             self.drop(fd, "too_many")
+        return not crowded
 
     def _check(self, fd: int) -> None:
         """Forget ``fd`` if libzmq let go of it; cut it off if its pending bytes are too many."""
