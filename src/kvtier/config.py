@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
+from kvtier.admin import is_loopback
 from kvtier.admission import AdmissionConfig
 from kvtier.errors import ConfigError
 from kvtier.slo import SLOGuardConfig
@@ -230,9 +231,13 @@ class TieringConfig:
     store_threshold: int | None = None
     #: Chunks retained below this priority (0-100) are never written to secondary tiers.
     secondary_min_priority: int = 0
+    #: Serve ``/admin/...`` (switch tiers) beside ``/metrics``: loopback metrics_host only.
+    metrics_admin: bool = False
 
     def __post_init__(self) -> None:
         _check_retention(self)
+        if self.metrics_admin and not is_loopback(self.metrics_host):
+            raise ConfigError("metrics_admin: only with a loopback metrics_host (127.0.0.1, ::1)")
         _check_positive("cpu_bytes_to_use", self.cpu_bytes_to_use)
         if self.block_size is not None and self.blocks_per_chunk is not None:
             raise ConfigError(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from kvtier.admin import admin_app
 from kvtier.admission.gate import Admission
 from kvtier.clock import TransferClock
 from kvtier.config import TieringConfig
@@ -140,8 +141,9 @@ class TieringManager(Operations):
         """Threads that read or drive the manager: started last, once it is fully built."""
         if self.config.metrics_port is not None:
             registry = self.prometheus_registry()
+            admin = admin_app(self) if self.config.metrics_admin else None
             self._exporter = MetricsServer(
-                registry, self.config.metrics_port, self.config.metrics_host
+                registry, self.config.metrics_port, self.config.metrics_host, admin=admin
             )
         if self.config.serve is not None:
             from kvtier.serve import PeerServer  # lazy: pyzmq is needed only to serve

@@ -108,10 +108,16 @@ class _DeadlineWriter(io.BufferedIOBase):
         return memoryview(data).nbytes
 
 
-def only_metrics_paths(app: WSGIApplication) -> WSGIApplication:
-    """``app`` for the paths in ``SERVED_PATHS``; 404 for every other path."""
+def only_metrics_paths(
+    app: WSGIApplication, admin: WSGIApplication | None = None
+) -> WSGIApplication:
+    """``app`` for the paths in ``SERVED_PATHS``, ``admin`` (if any) for ``/admin/...``; 404
+    for every other path."""
 
     def serve(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if admin is not None and str(environ.get("PATH_INFO", "")).startswith("/admin/"):
+            answer: Iterable[bytes] = admin(environ, start_response)
+            return answer
         if environ.get("PATH_INFO") not in SERVED_PATHS:
             start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"not found: metrics are on /metrics\n"]
@@ -185,6 +191,7 @@ class MetricsServer:
     (IPv4 or IPv6). ``workers`` requests are answered at once, ``backlog`` more connections
     wait, and new ones beyond that are closed at once. A connection has ``timeout_s`` seconds
     from being accepted to send its request head, and as long again to take the answer.
+    ``admin`` (``kvtier.admin``), when given, answers the ``/admin/...`` paths.
     Raises ``ValueError`` for bounds out of range and ``OSError`` when it cannot bind; it then
     leaves no thread or socket behind.
 
@@ -200,13 +207,14 @@ class MetricsServer:
         workers: int = 4,
         backlog: int = 8,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        admin: WSGIApplication | None = None,
     ) -> None:
         from prometheus_client import make_wsgi_app
 
         _check_bounds(workers, backlog, timeout_s)
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         self._server = _PooledServer((host, port), family[0][0], backlog, timeout_s)
-        self._server.set_app(only_metrics_paths(make_wsgi_app(registry)))
+        self._server.set_app(only_metrics_paths(make_wsgi_app(registry), admin))
         self.port: int = self._server.server_address[1]
         self._lock = threading.Lock()
         self._active: set[socket.socket] = set()

@@ -49,6 +49,11 @@ class Operations:
         return self._control.switch(name, True, "manual")
 
     @serialized
+    def tier_states(self) -> tuple[list[str], list[str]]:
+        """Names of the enabled and of the switched-off tiers, each in config order."""
+        return self._tiers.split_by_state()
+
+    @serialized
     def report_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
         """A finished request's time to first token and inter-token latency, for the SLO guard."""
         self._control.report_request(ttft_s, itl_s)

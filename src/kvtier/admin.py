@@ -1,0 +1,72 @@
+"""The admin endpoint: switch tiers off and on over HTTP, beside ``/metrics``.
+
+Off by default (``metrics_admin: true`` turns it on) and loopback-only: the config refuses it on
+a metrics address beyond loopback, and every request from a peer that is not loopback gets 403.
+
+* ``GET /admin/tiers``: ``{"enabled": [...], "disabled": [...]}``;
+* ``POST /admin/tiers/<name>/disable`` and ``POST /admin/tiers/<name>/enable``:
+  ``{"tier": name, "enabled": bool, "changed": bool}``; 404 for a tier that does not exist.
+
+Runs on a metrics server thread; the manager's methods take its lock.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from kvtier.errors import KVTierError
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
+    from kvtier.operations import Operations
+
+PREFIX = "/admin/"
+_SWITCH = re.compile(r"^/admin/tiers/(?P<name>[^/]+)/(?P<action>enable|disable)$")
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def admin_app(manager: Operations) -> WSGIApplication:
+    """The WSGI app answering ``/admin/...`` for ``manager``."""
+
+    def serve(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        status, body = _answer(manager, environ)
+        start_response(status, [("Content-Type", "application/json")])
+        return [json.dumps(body).encode() + b"\n"]
+
+    return serve
+
+
+def _answer(manager: Operations, environ: WSGIEnvironment) -> tuple[str, Any]:
+    if not is_loopback(str(environ.get("REMOTE_ADDR", ""))):
+        return "403 Forbidden", {"error": "the admin endpoint answers loopback clients only"}
+    path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "")
+    if path == "/admin/tiers":
+        if method != "GET":
+            return "405 Method Not Allowed", {"error": "GET /admin/tiers"}
+        enabled, disabled = manager.tier_states()
+        return "200 OK", {"enabled": enabled, "disabled": disabled}
+    match = _SWITCH.match(path)
+    if match is None:
+        return "404 Not Found", {"error": f"no admin path {path}"}
+    if method != "POST":
+        return "405 Method Not Allowed", {"error": "POST to switch a tier"}
+    return _switch(manager, match["name"], match["action"] == "enable")
+
+
+def _switch(manager: Operations, name: str, enable: bool) -> tuple[str, Any]:
+    try:
+        changed = manager.enable_tier(name) if enable else manager.disable_tier(name, "admin")
+    except KVTierError as exc:
+        return "404 Not Found", {"error": str(exc)}
+    return "200 OK", {"tier": name, "enabled": enable, "changed": changed}

@@ -1,0 +1,85 @@
+"""The admin endpoint beside /metrics: off by default, loopback only, switches tiers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+
+from kvtier import ConfigError, TieringConfig, TieringManager
+from kvtier.admin import admin_app
+from tests.conftest import config
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def call(port: int, path: str, method: str = "GET") -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, data=b"")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        body = error.read()
+        return error.code, json.loads(body) if body.startswith(b"{") else {}
+
+
+@pytest.fixture
+def served(identity, tmp_path):
+    port = free_port()
+    tiers = [{"type": "fs", "root_dir": str(tmp_path)}]
+    cfg = config(2, secondary_tiers=tiers, metrics_port=port, metrics_admin=True)
+    with TieringManager(cfg, identity) as m:
+        yield m, port
+
+
+def test_tiers_are_switched_off_and_on_over_http(served):
+    m, port = served
+    assert call(port, "/admin/tiers") == (200, {"enabled": ["fs"], "disabled": []})
+    status, body = call(port, "/admin/tiers/fs/disable", "POST")
+    assert status == 200 and body == {"tier": "fs", "enabled": False, "changed": True}
+    assert m.stats()["disabled_tiers"] == ["fs"]
+    assert call(port, "/admin/tiers/fs/enable", "POST")[1]["changed"] is True
+    assert m.stats()["disabled_tiers"] == []
+    assert [s.reason for s in m.take_tier_switches()] == ["admin", "manual"]
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "status"),
+    [("/admin/tiers/nope/disable", "POST", 404), ("/admin/tiers/fs/disable", "GET", 405),
+     ("/admin/tiers", "POST", 405), ("/admin/other", "GET", 404)],
+)  # fmt: skip
+def test_bad_admin_requests_change_nothing(served, path, method, status):
+    m, port = served
+    assert call(port, path, method)[0] == status
+    assert m.stats()["disabled_tiers"] == []
+
+
+def test_the_admin_endpoint_is_off_by_default(identity):
+    port = free_port()
+    with TieringManager(config(2, metrics_port=port), identity):
+        assert call(port, "/admin/tiers")[0] == 404
+
+
+def test_the_admin_endpoint_refuses_a_metrics_address_beyond_loopback():
+    with pytest.raises(ConfigError, match="metrics_admin"):
+        TieringConfig.from_dict(
+            {"cpu_bytes_to_use": 1 << 20, "metrics_port": 9464, "metrics_host": "0.0.0.0",
+             "metrics_admin": True}
+        )  # fmt: skip
+
+
+def test_a_client_that_is_not_loopback_is_refused(served):
+    m, _ = served
+    app = admin_app(m)
+    statuses = []
+    environ = {"PATH_INFO": "/admin/tiers/fs/disable", "REQUEST_METHOD": "POST",
+               "REMOTE_ADDR": "10.1.2.3"}  # fmt: skip
+    app(environ, lambda status, headers: statuses.append(status))  # type: ignore[arg-type]
+    assert statuses == ["403 Forbidden"] and m.stats()["disabled_tiers"] == []
