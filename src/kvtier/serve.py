@@ -47,13 +47,12 @@ from kvtier.errors import IntegrityError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.serve_holds import PeerHolds
+from kvtier.serve_holds import PeerHolds, Replies
 from kvtier.tiers import codec
 from kvtier.tiers import peer_protocol as proto
 from kvtier.tiers.transport import (
     Listener,
     MessageLimits,
-    SendReceipt,
     Transport,
     ZmqTransport,
     server_keys,
@@ -67,16 +66,6 @@ log = logging.getLogger(__name__)
 MAX_CLIENTS = 4096  # handshaken connections remembered; the oldest are forgotten first
 MAX_MESSAGES_PER_TURN = 256
 BUSY_POLL_S, IDLE_POLL_S = 0.005, 0.05
-
-
-@dataclass
-class _Sending:
-    """A fetch reply whose payload frames still point into slots held for ``peer``."""
-
-    receipt: SendReceipt
-    peer: bytes
-    keys: list[ChunkKey]
-    deadline: float
 
 
 @dataclass
@@ -119,8 +108,7 @@ class PeerServer:
         self._outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._work_ready, self._stop = threading.Event(), threading.Event()
         self._clients: OrderedDict[bytes, None] = OrderedDict()
-        self._sending: list[_Sending] = []
-        self._stalled: list[_Sending] = []  # replies that outlived their holds, still queued
+        self._replies = Replies()
         self._counters: Counter[str] = Counter()
         self._counters_lock = threading.Lock()
         self._driver: threading.Thread | None = None
@@ -261,7 +249,7 @@ class PeerServer:
     # -- server thread -----------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._transport.wait(0.05 if self._sending or self._stalled else 1.0)
+            self._transport.wait(0.05 if self._replies else 1.0)
             for _ in range(MAX_MESSAGES_PER_TURN):
                 message = self._listener.recv()
                 if message is None:
@@ -358,7 +346,7 @@ class PeerServer:
             frames += [codec.encode_header(self._digest, key, view), view]
         receipt = self._listener.send(peer, frames)
         if keys:
-            self._sending.append(_Sending(receipt, peer, keys, deadline))
+            self._replies.add(receipt, peer, keys, deadline)
         self._count("fetched_chunks", len(keys))
 
     def _send_store(
@@ -372,20 +360,14 @@ class PeerServer:
 
     def _check_sending(self) -> None:
         """Release the holds of sent replies, and of replies past their deadline (stalled)."""
-        now, still = time.monotonic(), []
-        for sending in self._sending:
-            if sending.receipt.done:
-                self._submit(_Work("release", sending.keys, sending.peer))
-            elif now >= sending.deadline:
-                self._count("holds_expired")
-                self._submit(_Work("release", sending.keys, sending.peer, stalled=True))
-                self._stalled.append(sending)
-            else:
-                still.append(sending)
-        self._sending = still
-        for gone in [s for s in self._stalled if s.receipt.done]:
-            self._stalled.remove(gone)
-            self._submit(_Work("unstall", [], gone.peer))
+        sent, expired, recovered = self._replies.check(time.monotonic())
+        for reply in sent:
+            self._submit(_Work("release", reply.keys, reply.peer))
+        for reply in expired:
+            self._count("holds_expired")
+            self._submit(_Work("release", reply.keys, reply.peer, stalled=True))
+        for peer in recovered:
+            self._submit(_Work("unstall", [], peer))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:

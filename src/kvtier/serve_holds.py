@@ -1,4 +1,5 @@
-"""PeerHolds: the host-slot holds a peer server takes for its clients, per client and bounded.
+"""PeerHolds: the host-slot holds a peer server takes for its clients, per client and bounded;
+``Replies``: the fetch replies that carry their bytes, until sent or past their deadline.
 
 A served chunk's slot is held (``HostTier.hold``) until its bytes are sent. Each client (one
 connection, named by its routing id) holds as its own owner, ``("peer", routing id)``, so its
@@ -17,7 +18,8 @@ holds are counted, bounded and released apart from every other owner's:
   its replies) gets no more holds until that reply is gone (sent, or dropped with its
   connection); its FETCHes are answered "not here" meanwhile (``fetch_refused_stalled``).
 
-Thread safety: none; the holds belong to the manager's thread (``PeerServer.step``).
+Thread safety: none; ``PeerHolds`` belongs to the manager's thread (``PeerServer.step``),
+``Replies`` to the server's thread, which hands what it finds to ``step`` through the inbox.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 
 from kvtier.host import HostTier
 from kvtier.keys import ChunkKey
+from kvtier.tiers.transport import SendReceipt
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +122,45 @@ class PeerHolds:
     def _forget_if_idle(self, peer: bytes, client: _Client) -> None:
         if not client.held and client.stalled <= 0:
             self._clients.pop(peer, None)
+
+
+@dataclass
+class Reply:
+    """A fetch reply whose payload frames still point into slots held for ``peer``."""
+
+    receipt: SendReceipt
+    peer: bytes
+    keys: list[ChunkKey]
+    deadline: float
+
+
+class Replies:
+    """Fetch replies in flight; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._sending: list[Reply] = []
+        self._stalled: list[Reply] = []  # outlived their holds, still queued
+
+    def __bool__(self) -> bool:
+        return bool(self._sending or self._stalled)
+
+    def add(self, receipt: SendReceipt, peer: bytes, keys: list[ChunkKey], deadline: float) -> None:
+        self._sending.append(Reply(receipt, peer, keys, deadline))
+
+    def check(self, now: float) -> tuple[list[Reply], list[Reply], list[bytes]]:
+        """Replies sent, replies past their deadline (now stalled), peers of stalls now gone."""
+        sent, expired, sending, stalled, recovered = [], [], [], [], []
+        for reply in self._sending:  # ``done`` is read once: it may turn true meanwhile
+            if reply.receipt.done:
+                sent.append(reply)
+            elif now >= reply.deadline:
+                expired.append(reply)
+            else:
+                sending.append(reply)
+        for reply in self._stalled:
+            if reply.receipt.done:
+                recovered.append(reply.peer)
+            else:
+                stalled.append(reply)
+        self._sending, self._stalled = sending, stalled + expired
+        return sent, expired, recovered
