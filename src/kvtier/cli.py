@@ -1,18 +1,70 @@
-"""The ``kvtier`` command line: ``kvtier config check FILE`` and friends."""
+"""The ``kvtier`` command line: ``kvtier config check FILE`` and friends.
+
+Bad input is answered the way argparse answers it: the command's usage line, then
+``kvtier: error: ...`` on stderr and exit status 2, never a traceback. A handler reports such
+input by raising ``UsageError``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
+import math
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
 
-from kvtier.config import ExternalTierConfig, TierConfig, TieringConfig
+from kvtier.config import ExternalTierConfig, KVEventsConfig, ServeConfig, TierConfig, TieringConfig
+from kvtier.config_checks import endpoint_problem, redact_url
 from kvtier.errors import KVTierError
 from kvtier.layout import DTYPE_SIZES, KVLayout
 from kvtier.plan.cli import add_plan_commands
 from kvtier.region import ALIGNMENT, round_up
+
+
+class UsageError(Exception):
+    """Bad input to a command; ``main`` prints it argparse-style and exits with status 2."""
+
+
+class CliParser(argparse.ArgumentParser):
+    """``error`` prints this (sub)command's usage and ``kvtier: error: MESSAGE``; exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"kvtier: error: {message}\n")
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {low} to {high}, got {value}")
+        return value
+
+    return parse
+
+
+def float_in(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number above ``low`` and at most ``high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and low < value <= high):
+            raise argparse.ArgumentTypeError(
+                f"expected above {low:g}, at most {high:g}, got {text}"
+            )
+        return value
+
+    return parse
 
 
 def human_bytes(n: float) -> str:
@@ -24,7 +76,7 @@ def human_bytes(n: float) -> str:
 
 
 def describe_tier(tier: TierConfig) -> str:
-    """One line per tier; fields marked ``repr=False`` (credentials) are never shown."""
+    """One line per tier; credentials (``repr=False`` fields, a URL's user:password) never shown."""
     if isinstance(tier, ExternalTierConfig):
         return f"{tier.module_path}.{tier.class_name} options={sorted(tier.options)}"
     shown = [f for f in dataclasses.fields(tier) if f.repr and f.name != "name"]
@@ -37,12 +89,13 @@ def _short(value: Any) -> str:
         return ",".join(f"{v.host}:{v.port}" for v in value)
     if dataclasses.is_dataclass(value):
         return f"[{describe_tier(value)}]"  # type: ignore[arg-type]
-    return str(value)
+    return redact_url(value) if isinstance(value, str) else str(value)
 
 
 def describe_config(config: TieringConfig, layout: KVLayout) -> str:
+    """The resolved configuration, one setting per line (no credentials)."""
     stride = round_up(layout.chunk_bytes, ALIGNMENT)
-    num_slots = config.host_slots(layout.chunk_bytes)
+    num_slots = config.host_slots(layout.chunk_bytes, check_memory=False)
     lines = []
     if config.kv_connector:
         lines.append(f"connector:       {config.kv_connector} ({config.kv_role or 'no role'})")
@@ -57,7 +110,82 @@ def describe_config(config: TieringConfig, layout: KVLayout) -> str:
         "secondary tiers: " + ("none" if not config.secondary_tiers else "(lookup order)"),
     ]
     lines += [f"  {i}. {describe_tier(t)}" for i, t in enumerate(config.secondary_tiers, 1)]
-    return "\n".join(lines)
+    return "\n".join(lines + describe_services(config))
+
+
+def describe_services(config: TieringConfig) -> list[str]:
+    """What this configuration listens on: the peer server, metrics and KV events."""
+    metrics = "off"
+    if config.metrics_port is not None:
+        metrics = f"http://{_host_port(config.metrics_host, config.metrics_port)}/metrics"
+    return [
+        f"serve:           {_describe_serve(config.serve)}",
+        f"metrics:         {metrics}",
+        f"kv events:       {_describe_events(config.kv_events)}",
+    ]
+
+
+def _describe_serve(serve: ServeConfig | None) -> str:
+    if serve is None:
+        return "off"
+    curve = "off (unauthenticated, unencrypted)"
+    if serve.curve_secret_key_file is not None:
+        curve = (
+            f"on (secret key {serve.curve_secret_key_file}, clients {serve.curve_client_keys_dir})"
+        )
+    stores = "accepted" if serve.accept_stores else "refused"
+    return (
+        f"tcp://{_host_port(serve.host, serve.port)}, CURVE {curve}, stores from peers "
+        f"{stores}, hold_timeout_s {serve.hold_timeout_s:g}"
+    )
+
+
+def _describe_events(events: KVEventsConfig | None) -> str:
+    if events is None:
+        return "off"
+    if not events.enable_kv_cache_events:
+        return "off (enable_kv_cache_events is false)"
+    return (
+        f"{events.endpoint} topic {events.topic or ''!r} hwm {events.hwm} "
+        "(ZeroMQ PUB, unauthenticated)"
+    )
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def config_warnings(config: TieringConfig) -> Iterator[str]:
+    """Settings that work but are likely a mistake or an exposure."""
+    physical = config.exceeds_memory()
+    if physical is not None:
+        yield (
+            f"cpu_bytes_to_use ({human_bytes(config.cpu_bytes_to_use)}) exceeds this host's "
+            f"physical memory ({human_bytes(physical)}); the manager will refuse to start here"
+        )
+    serve = config.serve
+    if serve is not None and serve.curve_secret_key_file is None and not serve.loopback:
+        yield (
+            f"serve listens on {serve.host} without CURVE: any host that reaches it can fetch "
+            "this cache's chunks"
+        )
+    events = config.kv_events
+    if events is not None and events.enable_kv_cache_events and not _loopback_endpoint(events):
+        yield f"kv events are published unauthenticated on {events.endpoint}"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _loopback_endpoint(events: KVEventsConfig) -> bool:
+    scheme, _, rest = events.endpoint.partition("://")
+    return scheme != "tcp" or _loopback(rest.rpartition(":")[0].strip("[]"))
 
 
 def _config_check(args: argparse.Namespace) -> int:
@@ -74,8 +202,9 @@ def _config_check(args: argparse.Namespace) -> int:
         )
         print(describe_config(config, layout))
     except KVTierError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
+    for warning in config_warnings(config):
+        print(f"kvtier: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -85,40 +214,39 @@ def _add_config_commands(commands: Any) -> None:
     check = sub.add_parser("check", help="validate FILE and print the resolved configuration")
     check.add_argument("file", help="JSON: a vLLM --kv-transfer-config or its extra config")
     shape = check.add_argument_group("model shape (for slot sizes; defaults: a Llama-3-8B)")
-    shape.add_argument("--num-layers", type=int, default=32)
-    shape.add_argument("--num-kv-heads", type=int, default=8)
-    shape.add_argument("--head-dim", type=int, default=128)
+    size = int_in(1, 1 << 16)
+    shape.add_argument("--num-layers", type=size, default=32)
+    shape.add_argument("--num-kv-heads", type=size, default=8)
+    shape.add_argument("--head-dim", type=size, default=128)
     shape.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES))
-    shape.add_argument("--engine-block-size", type=int, default=16)
-    shape.add_argument("--blocks-per-chunk", type=int, default=16, help="when the config is silent")
-    check.set_defaults(handler=_config_check)
+    shape.add_argument("--engine-block-size", type=size, default=16)
+    shape.add_argument(
+        "--blocks-per-chunk", type=size, default=16, help="when the config is silent"
+    )
+    check.set_defaults(handler=_config_check, command_parser=check)
+
+
+def _endpoint(text: str) -> str:
+    problem = endpoint_problem(text, bind=False)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}, got {text!r}")
+    return text
 
 
 def _events(args: argparse.Namespace) -> int:
-    from kvtier.events import EventSubscriber, describe_wire
+    from kvtier.cli_events import follow
 
-    expected, subscriber = None, EventSubscriber(args.connect, args.topic)
-    try:
-        for seq, _, events in subscriber.batches(args.timeout):
-            if expected is not None and seq != expected:
-                print(f"! missed batches {expected}..{seq - 1}", flush=True)
-            expected = seq + 1
-            for event in events:
-                print(describe_wire(event), flush=True)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        subscriber.close()
-    return 0
+    return follow(args.connect, args.topic, args.timeout)
 
 
 def _add_events_command(commands: Any) -> None:
     events = commands.add_parser("events", help="print KV events as they arrive")
-    events.add_argument("--connect", required=True, help="publisher endpoint, tcp://host:port")
+    events.add_argument("--connect", required=True, type=_endpoint,
+                        help="publisher endpoint, tcp://host:port")  # fmt: skip
     events.add_argument("--topic", default="", help="topic prefix to subscribe to")
-    events.add_argument("--timeout", type=float, default=None,
+    events.add_argument("--timeout", type=float_in(0, 86_400), default=None,
                         help="stop after this many seconds without an event")  # fmt: skip
-    events.set_defaults(handler=_events)
+    events.set_defaults(handler=_events, command_parser=events)
 
 
 def _add_bench_command(commands: Any) -> None:
@@ -131,7 +259,7 @@ def _add_bench_command(commands: Any) -> None:
         "print a table, write JSON and a PNG chart.",
     )
     bench_cli.add_arguments(bench)
-    bench.set_defaults(handler=bench_cli.run)
+    bench.set_defaults(handler=bench_cli.run, command_parser=bench)
 
 
 def _peer_keygen(args: argparse.Namespace) -> int:
@@ -152,11 +280,11 @@ def _add_peer_commands(commands: Any) -> None:
     keygen = sub.add_parser("keygen", help="write a CURVE key pair (NAME.public, NAME.secret)")
     keygen.add_argument("--out", required=True, help="directory for the key files")
     keygen.add_argument("--name", default="kvtier", help="file name stem (default: kvtier)")
-    keygen.set_defaults(handler=_peer_keygen)
+    keygen.set_defaults(handler=_peer_keygen, command_parser=keygen)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvtier", description=__doc__)
+    parser = CliParser(prog="kvtier", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_config_commands(commands)
     _add_events_command(commands)
@@ -167,8 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status. Bad input exits with status 2 (``SystemExit``)."""
     args = build_parser().parse_args(argv)
-    code: int = args.handler(args)
+    try:
+        code: int = args.handler(args)
+    except UsageError as exc:
+        args.command_parser.error(str(exc))
     return code
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from kvtier.cli import UsageError, float_in, int_in
+from kvtier.errors import KVTierError
 
 
 def _defaults() -> dict[str, Any]:
@@ -20,9 +24,16 @@ def _conversations(text: str) -> tuple[int, ...]:
         values = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers like 2,4,8, got {text!r}") from None
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError("numbers of conversations must be positive")
+    if not values or min(values) <= 0 or max(values) > MAX_CONVERSATIONS:
+        raise argparse.ArgumentTypeError(
+            f"numbers of conversations must be from 1 to {MAX_CONVERSATIONS}, got {text}"
+        )
     return values
+
+
+#: Bounds of the numeric options (a run past them would not finish, or not fit in memory).
+MAX_CONVERSATIONS = 4096
+MAX_TOKENS = 1 << 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,22 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N,N,...",
         help="numbers of conversations to sweep (default 2,4,8,12,16,24)",
     )
+    convs = float_in(0, MAX_CONVERSATIONS)
     parser.add_argument(
-        "--device-convs", type=float, help="conversations the accelerator KV pool holds (default 4)"
+        "--device-convs", type=convs, help="conversations the accelerator KV pool holds (default 4)"
     )
     parser.add_argument(
         "--host-convs",
-        type=float,
+        type=convs,
         help="conversations host memory holds (default 12; --config overrides)",
     )
-    work = parser.add_argument_group("workload")
-    work.add_argument("--first-prompt-tokens", type=int, help="first prompt length (768)")
-    work.add_argument("--rounds", type=int, help="turns after the first (4)")
-    work.add_argument("--user-turn-tokens", type=int, help="tokens per user turn (32)")
-    work.add_argument("--new-tokens", type=int, help="tokens generated per turn (2)")
-    work.add_argument("--block-size", type=int, help="engine block size in tokens (16)")
-    work.add_argument("--blocks-per-chunk", type=int, help="blocks per kvtier chunk (2)")
-    work.add_argument("--seed", type=int)
+    _add_workload_arguments(parser.add_argument_group("workload"))
     parser.add_argument(
         "--config",
         dest="config_path",
@@ -60,10 +65,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", help="where results go (bench-results)")
     parser.add_argument("--json", dest="json_path", help="JSON path (OUTPUT_DIR/bench.json)")
     parser.add_argument("--chart", dest="chart_path", help="PNG path (OUTPUT_DIR/bench.png)")
-    parser.add_argument("--threads", type=int, help="torch threads (1: stable timings)")
+    parser.add_argument("--threads", type=int_in(1, 1024), help="torch threads (1: stable timings)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--metrics-port", type=int,
-                        help="serve the fullest strategy's metrics on this port")  # fmt: skip
+    parser.add_argument("--metrics-port", type=int_in(0, 65535),
+                        help="serve the fullest strategy's metrics on this port "
+                        "(0: any free port, printed)")  # fmt: skip
+
+
+def _add_workload_arguments(work: Any) -> None:
+    tokens = int_in(1, MAX_TOKENS)
+    work.add_argument("--first-prompt-tokens", type=tokens, help="first prompt length (768)")
+    work.add_argument("--rounds", type=int_in(1, 1000), help="turns after the first (4)")
+    work.add_argument("--user-turn-tokens", type=tokens, help="tokens per user turn (32)")
+    work.add_argument("--new-tokens", type=tokens, help="tokens generated per turn (2)")
+    work.add_argument("--block-size", type=int_in(1, 4096), help="engine block size in tokens (16)")
+    work.add_argument(
+        "--blocks-per-chunk", type=int_in(1, 4096), help="blocks per kvtier chunk (2)"
+    )
+    work.add_argument("--seed", type=int_in(0, (1 << 32) - 1))
 
 
 def options_from(args: argparse.Namespace) -> Any:
@@ -76,21 +95,39 @@ def options_from(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the sweep, print the table and headline, write the JSON and the chart."""
+    """Run the sweep, print the table and headline, write the JSON and the chart.
+
+    Bad options (a missing model or config, an unwritable output, a port in use, capacities
+    that hold nothing) raise ``UsageError`` before the sweep starts.
+    """
+    options = options_from(args)
+    check_options(options)
+    json_path, chart_path = _output_paths(args, options)
+    server, collector = (None, None) if args.metrics_port is None else _serve(args.metrics_port)
+    try:
+        bench = _build(options)
+        if collector is not None:
+            _watch(bench, collector)
+        _check_capacities(bench)
+        _sweep(bench, args.no_progress, json_path, chart_path)
+    finally:
+        if server is not None:
+            server.close()
+    return 0
+
+
+def _sweep(bench: Any, no_progress: bool, json_path: Path, chart_path: Path) -> None:
     from tqdm import tqdm
 
     from kvtier.bench import report
-    from kvtier.bench.runner import Bench
 
-    options = options_from(args)
-    out = Path(options.output_dir)
-    json_path = Path(args.json_path) if args.json_path else out / "bench.json"
-    chart_path = Path(args.chart_path) if args.chart_path else out / "bench.png"
-    bench = Bench(options)
-    exporter = None if args.metrics_port is None else _export_metrics(bench, args.metrics_port)
     print(_describe(bench), file=sys.stderr)
-    bench.warm_up()
-    with tqdm(total=bench.num_requests(), unit="req", disable=args.no_progress) as bar:
+    try:
+        bench.warm_up()  # builds every strategy's manager and tiers a first time
+    except KVTierError as exc:
+        flag = "argument --config: " if bench.options.config_path else ""
+        raise UsageError(f"{flag}{exc}") from None
+    with tqdm(total=bench.num_requests(), unit="req", disable=no_progress) as bar:
         sweep = bench.sweep(bar)
     table = report.rows(sweep)
     document = report.to_json(sweep, table)
@@ -99,13 +136,95 @@ def run(args: argparse.Namespace) -> int:
     report.write_json(document, json_path)
     report.write_chart(sweep, table, chart_path)
     print(f"wrote {json_path} and {chart_path}")
-    if exporter is not None:
-        exporter.close()
-    return 0
+
+
+def check_options(options: Any) -> None:
+    """``UsageError`` for a model that is neither a preset nor a directory, a bad ``--config``,
+    or conversations longer than a preset model's 16384 positions."""
+    from kvtier.bench.engine import MODEL_PRESETS
+    from kvtier.config import TieringConfig
+
+    if options.model not in MODEL_PRESETS and not Path(options.model).is_dir():
+        presets = ", ".join(MODEL_PRESETS)
+        raise UsageError(f"argument --model: expected {presets} or a model directory, "
+                         f"got {options.model!r}")  # fmt: skip
+    if options.config_path is not None:
+        try:
+            TieringConfig.load(options.config_path)
+        except KVTierError as exc:
+            raise UsageError(f"argument --config: {exc}") from None
+    longest = options.spec(1, 1).max_context_tokens
+    if options.block_size * options.blocks_per_chunk > longest:
+        raise UsageError(f"a chunk of {options.block_size * options.blocks_per_chunk} tokens is "
+                         f"longer than a whole conversation ({longest} tokens)")  # fmt: skip
+    if options.model in MODEL_PRESETS and longest > MAX_POSITIONS:
+        raise UsageError(
+            f"a conversation grows to {longest} tokens; the {options.model} model has "
+            f"{MAX_POSITIONS} positions (shorten the prompts or the rounds)"
+        )
+
+
+#: Positions of the preset models (``max_position_embeddings`` in ``engine.build_model``).
+MAX_POSITIONS = 16384
+
+
+def _output_paths(args: argparse.Namespace, options: Any) -> tuple[Path, Path]:
+    """The JSON and chart paths; ``UsageError`` unless their directories can be written."""
+    out = Path(options.output_dir)
+    json_path = Path(args.json_path) if args.json_path else out / "bench.json"
+    chart_path = Path(args.chart_path) if args.chart_path else out / "bench.png"
+    for flag, directory in (("--output-dir", out), ("--json", json_path.parent),
+                            ("--chart", chart_path.parent)):  # fmt: skip
+        _check_writable(flag, directory)
+    return json_path, chart_path
+
+
+def _check_writable(flag: str, directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise UsageError(f"argument {flag}: cannot write in {directory} ({reason})") from None
+
+
+def _build(options: Any) -> Any:
+    from kvtier.bench.runner import Bench
+
+    try:
+        return Bench(options)
+    except KVTierError as exc:
+        raise UsageError(str(exc)) from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"argument --model: cannot load {options.model} ({exc})") from None
+
+
+def _check_capacities(bench: Any) -> None:
+    """``UsageError`` unless host memory holds a chunk and fits this host's memory."""
+    from kvtier.config import TieringConfig
+
+    caps = bench.capacities()
+    flag = "--config" if bench.options.config_path else "--host-convs"
+    if caps["host_bytes"] < caps["chunk_bytes"]:
+        raise UsageError(f"argument {flag}: host memory of {caps['host_bytes']} bytes holds "
+                         f"no chunk ({caps['chunk_bytes']} bytes)")  # fmt: skip
+    try:
+        config = TieringConfig.from_dict({"cpu_bytes_to_use": caps["host_bytes"]})
+        config.host_slots(caps["chunk_bytes"])
+    except KVTierError as exc:
+        raise UsageError(f"argument {flag}: {exc}") from None
 
 
 def _export_metrics(bench: Any, port: int) -> Any:
     """Serve ``/metrics`` of whichever run of the fullest strategy is active."""
+    server, collector = _serve(port)
+    _watch(bench, collector)
+    return server
+
+
+def _serve(port: int) -> tuple[Any, Any]:
+    """A metrics server on 127.0.0.1 (``port`` 0: any free port) and the collector it serves."""
     from prometheus_client import CollectorRegistry
 
     from kvtier.metrics import DelegatingCollector, MetricsServer
@@ -113,15 +232,22 @@ def _export_metrics(bench: Any, port: int) -> Any:
     collector = DelegatingCollector()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    try:
+        server = MetricsServer(registry, port, "127.0.0.1")
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise UsageError(f"argument --metrics-port: cannot listen on 127.0.0.1:{port} "
+                         f"({reason})") from None  # fmt: skip
+    print(f"metrics on http://127.0.0.1:{server.port}/metrics", file=sys.stderr)
+    return server, collector
 
+
+def _watch(bench: Any, collector: Any) -> None:
     def watch(run: Any) -> None:
         collector.current = run.manager.prometheus_collector()
 
     bench.on_full_run = watch
-    server = MetricsServer(registry, port, "127.0.0.1")
-    print(f"metrics of {bench.strategy_names()[2]} on http://127.0.0.1:{server.port}/metrics",
-          file=sys.stderr)  # fmt: skip
-    return server
+    print(f"metrics are those of {bench.strategy_names()[2]}", file=sys.stderr)
 
 
 def _describe(bench: Any) -> str:
