@@ -8,14 +8,32 @@ raises ``ConfigError`` naming the key (as a path such as ``secondary_tiers[0].ro
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from kvtier.admin import is_loopback
 from kvtier.admission import AdmissionConfig
+from kvtier.config_checks import (
+    BindHost,
+    Bounds,
+    Bytes,
+    Count,
+    Endpoint,
+    HexKey,
+    HostName,
+    HttpUrl,
+    Messages,
+    Port,
+    PositiveBytes,
+    Seconds,
+    Text,
+    Threads,
+    Timeout,
+    check_fields,
+    physical_memory_bytes,
+)
 from kvtier.errors import ConfigError
 from kvtier.slo import SLOGuardConfig
 
@@ -30,9 +48,12 @@ class MemoryTierConfig:
     """``type: "memory"``: chunks copied into process memory, bounded by ``capacity_bytes``."""
 
     type_name: ClassVar[str] = "memory"
-    capacity_bytes: int = GiB
-    n_threads: int = 2
+    capacity_bytes: Bytes = GiB
+    n_threads: Threads = 2
     name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -41,14 +62,17 @@ class FsTierConfig:
 
     type_name: ClassVar[str] = "fs"
     root_dir: str
-    n_read_threads: int = 16
-    n_write_threads: int = 16
-    max_bytes: int | None = None
-    min_free_bytes: int = 256 << 20
+    n_read_threads: Threads = 16
+    n_write_threads: Threads = 16
+    max_bytes: Bytes | None = None
+    min_free_bytes: Bytes = 256 << 20
     o_direct: Literal["auto", "on", "off"] = "auto"
     fsync: bool = False
-    negative_ttl_s: float = 1.0
+    negative_ttl_s: Seconds = 1.0
     name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -57,24 +81,35 @@ class ObjTierConfig:
 
     type_name: ClassVar[str] = "obj"
     bucket: str
-    endpoint_override: str | None = None
+    endpoint_override: Annotated[str, HttpUrl()] | None = None
     prefix: str = "kvtier"
     region: str | None = None
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
-    io_threads: int = 16
-    timeout_s: float = 5.0
-    negative_ttl_s: float = 1.0
-    circuit_failures: int = 3
-    reconnect_min_s: float = 0.5
-    reconnect_max_s: float = 30.0
+    io_threads: Threads = 16
+    timeout_s: Timeout = 5.0
+    negative_ttl_s: Seconds = 1.0
+    circuit_failures: Count = 3
+    reconnect_min_s: Timeout = 0.5
+    reconnect_max_s: Timeout = 30.0
     name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ConfigError(
+                f"reconnect_max_s: expected at least reconnect_min_s ({self.reconnect_min_s}), "
+                f"got {self.reconnect_max_s}"
+            )
 
 
 @dataclass(frozen=True)
 class PeerAddress:
-    host: str
-    port: int
+    host: HostName
+    port: Port
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -86,16 +121,17 @@ class P2PTierConfig:
     """
 
     type_name: ClassVar[str] = "p2p"
-    host: str | None = None
-    port: int | None = None
+    host: HostName | None = None
+    port: Port | None = None
     peers: tuple[PeerAddress, ...] = ()
-    timeout_s: float = 1.0
-    hit_ttl_s: float = 2.0
+    timeout_s: Timeout = 1.0
+    hit_ttl_s: Seconds = 2.0
     curve_secret_key_file: str | None = None
     curve_server_key_file: str | None = None
     name: str | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if (self.host is None) != (self.port is None):
             raise ConfigError("host, port: give both (or list the peers under peers)")
         if self.host is None and not self.peers:
@@ -122,15 +158,16 @@ class ServeConfig:
     ``hold_timeout_s`` bounds how long a slow client pins a slot.
     """
 
-    port: int
-    host: str = "127.0.0.1"
+    port: Port
+    host: BindHost = "127.0.0.1"
     curve_secret_key_file: str | None = None
     curve_client_keys_dir: str | None = None
     accept_stores: bool = False
-    hold_timeout_s: float = 5.0
+    hold_timeout_s: Timeout = 5.0
     allow_insecure_stores: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self)
         _check_pair("curve_secret_key_file", "curve_client_keys_dir", self)
         insecure = self.curve_secret_key_file is None and not self.loopback
         if self.accept_stores and insecure and not self.allow_insecure_stores:
@@ -166,11 +203,14 @@ class FaultTierConfig:
     inner: TierConfig
     fail_store: bool = False
     fail_load: bool = False
-    fail_keys: tuple[str, ...] = ()
-    delay_s: float = 0.0
+    fail_keys: tuple[Annotated[str, HexKey()], ...] = ()
+    delay_s: Seconds = 0.0
     raise_in_submit: bool = False
     raise_in_lookup: bool = False
     name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -195,22 +235,29 @@ TIER_CONFIGS: dict[str, type[Any]] = {
 
 @dataclass(frozen=True)
 class KVEventsConfig:
-    """Where KV events are published (the keys of vLLM's ``--kv-events-config`` that apply)."""
+    """Where KV events are published (the keys of vLLM's ``--kv-events-config`` that apply).
 
-    endpoint: str = "tcp://*:5557"
-    topic: str | None = None
+    The publisher binds ``endpoint``: loopback by default, unauthenticated, so anyone who can
+    reach it can read every chunk key; bind another address only on a trusted network.
+    """
+
+    endpoint: Annotated[str, Endpoint()] = "tcp://127.0.0.1:5557"
+    topic: Annotated[str, Text(empty=True)] | None = None
     publisher: Literal["zmq"] = "zmq"
-    hwm: int = 100_000
+    hwm: Messages = 100_000
     enable_kv_cache_events: bool = True
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
 class TieringConfig:
     """The whole kvtier configuration (vLLM's ``kv_connector_extra_config`` plus its wrapper)."""
 
-    cpu_bytes_to_use: int
-    block_size: int | None = None
-    blocks_per_chunk: int | None = None
+    cpu_bytes_to_use: PositiveBytes
+    block_size: Count | None = None
+    blocks_per_chunk: Count | None = None
     eviction_policy: Literal["lru", "arc"] = "lru"
     secondary_tiers: tuple[TierConfig, ...] = ()
     spec_name: str = "TieringOffloadingSpec"
@@ -218,8 +265,8 @@ class TieringConfig:
     kv_connector: str | None = None
     kv_role: str | None = None
     serve: ServeConfig | None = None
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
+    metrics_port: Port | None = None
+    metrics_host: HostName = "127.0.0.1"
     kv_events: KVEventsConfig | None = None
     #: Record a request trace (``kvtier.plan.trace``) here, for ``kvtier plan``; off when ``None``.
     trace_path: str | None = None
@@ -228,9 +275,9 @@ class TieringConfig:
     #: What each level keeps (``kvtier.admission``): ``level`` is ``host`` or a tier's name.
     admission: tuple[AdmissionConfig, ...] = ()
     #: vLLM's name for host memory's ``min_reuse`` (chunks seen fewer times are not stored).
-    store_threshold: int | None = None
+    store_threshold: Annotated[int, Bounds(1, 255, "an integer from 1 to 255")] | None = None
     #: Chunks retained below this priority (0-100) are never written to secondary tiers.
-    secondary_min_priority: int = 0
+    secondary_min_priority: Annotated[int, Bounds(0, 100, "an integer from 0 to 100")] = 0
     #: Serve ``/admin/...`` (switch tiers) beside ``/metrics``: loopback metrics_host only.
     metrics_admin: bool = False
 
@@ -238,15 +285,12 @@ class TieringConfig:
         _check_retention(self)
         if self.metrics_admin and not is_loopback(self.metrics_host):
             raise ConfigError("metrics_admin: only with a loopback metrics_host (127.0.0.1, ::1)")
-        _check_positive("cpu_bytes_to_use", self.cpu_bytes_to_use)
+        check_fields(self)
         if self.block_size is not None and self.blocks_per_chunk is not None:
             raise ConfigError(
                 "block_size, blocks_per_chunk: give one or the other, not both "
                 "(block_size is tokens per chunk; blocks_per_chunk counts engine blocks)"
             )
-        for key in ("block_size", "blocks_per_chunk"):
-            if getattr(self, key) is not None:
-                _check_positive(key, getattr(self, key))
 
     def admission_configs(self) -> tuple[AdmissionConfig, ...]:
         """``admission``, plus ``store_threshold`` as host memory's ``min_reuse``."""
@@ -264,19 +308,17 @@ class TieringConfig:
 
     @classmethod
     def from_json(cls, text: str) -> TieringConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"configuration: not valid JSON ({exc})") from exc
-        return cls.from_dict(data)
+        """Parse JSON text; anything that is not a valid configuration raises ``ConfigError``."""
+        from kvtier.config_parser import load_json
+
+        return cls.from_dict(load_json(text))
 
     @classmethod
     def load(cls, path: str | Path) -> TieringConfig:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"configuration file {path}: {exc.strerror or exc}") from exc
-        return cls.from_json(text)
+        """Read and parse a configuration file: a regular file of at most 16 MiB of UTF-8."""
+        from kvtier.config_parser import read_config_file
+
+        return cls.from_json(read_config_file(path))
 
     def blocks_per_chunk_for(self, engine_block_size: int) -> int | None:
         """Engine blocks per chunk this config asks for, or ``None`` when it leaves it open."""
@@ -291,15 +333,31 @@ class TieringConfig:
             )
         return self.block_size // engine_block_size
 
-    def host_slots(self, chunk_bytes: int) -> int:
-        """How many host slots ``cpu_bytes_to_use`` holds (each rounded up to 4 KiB)."""
-        num_slots = self.cpu_bytes_to_use // (-(-chunk_bytes // 4096) * 4096)
+    def host_slots(self, chunk_bytes: int, check_memory: bool = True) -> int:
+        """How many host slots ``cpu_bytes_to_use`` holds (each rounded up to 4 KiB).
+
+        ``ConfigError`` if not even one, or (``check_memory``) if the slots would take more
+        than this host's physical memory.
+        """
+        stride = -(-chunk_bytes // 4096) * 4096
+        num_slots = self.cpu_bytes_to_use // stride
         if num_slots == 0:
             raise ConfigError(
                 f"cpu_bytes_to_use: {self.cpu_bytes_to_use} bytes cannot hold one chunk "
                 f"of {chunk_bytes} bytes"
             )
+        physical = physical_memory_bytes() if check_memory else None
+        if physical is not None and num_slots * stride > physical:
+            raise ConfigError(
+                f"cpu_bytes_to_use: {num_slots * stride} bytes of host slots exceed this "
+                f"host's physical memory ({physical} bytes)"
+            )
         return num_slots
+
+    def exceeds_memory(self) -> int | None:
+        """This host's physical memory if ``cpu_bytes_to_use`` exceeds it, else ``None``."""
+        physical = physical_memory_bytes()
+        return physical if physical is not None and self.cpu_bytes_to_use > physical else None
 
     def check_layout(self, layout: KVLayout) -> None:
         """The chunk size this config asks for, if any, must be ``layout``'s."""
@@ -310,11 +368,6 @@ class TieringConfig:
                 f"{key}: the configuration asks for {wanted} engine blocks per chunk but the "
                 f"layout has {layout.blocks_per_chunk} ({layout.tokens_per_chunk} tokens per chunk)"
             )
-
-
-def _check_positive(key: str, value: int) -> None:
-    if value <= 0:
-        raise ConfigError(f"{key}: expected a positive integer, got {value}")
 
 
 def _check_retention(config: TieringConfig) -> None:
