@@ -231,14 +231,6 @@ def test_a_failed_start_releases_what_was_already_started(identity):
     assert can_bind(events_port) and can_bind(metrics_port)
 
 
-NEEDS_MANAGER_CHANGE = pytest.mark.xfail(
-    strict=True,
-    reason="a bind/resolve failure at start-up is wrapped in ConfigError outside config.py "
-    "(manager.py / metrics.py / events.py / transport.py; see the issue 11 item 5 report)",
-)
-
-
-@NEEDS_MANAGER_CHANGE
 @pytest.mark.parametrize(
     ("key", "extra"),
     [

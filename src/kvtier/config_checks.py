@@ -122,8 +122,8 @@ class HttpUrl:
     def check(self, value: Any, path: str) -> None:
         Text().check(value, path)
         if not _is_http_url(value):
-            shown = redact_url(value)
-            raise ConfigError(f"{path}: expected a URL such as http://minio:9000, got {shown!r}")
+            shown = "a value with '@' (not shown)" if "@" in value else repr(redact_url(value))
+            raise ConfigError(f"{path}: expected a URL such as http://minio:9000, got {shown}")
 
 
 def _is_http_url(text: str) -> bool:
@@ -267,6 +267,14 @@ def redact_url(text: str) -> str:
     return url.geturl()
 
 
+_URL_USER = re.compile(r"(\b[a-zA-Z][\w+.-]*://)[^/\s@]*@")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the user:password of every URL in it shown as ``***``."""
+    return _URL_USER.sub(r"\1***@", text)
+
+
 @contextlib.contextmanager
 def listen_errors(keys: str, address: str) -> Iterator[None]:
     """Re-raise a failure to resolve or bind ``address`` (``OSError`` such as ``gaierror`` or
@@ -283,6 +291,21 @@ def listen_errors(keys: str, address: str) -> Iterator[None]:
         if not type(exc).__module__.startswith("zmq"):
             raise
         raise ConfigError(f"{keys}: cannot listen on {address} ({exc})") from exc
+
+
+@contextlib.contextmanager
+def key_path(prefix: str) -> Iterator[None]:
+    """Prefix ``prefix.`` to a ``ConfigError`` raised inside (unless it names the key already).
+
+    For errors only construction finds (a key file that cannot be read, a module that cannot
+    be loaded), so that they name the key as the parser's do.
+    """
+    try:
+        yield
+    except ConfigError as exc:
+        if str(exc).startswith(prefix):
+            raise
+        raise ConfigError(f"{prefix}.{exc}") from exc
 
 
 def error_reason(exc: BaseException) -> str:

@@ -155,7 +155,11 @@ class EventPublisher:
         self._socket = self._context.socket(zmq.PUB)
         self._socket.setsockopt(zmq.SNDHWM, hwm)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.bind(endpoint)
+        try:
+            self._socket.bind(endpoint)
+        except BaseException:
+            self.close()
+            raise
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._topic = topic.encode()
         self._batch_seq = 0

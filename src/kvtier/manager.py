@@ -30,6 +30,7 @@ from kvtier.admin import admin_app
 from kvtier.admission.gate import Admission
 from kvtier.clock import TransferClock
 from kvtier.config import TieringConfig
+from kvtier.config_checks import key_path, listen_errors
 from kvtier.errors import ClosedError, ConfigError, KVTierError
 from kvtier.events import EventKind, EventLog, EventPublisher
 from kvtier.guards import engine_call, serialized
@@ -125,30 +126,36 @@ class TieringManager(Operations):
 
     def _build(self, tiers: Sequence[SecondaryTier | TierFactory] | None) -> None:
         """Tiers and the event publisher: nothing that calls back into the manager."""
-        for tier in self.config.secondary_tiers if tiers is None else tiers:
+        given = self.config.secondary_tiers if tiers is None else tiers
+        for index, tier in enumerate(given):
             if isinstance(tier, SecondaryTier):
                 self.tiers.append(tier)
             elif callable(tier):
                 self.tiers.append(tier(self.region, self.identity))
             else:
-                self.tiers.append(build_tier(tier, self.region, self.identity))
+                with key_path(f"secondary_tiers[{index}]"):
+                    self.tiers.append(build_tier(tier, self.region, self.identity))
         self._tiers.bind()
         events = self.config.kv_events
         if events is not None and events.enable_kv_cache_events:
-            self._publisher = EventPublisher(events.endpoint, events.topic or "", events.hwm)
+            with listen_errors("kv_events.endpoint", events.endpoint):
+                self._publisher = EventPublisher(events.endpoint, events.topic or "", events.hwm)
 
     def _start_services(self) -> None:
         """Threads that read or drive the manager: started last, once it is fully built."""
         if self.config.metrics_port is not None:
             registry = self.prometheus_registry()
             admin = admin_app(self) if self.config.metrics_admin else None
-            self._exporter = MetricsServer(
-                registry, self.config.metrics_port, self.config.metrics_host, admin=admin
-            )
+            host, port = self.config.metrics_host, self.config.metrics_port
+            with listen_errors("metrics_host, metrics_port", f"{host}:{port}"):
+                self._exporter = MetricsServer(registry, port, host, admin=admin)
         if self.config.serve is not None:
             from kvtier.serve import PeerServer  # lazy: pyzmq is needed only to serve
 
-            self.peer_server = PeerServer(self.config.serve, self.region, self.identity)
+            serve = self.config.serve
+            with key_path("serve"), listen_errors("serve.host, serve.port", f"{serve.host}"
+                                                  f":{serve.port}"):  # fmt: skip
+                self.peer_server = PeerServer(serve, self.region, self.identity)
             self.add_service(self.peer_server)
             self.peer_server.drive(self._drive)
 

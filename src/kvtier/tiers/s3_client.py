@@ -27,6 +27,7 @@ import obstore
 from obstore.store import S3Store
 
 from kvtier.config import ObjTierConfig
+from kvtier.config_checks import redact_url, redact_urls
 from kvtier.errors import ConfigError, IntegrityError, TierError, TierUnavailable
 
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -52,7 +53,7 @@ class ObjectClient:
 
     def __init__(self, config: ObjTierConfig) -> None:
         self.bucket = config.bucket
-        self.endpoint = config.endpoint_override or "AWS S3"
+        self.endpoint = redact_url(config.endpoint_override or "AWS S3")  # named in errors
         self._secrets = [s for s in (config.access_key, config.secret_key) if s]
         options = _store_options(config)
         try:
@@ -118,7 +119,7 @@ class ObjectClient:
         line = text.strip().splitlines()[0] if text.strip() else "request failed"
         for secret in self._secrets:
             line = line.replace(secret, "***")
-        return line[:300]
+        return redact_urls(line)[:300]
 
 
 def _fill(chunks: Iterable[memoryview | bytes], views: list[memoryview]) -> int:
@@ -138,13 +139,20 @@ def _fill(chunks: Iterable[memoryview | bytes], views: list[memoryview]) -> int:
     return total
 
 
+def _shown(endpoint: str) -> str:
+    """``endpoint`` for an error message: credentials in it are never shown."""
+    if "@" in endpoint and "://" not in endpoint:
+        return "a value with '@' (not shown: it may hold credentials)"
+    return repr(redact_url(endpoint))
+
+
 def _check_endpoint(endpoint: str | None) -> None:
     if endpoint is None:
         return
     url = urlsplit(endpoint)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ConfigError(
-            f"endpoint_override: expected a URL such as http://minio:9000, got {endpoint!r}"
+            f"endpoint_override: expected a URL such as http://minio:9000, got {_shown(endpoint)}"
         )
 
 

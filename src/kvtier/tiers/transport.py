@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from kvtier.errors import ConfigError, TierError
+from kvtier.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvtier.tiers.zmq_listener import ZmqListener
@@ -254,7 +254,9 @@ class ZmqTransport:
             socket.bind(f"tcp://{_bracket(host)}:{port}")
         except zmq.ZMQError as exc:
             self.forget(socket)
-            raise TierError(f"serve: cannot listen on {host}:{port} ({exc})") from exc
+            raise ConfigError(
+                f"serve.host, serve.port: cannot listen on {host}:{port} ({exc})"
+            ) from exc
         monitor: zmq.Socket[bytes] = socket.get_monitor_socket(zmq.EVENT_ACCEPTED)
         from kvtier.tiers.zmq_listener import ZmqListener  # it imports this module's types
 
