@@ -48,15 +48,10 @@ from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.serve_holds import PeerHolds, Replies
+from kvtier.serve_listen import listen
 from kvtier.tiers import codec
 from kvtier.tiers import peer_protocol as proto
-from kvtier.tiers.transport import (
-    Listener,
-    MessageLimits,
-    Transport,
-    ZmqTransport,
-    server_keys,
-)
+from kvtier.tiers.transport import Transport
 
 if TYPE_CHECKING:
     from kvtier.manager import TieringManager
@@ -91,18 +86,7 @@ class PeerServer:
         transport: Transport | None = None,
     ) -> None:
         self._config, self._region, self._digest = config, region, identity.digest
-        if transport is None:
-            curve = None
-            if config.curve_secret_key_file and config.curve_client_keys_dir:
-                curve = server_keys(config.curve_secret_key_file, config.curve_client_keys_dir)
-            transport = ZmqTransport(curve_server=curve)
-        self._transport = transport
-        limits = request_limits(config.accept_stores, region.slot_bytes)
-        try:
-            self._listener: Listener = transport.listen(config.host, config.port, limits)
-        except BaseException:
-            transport.close()
-            raise
+        self._transport, self._listener = listen(config, region.slot_bytes, transport)
         self._holds = PeerHolds(region.num_slots, config.hold_timeout_s)
         self._inbox: queue.SimpleQueue[_Work] = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -115,15 +99,6 @@ class PeerServer:
         self._jobs_pending = False  # the manager had tier jobs out at the last step
         self._thread = threading.Thread(target=self._run, name="kvtier-peer-server", daemon=True)
         self._thread.start()
-        log.info("peer server listening on %s:%d", config.host, config.port)
-        if config.curve_secret_key_file is None and not config.loopback:
-            log.warning(
-                "peer server listens on %s:%d WITHOUT CURVE: every host that reaches it can read "
-                "this instance's KV cache; configure serve.curve_secret_key_file and "
-                "serve.curve_client_keys_dir",
-                config.host,
-                config.port,
-            )
 
     @property
     def port(self) -> int:
@@ -176,10 +151,10 @@ class PeerServer:
             try:
                 work = self._inbox.get_nowait()
             except queue.Empty:
-                self._jobs_pending = manager.num_pending_jobs > 0
-                return
+                break
             handler = getattr(self, f"_on_{work.op}")
             handler(manager, work)
+        self._jobs_pending = manager.num_pending_jobs > 0
 
     def _on_lookup(self, manager: TieringManager, work: _Work) -> None:
         held = [manager.host.is_ready(k) for k in work.keys]
@@ -194,16 +169,18 @@ class PeerServer:
         self._reply(work.peer, proto.encode(proto.LOOKUP, work.req_id, states))
 
     def _on_fetch(self, manager: TieringManager, work: _Work) -> None:
-        ready = [k for k in work.keys if manager.host.is_ready(k)]
-        manager.host.touch(ready)
-        grant = self._holds.take(manager.host, work.peer, ready, time.monotonic())
-        left, flags = len(grant.keys), []
-        for key in work.keys:  # the granted keys are the first ``left`` ready ones, in order
-            served = left > 0 and manager.host.is_ready(key)
-            left -= served
-            flags.append(served)
-        views = [self._region.view(slot) for slot in grant.slots]
-        reply = (work.peer, work.req_id, flags, grant.keys, views, grant.deadline)
+        """Serve every ready key: those within the client's budget held until sent, the rest
+        unpinned (a slot reused meanwhile fails the client's verification: a miss). A stalled
+        client (it does not read its replies) is served nothing."""
+        host = manager.host
+        ready = [k for k in work.keys if host.is_ready(k)]
+        host.touch(ready)
+        grant = self._holds.take(host, work.peer, ready, time.monotonic())
+        served = [] if grant.refused else ready
+        slots = grant.slots + [host.slot_of(k) for k in served[len(grant.keys) :]]
+        flags = [not grant.refused and host.is_ready(k) for k in work.keys]
+        views = [self._region.view(slot) for slot in slots]
+        reply = (work.peer, work.req_id, flags, served, views, grant.keys, grant.deadline)
         self._outbox.put(("fetch", reply))
         self._transport.wake()
 
@@ -339,14 +316,16 @@ class PeerServer:
         flags: list[bool],
         keys: list[ChunkKey],
         views: list[Any],
+        held: list[ChunkKey],
         deadline: float,
     ) -> None:
+        """Send ``keys`` out of their slots; ``held`` (a prefix) are released once sent."""
         frames: list[bytes | memoryview] = [proto.encode(proto.FETCH, req_id, flags)]
         for key, view in zip(keys, views, strict=True):
             frames += [codec.encode_header(self._digest, key, view), view]
         receipt = self._listener.send(peer, frames)
-        if keys:
-            self._replies.add(receipt, peer, keys, deadline)
+        if held:
+            self._replies.add(receipt, peer, held, deadline)
         self._count("fetched_chunks", len(keys))
 
     def _send_store(
@@ -379,14 +358,3 @@ class PeerServer:
             self._driver.join()
         self._listener.close()
         self._transport.close()
-
-
-def request_limits(accept_stores: bool, chunk_bytes: int) -> MessageLimits:
-    """What a client's message may be: one frame, or a STORE where stores are accepted."""
-    meta = proto.MAX_META_BYTES
-    if not accept_stores:
-        return MessageLimits(max_frame_bytes=meta, max_frames=1, max_message_bytes=meta)
-    keys = proto.max_store_keys(chunk_bytes)
-    chunk = codec.HEADER_BYTES + chunk_bytes
-    frame = max(meta, codec.HEADER_BYTES, chunk_bytes)
-    return MessageLimits(frame, 1 + 2 * keys, meta + keys * chunk)

@@ -1,21 +1,21 @@
 """PeerHolds: the host-slot holds a peer server takes for its clients, per client and bounded;
-``Replies``: the fetch replies that carry their bytes, until sent or past their deadline.
+``Replies``: the fetch replies that carry the held bytes, until sent or past their deadline.
 
 A served chunk's slot is held (``HostTier.hold``) until its bytes are sent. Each client (one
 connection, named by its routing id) holds as its own owner, ``("peer", routing id)``, so its
 holds are counted, bounded and released apart from every other owner's:
 
 * **budget**: one client holds at most ``per_client`` slots at once and all clients together at
-  most ``total``; the keys of a FETCH past the budget are answered "not here" (counted
-  ``fetch_over_budget``). Defaults: a quarter of the host slots per client and half for all
-  clients, but at least ``MIN_CLIENT_HOLDS`` (or every slot, on a host with fewer), so a whole
-  request can be served on a small host. The engine keeps the rest: a client that never reads
-  its replies cannot take every slot from ``prepare_store``.
+  most ``total``. The chunks of a FETCH past the budget are sent unpinned, straight out of
+  their slots (counted ``fetch_unpinned``): if the engine reuses such a slot before its bytes
+  are sent, the client's verification turns that chunk into a miss. Budgets: a quarter of the
+  host slots per client, half for all clients (at least one). The engine keeps the rest: no
+  client, reading its replies or not, can take every slot from ``prepare_store``.
 * **deadline**: a hold expires at an absolute deadline, ``hold_timeout_s`` after the client first
   took it. A FETCH of a key the client still holds gets that same deadline: renewals never
   extend it.
 * **stall**: a client one of whose holds expired before its reply was sent (it does not read
-  its replies) gets no more holds until that reply is gone (sent, or dropped with its
+  its replies) is served nothing until that reply is gone (sent, or dropped with its
   connection); its FETCHes are answered "not here" meanwhile (``fetch_refused_stalled``).
 
 Thread safety: none; ``PeerHolds`` belongs to the manager's thread (``PeerServer.step``),
@@ -35,7 +35,6 @@ from kvtier.tiers.transport import SendReceipt
 
 log = logging.getLogger(__name__)
 
-MIN_CLIENT_HOLDS = 8
 CLIENT_SHARE, PEERS_SHARE = 4, 2  # a client may hold 1/4 of the slots, all clients 1/2
 
 
@@ -53,36 +52,39 @@ class _Client:
 
 @dataclass
 class Grant:
-    """What ``PeerHolds.take`` held: ``keys[i]`` in ``slots[i]``, until ``deadline`` at most."""
+    """What ``PeerHolds.take`` held: ``keys[i]`` in ``slots[i]``, until ``deadline`` at most.
+
+    ``refused``: the client is stalled and is to be served nothing.
+    """
 
     keys: list[ChunkKey]
     slots: list[int]
     deadline: float
+    refused: bool = False
 
 
 class PeerHolds:
     """Per-client holds of one peer server; see the module docstring."""
 
     def __init__(self, num_slots: int, hold_timeout_s: float) -> None:
-        floor = min(num_slots, MIN_CLIENT_HOLDS)
-        self.per_client = max(num_slots // CLIENT_SHARE, floor)
-        self.total = max(num_slots // PEERS_SHARE, floor)
+        self.per_client = max(1, num_slots // CLIENT_SHARE)
+        self.total = max(1, num_slots // PEERS_SHARE)
         self._timeout = hold_timeout_s
         self.counters: Counter[str] = Counter()  # read by other threads as ``dict(counters)``
         self._clients: dict[bytes, _Client] = {}
         self.held = 0  # slots held by all clients together
 
     def take(self, host: HostTier, peer: bytes, ready: Sequence[ChunkKey], now: float) -> Grant:
-        """Hold as many of the ``ready`` keys (in order) as ``peer`` may hold now."""
+        """Hold as many of the ``ready`` keys (the first ones) as ``peer`` may hold now."""
         client = self._clients.setdefault(peer, _Client())
         if client.stalled:
             self.counters["fetch_refused_stalled"] += 1
-            room = 0
-        else:
-            room = max(0, min(self.per_client - client.held, self.total - self.held))
+            self._forget_if_idle(peer, client)
+            return Grant([], [], now, refused=True)
+        room = max(0, min(self.per_client - client.held, self.total - self.held))
         keys = list(ready[:room])
-        if len(keys) < len(ready) and not client.stalled:
-            self.counters["fetch_over_budget"] += len(ready) - len(keys)
+        if len(keys) < len(ready):
+            self.counters["fetch_unpinned"] += len(ready) - len(keys)
         deadline = now + self._timeout
         for key in keys:
             at, holds = client.deadlines.get(key, (now + self._timeout, 0))

@@ -121,19 +121,39 @@ def test_a_hoarding_client_leaves_the_engine_slots_and_its_holds_expire(server):
     assert stats["holds_expired"] >= 1 and stats["fetch_refused_stalled"] >= 1
 
 
+def test_fetches_past_a_clients_budget_are_served_unpinned(server):
+    """Budget 8 (a quarter of 32 slots): four loads of 8 chunks in flight at once all succeed."""
+    assert server.peer_server is not None
+    region = HostRegion(SLOTS, LAYOUT.chunk_bytes)
+    p2p = P2PTierConfig(host="127.0.0.1", port=server.peer_server.port, timeout_s=10.0)
+    tier = PeerTier(p2p, region, IDENTITY)
+    try:
+        for job in range(4):
+            part = range(8 * job, 8 * job + 8)
+            tier.submit_load(TransferJob(job, tuple(KEYS[i] for i in part), tuple(part)))
+        results = collect(tier, range(4), timeout=60)
+        assert all(result.ok for result in results.values()), results
+        assert all(holds(region, slot, key) for slot, key in enumerate(KEYS))
+    finally:
+        tier.close()
+    assert server.peer_server.stats()["fetch_unpinned"] > 0
+
+
 def test_a_renewed_hold_keeps_its_first_deadline_and_owners_stay_apart():
     host, keys = HostTier(16), make_keys(IDENTITY, 12)
     host.allocate(keys)
     host.complete_write(keys, success=True)
     peer_holds = PeerHolds(16, hold_timeout_s=1.0)
-    assert (peer_holds.per_client, peer_holds.total) == (8, 8)  # at least 8: a whole request
-    first = peer_holds.take(host, b"a", keys[:2], now=10.0)
-    renewed = peer_holds.take(host, b"a", keys[:3], now=10.9)
+    assert (peer_holds.per_client, peer_holds.total) == (4, 8)
+    first = peer_holds.take(host, b"a", keys[:1], now=10.0)
+    renewed = peer_holds.take(host, b"a", keys[:2], now=10.9)
     assert first.deadline == renewed.deadline == 11.0, "a renewal never extends a deadline"
-    assert peer_holds.take(host, b"a", keys, now=11.0).keys == keys[:3], "a's budget: 8"
-    assert peer_holds.take(host, b"b", keys, now=11.0).keys == [], "all clients: 8"
-    peer_holds.give_back(host, b"b", keys[:1])  # b holds nothing: nothing changes
+    assert peer_holds.take(host, b"a", keys, now=11.0).keys == keys[:1], "a's budget: 4"
+    assert peer_holds.take(host, b"b", keys, now=11.0).keys == keys[:4], "b's own budget"
+    assert peer_holds.take(host, b"c", keys, now=11.0).keys == [], "all clients: 8"
+    peer_holds.give_back(host, b"c", keys[:1])  # c holds nothing: nothing changes
     assert peer_holds.counters["release_mismatch"] == 1
-    assert sorted(host.holds_of(owner_of(b"a"))) == sorted([*keys[:2], *keys[:3], *keys[:3]])
+    assert sorted(host.holds_of(owner_of(b"a"))) == sorted([keys[0], keys[0], keys[1], keys[0]])
     peer_holds.give_back(host, b"a", host.holds_of(owner_of(b"a")))
+    peer_holds.give_back(host, b"b", host.holds_of(owner_of(b"b")))
     assert host.num_held == 0 and peer_holds.held == 0
