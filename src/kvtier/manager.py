@@ -202,7 +202,7 @@ class TieringManager(Operations):
         self._provenance.stored(own)
         names = self._tiers.names() if own else []
         for index, chosen in enumerate(self._retention.for_tiers(own, names)):
-            if chosen and self._tiers.enabled(index):
+            if chosen and self._tiers.enabled(index) and self.tiers[index].accepts_stores:
                 self._write_through(index, chosen)
 
     def _write_through(self, index: int, keys: list[ChunkKey]) -> None:

@@ -180,9 +180,6 @@ def test_a_store_for_a_peer_that_refuses_stores_never_leaves_this_process(identi
     assert "stores_refused" not in stats and "messages_dropped_oversized" not in stats
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the manager must not write through to a tier whose accepts_stores is False"
-)
 def test_peers_that_refuse_stores_get_no_write_through_and_no_failure(producer, identity):
     keys = make_keys(identity, 4, seed=11)
     with TieringManager(config(16, secondary_tiers=[p2p(producer.port)]), identity) as m:

@@ -105,6 +105,11 @@ class SecondaryTier(ABC):
     _metrics: TierMetrics | None = None
 
     @property
+    def accepts_stores(self) -> bool:
+        """False while the tier would refuse every store: the manager writes nothing to it."""
+        return True
+
+    @property
     def locality(self) -> str:
         """``remote`` when the chunks live in other instances (``reads_peers``), else ``local``."""
         return "remote" if self.reads_peers else "local"

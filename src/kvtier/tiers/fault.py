@@ -42,6 +42,10 @@ class FaultInjectingTier(SecondaryTier):
         self._delayed: list[tuple[float, JobResult]] = []
         self._lock = threading.Lock()
 
+    @property
+    def accepts_stores(self) -> bool:
+        return self.inner.accepts_stores
+
     def lookup(self, key: ChunkKey) -> Lookup:
         self.calls["lookup"] += 1
         if self.raise_in_lookup:
