@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kvtier import CacheIdentity, ChunkKey, KVLayout, TieringConfig, chunk_keys
-from kvtier.errors import ConfigError, TierError
+from kvtier.errors import KVTierError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import RETRY, JobResult, Lookup, SecondaryTier
 
@@ -85,24 +85,24 @@ def on_a_free_port(bind: Callable[[int], T], attempts: int = 20) -> tuple[T, int
     """``(bind(port), port)`` for a port found free; another port if it was taken meanwhile.
 
     ``free_port`` releases its port before ``bind`` takes it, so another process may get there
-    first; ``bind`` then raises (``OSError``, ``zmq.ZMQError``, or a ``TierError`` or
-    ``ConfigError`` saying "cannot listen") and another port is tried.
+    first; ``bind`` then raises (``OSError``, ``zmq.ZMQError``, or a kvtier error saying it
+    "cannot listen") and another port is tried.
     """
-    try:
-        from zmq import ZMQError
-
-        taken: tuple[type[Exception], ...] = (OSError, TierError, ConfigError, ZMQError)
-    except ImportError:
-        taken = (OSError, TierError, ConfigError)
     for _ in range(attempts - 1):
         port = free_port()
         try:
             return bind(port), port
-        except taken as exc:
-            if isinstance(exc, TierError | ConfigError) and "cannot listen" not in str(exc):
+        except Exception as exc:
+            if not _port_taken(exc):
                 raise
     port = free_port()
     return bind(port), port
+
+
+def _port_taken(exc: BaseException) -> bool:
+    if isinstance(exc, KVTierError):
+        return "cannot listen" in str(exc)
+    return isinstance(exc, OSError) or type(exc).__name__ == "ZMQError"
 
 
 def read_line(

@@ -109,6 +109,6 @@ def test_a_manager_failing_to_start_for_another_reason_closes_its_tiers(identity
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(OSError):
+        with pytest.raises(ConfigError, match="cannot listen"):
             TieringManager(config(4, secondary_tiers=[closing], metrics_port=port), identity)
     assert outside_tier.CLOSED == ["metered"]
