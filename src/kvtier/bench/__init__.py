@@ -2,6 +2,8 @@
 
 ``workload`` makes the conversations, ``engine`` serves them with one strategy, ``runner``
 sweeps strategies and numbers of conversations, ``report`` prints and draws the results, and
-``cli`` wires it to ``kvtier bench``. Only ``cli`` is imported by ``kvtier.cli``; it imports
-torch and transformers when the command runs.
+``cli`` wires it to ``kvtier bench``. ``kvtier bench --admission`` compares admission policies
+instead: ``mixed`` adds one-shot prompts to the conversations, ``admission`` runs the policies
+side by side, ``admission_report`` reports them and ``admission_cli`` holds its options. Only
+``cli`` is imported by ``kvtier.cli``; it imports torch and transformers when the command runs.
 """

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kvtier.bench import admission_cli
 from kvtier.cli import UsageError, float_in, int_in
 from kvtier.errors import KVTierError
 
@@ -70,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int_in(0, 65535),
                         help="serve the fullest strategy's metrics on this port "
                         "(0: any free port, printed)")  # fmt: skip
+    admission_cli.add_arguments(parser)
 
 
 def _add_workload_arguments(work: Any) -> None:
@@ -103,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
     options = options_from(args)
     check_options(options)
     json_path, chart_path = _output_paths(args, options)
+    if args.admission:  # policies side by side instead of the sweep (admission_cli)
+        if args.metrics_port is not None:
+            raise UsageError("argument --metrics-port: not with --admission")
+        bench = _build(options)
+        _check_capacities(bench)
+        return admission_cli.run(args, bench, json_path, chart_path)
     server, collector = (None, None) if args.metrics_port is None else _serve(args.metrics_port)
     try:
         bench = _build(options)
@@ -171,8 +179,9 @@ MAX_POSITIONS = 16384
 def _output_paths(args: argparse.Namespace, options: Any) -> tuple[Path, Path]:
     """The JSON and chart paths; ``UsageError`` unless their directories can be written."""
     out = Path(options.output_dir)
-    json_path = Path(args.json_path) if args.json_path else out / "bench.json"
-    chart_path = Path(args.chart_path) if args.chart_path else out / "bench.png"
+    stem = "admission" if getattr(args, "admission", False) else "bench"
+    json_path = Path(args.json_path) if args.json_path else out / f"{stem}.json"
+    chart_path = Path(args.chart_path) if args.chart_path else out / f"{stem}.png"
     for flag, directory in (("--output-dir", out), ("--json", json_path.parent),
                             ("--chart", chart_path.parent)):  # fmt: skip
         _check_writable(flag, directory)

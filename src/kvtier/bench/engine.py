@@ -61,7 +61,8 @@ class RunResult:
     """What one strategy did with one workload.
 
     ``tokens``: prompt plus generated tokens of every request; ``sources``: prompt tokens by
-    origin; ``outputs``: the answer of each (conversation, turn).
+    origin (``follow_up_sources``: those of follow-up turns only); ``outputs``: the answer of
+    each (conversation, turn).
     """
 
     strategy: str
@@ -71,6 +72,7 @@ class RunResult:
     ttft_s: list[float] = field(default_factory=list)
     follow_up_ttft_s: list[float] = field(default_factory=list)
     sources: Counter[str] = field(default_factory=Counter)
+    follow_up_sources: Counter[str] = field(default_factory=Counter)
     outputs: dict[tuple[int, int], list[int]] = field(default_factory=dict, repr=False)
     stats: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -86,6 +88,7 @@ class StrategyRun:
     Each request is timed on its own, from the call to the last generated token; the run's
     ``seconds`` is their sum. Runs of several strategies can then take turns request by request,
     so that a noisy, shared machine slows them all alike. Close the run to get its result.
+    ``workload`` replaces ``Workload(spec)`` (e.g. a ``MixedWorkload`` built on ``spec``).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class StrategyRun:
         strategy: Strategy,
         spec: WorkloadSpec,
         salt: str = "",
+        workload: Workload | None = None,
     ) -> None:
         tiering = strategy.tiering
         self.manager = None if tiering is None else TieringManager(tiering, identity)
@@ -102,7 +106,7 @@ class StrategyRun:
         self.tiered = TieredModel(model, identity, self.manager, device_cache=device_cache,
                                   salt=salt)  # fmt: skip
         self.spec = spec
-        self.workload = Workload(spec)
+        self.workload = Workload(spec) if workload is None else workload
         self._requests = iter(self.workload)
         self.result = RunResult(strategy.name, spec.num_conversations, 0.0, 0)
 
@@ -124,14 +128,17 @@ class StrategyRun:
         result.ttft_s.append(answer.first_token_s)
         if request.turn > 0:
             result.follow_up_ttft_s.append(answer.first_token_s)
+            result.follow_up_sources.update(answer.sources)
         result.sources.update(answer.sources)
         result.outputs[(request.conversation, request.turn)] = answer.tokens
 
     def close(self) -> RunResult:
-        """Drain pending stores, take the manager's stats, close it; returns the result."""
+        """Drain pending stores and tier jobs (up to 30 s), take the manager's stats, close it;
+        returns the result."""
         try:
             self.tiered.flush()
             if self.manager is not None:
+                self.manager.wait_idle(30.0)  # writes through finished: counted in the stats
                 self.result.stats = self.manager.stats()
         finally:
             if self.manager is not None:
