@@ -12,6 +12,10 @@
    only on the rest of the prompt, then decodes greedily.
 4. Every new full chunk of prompt and output goes into the device cache and is stored into host
    memory (from where the manager writes it through to every secondary tier).
+5. TTFT and mean inter-token latency go to ``TieringManager.report_request`` (SLO guard).
+
+``generate(..., priority=P, duration_s=D)``: every chunk of the request (stored or reused) gets
+retention priority ``P`` (0-100) in host memory, for ``D`` seconds or for good.
 
 Where each prompt token came from is counted in ``Generation.sources``: ``accelerator``,
 ``host``, the name of a secondary tier (for chunks it promoted), or ``recomputed``; and
@@ -52,6 +56,7 @@ from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.layout import KVLayout
 from kvtier.manager import TieringManager
 from kvtier.plan.recorder import open_recorder
+from kvtier.retention import expiry, priorities
 from kvtier.tiers.base import RETRY
 
 __all__ = ["DeviceChunkCache", "Generation", "TieredModel", "identity_for", "layout_for"]
@@ -138,7 +143,8 @@ class Generation:
 
     ``logits`` are the prefill logits of the prompt positions the model ran on (the last
     ``len(prompt) - cached_tokens``), ``[tokens, vocab]``; ``sources`` counts prompt tokens by
-    origin; ``first_token_s`` is the time from the call to the first generated token.
+    origin; ``first_token_s`` is the time from the call to the first generated token,
+    ``inter_token_s`` the mean time between the following ones (``None`` with one token).
     """
 
     tokens: list[int]
@@ -146,6 +152,7 @@ class Generation:
     cached_tokens: int
     sources: dict[str, int]
     first_token_s: float
+    inter_token_s: float | None = None
 
 
 @dataclass
@@ -194,14 +201,26 @@ class TieredModel:
 
     @torch.inference_mode()
     def generate(
-        self, token_ids: Sequence[int], max_new_tokens: int = 1, stop_tokens: Collection[int] = ()
+        self,
+        token_ids: Sequence[int],
+        max_new_tokens: int = 1,
+        stop_tokens: Collection[int] = (),
+        *,
+        priority: int | None = None,
+        duration_s: float | None = None,
     ) -> Generation:
         """Greedy-decode up to ``max_new_tokens`` after ``token_ids``, reusing cached prefixes.
 
         Decoding ends early after a token of ``stop_tokens`` (e.g. the end-of-sequence token).
+        ``priority`` (0-100) and ``duration_s``: the retention of the request's chunks in host
+        memory (``InvalidArgumentError`` before any work when out of range).
         """
         if not token_ids or max_new_tokens < 1:
             raise ValueError("generate needs a non-empty prompt and max_new_tokens >= 1")
+        if priority is not None:  # checked before any work (InvalidArgumentError)
+            priorities([ChunkKey(bytes(32))], priority)
+        expiry(duration_s)
+        retention = {"priority": priority, "duration_s": duration_s}
         started = time.perf_counter()
         self._finish_stores()
         prompt = [int(t) for t in token_ids]
@@ -215,11 +234,15 @@ class TieredModel:
         first_token_s = time.perf_counter() - started
         if tokens[0] not in stop_tokens:
             tokens += self._decode(session, tokens[0], max_new_tokens - 1, stop_tokens)
+        decoded_s = time.perf_counter() - started - first_token_s
+        itl_s = decoded_s / (len(tokens) - 1) if len(tokens) > 1 else None
+        if self.manager is not None:
+            self.manager.report_request(ttft_s=first_token_s, itl_s=itl_s)
         restored.sources[RECOMPUTED] += len(prompt) - cached
-        self._store(prompt + tokens[:-1], session, restored.end)
+        self._store(prompt + tokens[:-1], session, restored.end, retention)
         if self.trace is not None:  # queued for the recorder's thread; never blocks
             self.trace.record(len(prompt), keys, len(tokens))
-        return Generation(tokens, logits, cached, dict(restored.sources), first_token_s)
+        return Generation(tokens, logits, cached, dict(restored.sources), first_token_s, itl_s)
 
     def _decode(self, session: CacheSession, token: int, steps: int,
                 stop: Collection[int]) -> list[int]:  # fmt: skip
@@ -323,26 +346,29 @@ class TieredModel:
             sources[promoted.get(key, HOST)] += self.layout.tokens_per_chunk
 
     # -- store -------------------------------------------------------------------------------
-    def _store(self, tokens: list[int], session: CacheSession, first_chunk: int) -> None:
+    def _store(self, tokens: list[int], session: CacheSession, first_chunk: int,
+               retention: dict[str, Any]) -> None:  # fmt: skip
         """Put chunks ``first_chunk ..`` of the tokens ``session`` has run everywhere.
 
         Afterwards every chunk of the sequence is marked used, its first chunk most recently,
-        so that caches under pressure evict a conversation's tail before its prefix.
+        so that caches under pressure evict a conversation's tail before its prefix; in host
+        memory, the whole sequence gets the request's ``retention`` (if it has one).
         """
         all_keys = chunk_keys(tokens, self.identity, self.salt)
         keys = all_keys[first_chunk:]
         if keys:
             chunks = session.pack(first_chunk, len(keys))
             self.device_cache.put(keys, list(chunks.unbind(0)))
-            self._store_in_host(keys, chunks)
+            self._store_in_host(keys, chunks, first_chunk, retention)
         self.device_cache.touch(all_keys)
         if self.manager is not None:
-            self.manager.touch(all_keys[::-1], hit=False)
+            self.manager.touch(all_keys[::-1], hit=False, **retention)
 
-    def _store_in_host(self, keys: list[ChunkKey], chunks: torch.Tensor) -> None:
+    def _store_in_host(self, keys: list[ChunkKey], chunks: torch.Tensor, first_chunk: int,
+                       retention: dict[str, Any]) -> None:  # fmt: skip
         if self.manager is None or self.transfer is None:
             return
-        plan = self.manager.prepare_store(keys)
+        plan = self.manager.prepare_store(keys, first_chunk=first_chunk, **retention)
         if plan is None or not plan.keys:
             return
         index = {key: i for i, key in enumerate(keys)}
