@@ -360,6 +360,7 @@ def test_grafana_dashboard_uses_only_exported_metrics():
     exported = {name for name, _, _ in MANAGER_FAMILIES} | {
         "kvtier_host_slots",
         "kvtier_host_fill_ratio",
+        "kvtier_tier_enabled",  # a gauge of TieringManager.prometheus_collector
     }
     assert used and used <= exported
 
