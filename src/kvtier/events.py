@@ -4,19 +4,24 @@ The manager records one event whenever a chunk appears in, moves between, or lea
 names are ``accelerator``, ``host`` and the names of the secondary tiers; a destination of
 ``None`` means the chunk is gone from the source. Sequence numbers increase by one per event.
 
-On the wire (``kv_events`` configured) events are published the way vLLM publishes its own, so
-its consumers (llm-d's indexer, Dynamo's relay) decode them unchanged: a ZeroMQ PUB multipart
-message ``[topic, batch sequence (8 bytes, big-endian), payload]`` whose payload is a msgpack
-``KVEventBatch`` ``[ts, [event, ...]]``. Each event is a tagged array::
+On the wire (``kv_events`` configured) events are published the way vLLM 0.32 publishes its own
+(``vllm.distributed.kv_events``), so its decoder and its consumers (llm-d's indexer, Dynamo's
+relay) read them unchanged: a ZeroMQ PUB multipart message ``[topic, batch sequence (8 bytes,
+big-endian), payload]`` whose payload is a msgpack ``KVEventBatch``, an array ``[ts, [event,
+...]]``. Each event is a map tagged by ``"type"`` (vLLM's ``KVCacheEvent`` structs are tagged,
+not array-like)::
 
-    ["BlockStored", [key], None, [], tokens_per_chunk, None, medium, None, extra]
-    ["BlockRemoved", [key], medium, extra]
+    {"type": "BlockStored", "block_hashes": [key], "parent_block_hash": None, "token_ids": [],
+     "block_size": tokens_per_chunk, "lora_id": None, "lora_name": None, "medium": medium,
+     "locality": "LOCAL", "ownership": tier, "seq": ..., "kind": ..., "source": ...,
+     "destination": ...}
+    {"type": "BlockRemoved", "block_hashes": [key], "medium": medium, "locality": "LOCAL",
+     "ownership": tier, "seq": ..., "kind": ..., "source": ..., "destination": None}
 
-where ``key`` is the 32-byte chunk key, ``medium`` is where the chunk now is (stored) or was
-(removed): ``GPU`` for the accelerator, ``CPU`` for host memory, and the upper-cased tier name
-(``FS``, ``OBJ``, ``P2P``) for secondary tiers. ``extra`` is kvtier's richer record, a map
-``{"seq", "kind", "source", "destination", "locality"}``, appended after the fields vLLM defines
-(decoders of array-like structs ignore trailing fields).
+``key`` is the 32-byte chunk key. ``medium`` is where the chunk now is (stored) or was (removed),
+in vLLM's words: ``GPU`` for the accelerator, ``CPU`` for host memory, ``STORAGE`` for a
+secondary tier, whose name is then in ``ownership``. kvtier's richer record (``seq``, ``kind``,
+``source``, ``destination``) rides along as extra keys, which vLLM's decoder ignores.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import repeat
 from typing import Any, NamedTuple
 
@@ -114,26 +119,39 @@ class EventLog:
 
 
 def medium(tier: str) -> str:
-    return {"accelerator": "GPU", "host": "CPU"}.get(tier, tier.upper())
+    """vLLM's medium of a kvtier tier name: ``GPU``, ``CPU`` or ``STORAGE``."""
+    return {"accelerator": "GPU", "host": "CPU"}.get(tier, "STORAGE")
 
 
-def to_wire(event: KVEvent, tokens_per_chunk: int) -> list[Any]:
-    """One event as the tagged array vLLM's ``BlockStored`` / ``BlockRemoved`` decode from."""
-    extra = {
+def _owner(tier: str) -> str | None:
+    return None if tier in ("accelerator", "host") else tier
+
+
+def to_wire(event: KVEvent, tokens_per_chunk: int) -> dict[str, Any]:
+    """One event as the tagged map vLLM's ``BlockStored`` / ``BlockRemoved`` decode from."""
+    where = event.source if event.destination is None else event.destination
+    common = {
+        "block_hashes": [bytes(event.key)],
+        "medium": medium(where),
+        "locality": event.locality.upper(),
+        "ownership": _owner(where),
         "seq": event.seq,
         "kind": event.kind.value,
         "source": event.source,
         "destination": event.destination,
-        "locality": event.locality,
     }
-    key = bytes(event.key)
     if event.destination is None:
-        return ["BlockRemoved", [key], medium(event.source), extra]
-    where = medium(event.destination)
-    return ["BlockStored", [key], None, [], tokens_per_chunk, None, where, None, extra]
+        return {"type": "BlockRemoved", **common}
+    stored: dict[str, Any] = {
+        "parent_block_hash": None,
+        "token_ids": [],
+        "block_size": tokens_per_chunk,
+    }
+    return {"type": "BlockStored", **common, **stored, "lora_id": None, "lora_name": None}
 
 
 def encode_batch(events: list[KVEvent], tokens_per_chunk: int, ts: float) -> bytes:
+    """The msgpack ``KVEventBatch`` ``[ts, [event map, ...]]`` of ``events``."""
     import msgpack
 
     wire = [to_wire(e, tokens_per_chunk) for e in events]
@@ -181,22 +199,34 @@ class EventPublisher:
         self._context.term()
 
 
-def decode_batch(payload: bytes) -> tuple[float, list[list[Any]]]:
-    """Inverse of ``encode_batch``: ``(ts, [wire event, ...])``."""
+def decode_batch(payload: bytes) -> tuple[float, list[dict[str, Any]]]:
+    """Inverse of ``encode_batch``: ``(ts, [event map, ...])``; vLLM's own batches decode too.
+
+    Raises ``ValueError`` for a payload that is not a batch of map events.
+    """
     import msgpack
 
-    ts, events = msgpack.unpackb(payload, raw=False)
+    batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    if not isinstance(batch, list | tuple) or len(batch) < 2:
+        raise ValueError("expected an event batch [ts, [event, ...]]")
+    ts, events = batch[0], batch[1]
+    if not isinstance(events, list | tuple) or not all(isinstance(e, dict) for e in events):
+        raise ValueError("expected events as tagged maps")
     return float(ts), list(events)
 
 
-def describe_wire(event: list[Any]) -> str:
-    """One line for a wire event, e.g. ``#12 written host -> FS key=ab12cd34ef56``."""
-    tag, hashes = event[0], event[1]
-    extra = event[-1] if isinstance(event[-1], dict) else {}
-    where = event[2] if tag == "BlockRemoved" else event[6]
-    key = hashes[0].hex()[:16] if hashes and isinstance(hashes[0], bytes) else str(hashes)
-    route = f"{extra.get('source')} -> {extra.get('destination') or 'gone'}"
-    return f"#{extra.get('seq', '?')} {extra.get('kind', tag):<9} {route:<22} {where:<6} key={key}"
+def describe_wire(event: Mapping[str, Any]) -> str:
+    """One line for a wire event, e.g. ``#12 written host -> fs STORAGE key=ab12cd34ef56``.
+
+    Events of other publishers (vLLM's own: no ``seq``, integer hashes) are described too.
+    """
+    tag = str(event.get("type", "?"))
+    hashes = event.get("block_hashes") or []
+    first = hashes[0] if hashes else None
+    key = first.hex()[:16] if isinstance(first, bytes) else str(first)
+    route = f"{event.get('source')} -> {event.get('destination') or 'gone'}"
+    kind, where = event.get("kind", tag), str(event.get("medium"))
+    return f"#{event.get('seq', '?')} {kind:<9} {route:<22} {where:<7} key={key}"
 
 
 class EventSubscriber:

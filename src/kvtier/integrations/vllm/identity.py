@@ -11,7 +11,8 @@ seeds every key and names every tier namespace, so their chunks never mix.
 ``KeyMap`` turns vLLM's ``OffloadKey`` (32-byte block hash + 4-byte big-endian KV group index)
 into a kvtier ``ChunkKey`` deterministically: ``sha256(identity digest || offload key)``. The
 same offload key under the same identity is the same chunk on every process and machine. It
-remembers recent keys the other way, so removals reported by a tier become vLLM keys again.
+remembers the last ``remember`` keys the other way (none when vLLM publishes no KV events), so
+removals reported by a tier become vLLM keys again.
 
 Only duck-typed attribute reads of the config: nothing here imports vLLM.
 Thread safety: ``KeyMap`` is used by the scheduler thread only.
@@ -31,7 +32,7 @@ from kvtier.layout import KVLayout
 
 OFFLOAD_KEY_BYTES = 36
 #: Offload keys remembered for turning tier removals back into vLLM keys.
-REVERSE_CAPACITY = 1 << 18
+REVERSE_CAPACITY = 1 << 16
 
 
 def parallel_layout(parallel: Any) -> str:
@@ -125,6 +126,8 @@ class KeyMap:
 
     def chunk_key(self, offload_key: bytes) -> ChunkKey:
         key = ChunkKey(hashlib.sha256(self._seed + bytes(offload_key)).digest())
+        if not self._remember:
+            return key
         self._back[key] = bytes(offload_key)
         self._back.move_to_end(key)
         if len(self._back) > self._remember:

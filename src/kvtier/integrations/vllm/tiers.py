@@ -42,7 +42,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config import TierConfig
-from kvtier.integrations.vllm.identity import KeyMap, identity_from_config
+from kvtier.integrations.vllm.identity import REVERSE_CAPACITY, KeyMap, identity_from_config
 from kvtier.integrations.vllm.metrics import CounterBridge, definitions, tier_label
 from kvtier.integrations.vllm.options import adapter_options, fit_to_region, tier_config
 from kvtier.integrations.vllm.region import PrimaryRegion
@@ -94,7 +94,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._config = tier_config(self.kind, rest, tier_type)
         self._region = PrimaryRegion(primary_kv_view)
         identity = identity_from_config(offloading_spec.config, own.get("revision", ""))
-        self.identity, self._keys = identity, KeyMap(identity)
+        events_on = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
+        self.identity, self._keys = identity, KeyMap(identity, REVERSE_CAPACITY if events_on else 0)
         self._tier = self._start(fit_to_region(self._config, self._region), identity)
         entries = getattr(offloading_spec, "secondary_tier_configs", [])
         self._counters = CounterBridge(tier_label(entries, tier_type, options))
