@@ -29,7 +29,7 @@ def region(identity: CacheIdentity) -> HostRegion:
 @pytest.fixture
 def producer() -> Iterator[PeerNode]:
     """Another process that stored the 8 chunks of ``make_keys(identity, 8)`` and serves them."""
-    node = PeerNode(free_port(), "--store", "8").start()
+    node = PeerNode(0, "--store", "8").start()
     yield node
     node.kill()
 
@@ -67,7 +67,7 @@ def test_unknown_chunks_are_misses_and_the_prefix_stops_there(producer, identity
 
 
 def test_a_peer_of_another_cache_identity_is_refused_and_logged(identity, region, caplog):
-    node = PeerNode(free_port(), "--store", "2", "--model", "other/model").start()
+    node = PeerNode(0, "--store", "2", "--model", "other/model").start()
     tier = node.tier(region, identity)
     try:
         with caplog.at_level(logging.ERROR, logger="kvtier.tiers.peer_link"):
@@ -121,7 +121,7 @@ def test_producer_killed_mid_fetch_then_restarted(producer, identity, region):
 
 def test_a_hint_names_a_peer_outside_the_config(producer, identity, region):
     """The configured peer holds nothing; the hinted one does, and serves the load."""
-    empty = PeerNode(free_port()).start()
+    empty = PeerNode(0).start()
     tier = empty.tier(region, identity)
     try:
         keys = make_keys(identity, 8)
@@ -205,7 +205,7 @@ def test_one_request_is_served_by_the_filesystem_and_a_peer(identity, tmp_path):
             fill(writer.region, slot, key)
         writer.complete_store(plan.keys)
         assert writer.wait_idle(timeout=20)
-    node = PeerNode(free_port(), "--store", "8", "--skip", "4").start()
+    node = PeerNode(0, "--store", "8", "--skip", "4").start()
     try:
         tiers = [fs, p2p(node.port)]
         with TieringManager(config(16, secondary_tiers=tiers), identity) as m:

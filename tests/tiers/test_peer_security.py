@@ -37,7 +37,7 @@ def keys_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def node(keys_dir: Path) -> Iterator[PeerNode]:
-    served = PeerNode(free_port(), "--store", "4", "--curve", str(keys_dir)).start()
+    served = PeerNode(0, "--store", "4", "--curve", str(keys_dir)).start()
     yield served
     served.kill()
 
