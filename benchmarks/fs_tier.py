@@ -37,8 +37,8 @@ from kvtier import CacheIdentity, ChunkKey, KVLayout
 from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
-from kvtier.tiers.filesystem import FilesystemTier
-from kvtier.tiers.fs_files import O_DIRECT
+from kvtier.tiers.fs.files import O_DIRECT
+from kvtier.tiers.fs.tier import FilesystemTier
 
 SIZES = (256 << 10, 2 << 20, 8 << 20)
 IDENTITY = CacheIdentity(model="bench/model", layout=KVLayout(1, 1, 64))

@@ -42,8 +42,8 @@ from kvtier import CacheIdentity, ChunkKey, KVLayout
 from kvtier.config import ObjTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
-from kvtier.tiers.codec import HEADER_BYTES
-from kvtier.tiers.s3 import ObjectStoreTier
+from kvtier.tiers.s3.tier import ObjectStoreTier
+from kvtier.tiers.shared.codec import HEADER_BYTES
 
 SIZES = (2 << 20, 8 << 20)
 BUCKET, ACCESS, SECRET = "bench", "bench-access", "bench-secret"

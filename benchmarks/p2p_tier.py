@@ -34,9 +34,9 @@ from kvtier.config import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
-from kvtier.tiers.codec import HEADER_BYTES
-from kvtier.tiers.peer import FETCH_BATCH_BYTES, PeerTier
-from kvtier.tiers.peer_link import MAX_IN_FLIGHT
+from kvtier.tiers.peer.link import MAX_IN_FLIGHT
+from kvtier.tiers.peer.tier import FETCH_BATCH_BYTES, PeerTier
+from kvtier.tiers.shared.codec import HEADER_BYTES
 
 BLOCKS_PER_CHUNK = {2 << 20: 4, 8 << 20: 16}
 

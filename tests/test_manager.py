@@ -317,8 +317,9 @@ class CountingService:
     def __init__(self):
         self.steps, self.closed = 0, False
 
-    def step(self, manager):
-        assert isinstance(manager, TieringManager)
+    def step(self, host):
+        assert not isinstance(host, TieringManager), "services see a PeerHost, not the manager"
+        assert host.busy is False and host.reserve([]) == ([], [])
         self.steps += 1
 
     def close(self):

@@ -23,7 +23,7 @@ from kvtier.events import EventKind
 from kvtier.promotion import PROBE_AHEAD
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TransferJob
 from kvtier.tiers.fault import FaultInjectingTier
-from kvtier.tiers.filesystem import FilesystemTier
+from kvtier.tiers.fs.tier import FilesystemTier
 from tests.conftest import config, fill, holds, make_keys, wait_for
 from tests.test_manager import read, settle, store
 

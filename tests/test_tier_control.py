@@ -16,7 +16,7 @@ from kvtier import RETRY, KVTierError, TieringManager
 from kvtier.config import FsTierConfig, MemoryTierConfig
 from kvtier.slo import SLOGuard, SLOGuardConfig
 from kvtier.tiers.fault import FaultInjectingTier
-from kvtier.tiers.filesystem import FilesystemTier
+from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.memory import MemoryTier
 from tests.conftest import config, fill, make_keys, wait_for
 from tests.test_manager import push_out, read, settle, store

@@ -263,7 +263,7 @@ def _add_bench_command(commands: Any) -> None:
 
 
 def _peer_keygen(args: argparse.Namespace) -> int:
-    from kvtier.tiers.transport import write_keypair  # lazy: pyzmq is optional
+    from kvtier.tiers.peer.transport import write_keypair  # lazy: pyzmq is optional
 
     try:
         public, secret = write_keypair(args.out, args.name)

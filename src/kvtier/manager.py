@@ -39,6 +39,7 @@ from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.metrics import ManagerMetrics, MetricsServer
 from kvtier.operations import Operations
+from kvtier.peer_host import ManagerPeerHost
 from kvtier.promotion import Promoter
 from kvtier.provenance import Provenance
 from kvtier.region import HostRegion
@@ -52,7 +53,7 @@ from kvtier.tiers.base import Lookup, SecondaryTier
 from kvtier.tiers.registry import build_tier
 
 if TYPE_CHECKING:
-    from kvtier.serve import PeerServer
+    from kvtier.tiers.peer.server import PeerServer
 
 #: Builds a tier over the manager's host region, for ``TieringManager(tiers=...)``.
 TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
@@ -97,6 +98,7 @@ class TieringManager(Operations):
         self.metrics = ManagerMetrics()
         self._events = EventLog(outbox=config.kv_events is not None, on_add=self._count_events)
         self._services = Services(self.metrics)
+        self._peer_host = ManagerPeerHost(self)
         self._clock = TransferClock(self.metrics, self.chunk_bytes)
         self._publisher: EventPublisher | None = None
         self._exporter: MetricsServer | None = None
@@ -150,7 +152,7 @@ class TieringManager(Operations):
             with listen_errors("metrics_host, metrics_port", f"{host}:{port}"):
                 self._exporter = MetricsServer(registry, port, host, admin=admin)
         if self.config.serve is not None:
-            from kvtier.serve import PeerServer  # lazy: pyzmq is needed only to serve
+            from kvtier.tiers.peer.server import PeerServer  # lazy: pyzmq is needed only to serve
 
             serve = self.config.serve
             with key_path("serve"), listen_errors("serve.host, serve.port", f"{serve.host}"
@@ -311,7 +313,7 @@ class TieringManager(Operations):
                 self._poll()
 
     def _poll(self) -> int:
-        self._services.step(self)
+        self._services.step(self._peer_host)
         self._control.step()
         finished, removed = self._tiers.poll()
         for job in finished:

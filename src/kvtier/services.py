@@ -1,4 +1,5 @@
-"""Services: work that runs on the manager's thread at every ``poll`` (e.g. a peer server).
+"""Services: work that runs on the manager's thread at every ``poll`` (e.g. a peer server),
+seeing host memory through ``PeerHost`` only.
 
 Thread safety: none of its own; the manager calls it under its lock.
 """
@@ -13,7 +14,7 @@ from kvtier.logs import ThrottledLog
 from kvtier.metrics import ManagerMetrics
 
 if TYPE_CHECKING:
-    from kvtier.manager import TieringManager
+    from kvtier.tiers.peer.host import PeerHost
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
@@ -25,7 +26,7 @@ class ManagerService(Protocol):
     ``step`` is called at every ``poll`` and must not block; ``close`` when the manager closes.
     """
 
-    def step(self, manager: TieringManager) -> None: ...
+    def step(self, host: PeerHost) -> None: ...
 
     def close(self) -> None: ...
 
@@ -40,10 +41,10 @@ class Services:
     def add(self, service: ManagerService) -> None:
         self._services.append(service)
 
-    def step(self, manager: TieringManager) -> None:
+    def step(self, host: PeerHost) -> None:
         for service in self._services:
             try:
-                service.step(manager)
+                service.step(host)
             except Exception as exc:
                 warn.warning(f"service:{id(service)}", "service %r failed: %s", service, exc)
                 self._metrics.count("internal_errors", kind="service")

@@ -15,7 +15,7 @@ from kvtier.identity import CacheIdentity
 from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier
 from kvtier.tiers.fault import FaultInjectingTier
-from kvtier.tiers.filesystem import FilesystemTier
+from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.memory import MemoryTier
 from tests.tiers.peer_node import PeerNode
 from tests.tiers.s3_server import MotoServer, s3_server  # noqa: F401 (s3_server is a fixture)

@@ -26,7 +26,7 @@ from kvtier import CacheIdentity, ChunkKey, KVLayout
 from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
-from kvtier.tiers.filesystem import FilesystemTier
+from kvtier.tiers.fs.tier import FilesystemTier
 from tests.conftest import chunk_pattern, collect, fill, make_keys, settle_lookup, wait_for
 
 

@@ -26,7 +26,7 @@ from kvtier import CacheIdentity, TieringManager
 from kvtier.config import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers.peer import PeerTier
+from kvtier.tiers.peer.tier import PeerTier
 from tests.conftest import (
     SMALL_LAYOUT,
     config,

@@ -99,7 +99,7 @@ class MotoServer:
     def tier(
         self, bucket: str, region: HostRegion, identity: CacheIdentity, **options: Any
     ) -> SecondaryTier:
-        from kvtier.tiers.s3 import ObjectStoreTier
+        from kvtier.tiers.s3.tier import ObjectStoreTier
 
         return ObjectStoreTier(self.tier_config(bucket, **options), region, identity)
 

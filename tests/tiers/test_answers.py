@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from kvtier.keys import ChunkKey
-from kvtier.tiers.answers import Answers
 from kvtier.tiers.base import HIT, MISS, RETRY
+from kvtier.tiers.shared.answers import Answers
 
 A, B, C = (ChunkKey(bytes([i]) * 32) for i in range(3))
 

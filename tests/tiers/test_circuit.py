@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvtier.tiers.circuit import CLOSED, OPEN, CircuitBreaker
+from kvtier.tiers.shared.circuit import CLOSED, OPEN, CircuitBreaker
 from tests.conftest import wait_for
 
 

@@ -17,9 +17,9 @@ from kvtier.config import FsTierConfig
 from kvtier.errors import ConfigError, TierError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, RETRY, TransferJob
-from kvtier.tiers.codec import HEADER_BYTES
-from kvtier.tiers.filesystem import FilesystemTier
-from kvtier.tiers.fs_files import HOST_TAG, STALE_TMP_S
+from kvtier.tiers.fs.files import HOST_TAG, STALE_TMP_S
+from kvtier.tiers.fs.tier import FilesystemTier
+from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, fill, holds, make_keys, settle_lookup, wait_for
 
 MakeTier = Callable[..., FilesystemTier]

@@ -31,8 +31,8 @@ from kvtier import RETRY, CacheIdentity, ChunkKey, TieringManager
 from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier, TransferJob
-from kvtier.tiers.codec import HEADER_BYTES
 from kvtier.tiers.registry import build_tier
+from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, config, fill, holds, make_keys
 
 DEADLINE_S = 20.0
@@ -404,7 +404,7 @@ def test_restart_on_a_full_disk_starts_read_only(small_tmpfs, identity, caplog, 
     assert len(warnings) == 1, caplog.text
     with manager:
         assert_serves_and_refuses_stores(manager, stored, new[:1])
-        from kvtier.tiers import fs_namespace
+        from kvtier.tiers.fs import namespace as fs_namespace
 
         filler.unlink()
         monkeypatch.setattr(fs_namespace, "READ_ONLY_RETRY_S", 0.0)
@@ -416,7 +416,7 @@ def test_restart_on_a_full_disk_starts_read_only(small_tmpfs, identity, caplog, 
 def test_full_disk_at_start_by_fault_injection(tmp_path, identity, monkeypatch):
     """The same where no tmpfs can be mounted: ENOSPC injected where the tier writes at start
     (its identity description). Fault injection at the OS boundary, for this case only."""
-    from kvtier.tiers import fs_namespace
+    from kvtier.tiers.fs import namespace as fs_namespace
 
     real_write = fs_namespace.write_description
 

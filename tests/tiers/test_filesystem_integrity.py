@@ -17,8 +17,8 @@ from kvtier import RETRY, CacheIdentity, ChunkKey, TieringManager
 from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
-from kvtier.tiers.codec import HEADER_BYTES
-from kvtier.tiers.filesystem import FilesystemTier
+from kvtier.tiers.fs.tier import FilesystemTier
+from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, config, fill, holds, make_keys
 
 

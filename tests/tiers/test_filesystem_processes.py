@@ -16,8 +16,8 @@ from kvtier.config import FsTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
-from kvtier.tiers.filesystem import FilesystemTier
-from kvtier.tiers.fs_files import HOST_TAG
+from kvtier.tiers.fs.files import HOST_TAG
+from kvtier.tiers.fs.tier import FilesystemTier
 from tests.conftest import chunk_pattern, collect
 from tests.tiers.fs_worker import identity_for
 

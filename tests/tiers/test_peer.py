@@ -15,7 +15,7 @@ from kvtier.events import EventKind
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, TransferJob
-from kvtier.tiers.peer import PeerTier
+from kvtier.tiers.peer.tier import PeerTier
 from tests.conftest import collect, config, fill, holds, make_keys, settle_lookup, wait_for
 from tests.tiers.peer_node import PeerNode
 from tests.tiers.s3_server import free_port
@@ -70,7 +70,7 @@ def test_a_peer_of_another_cache_identity_is_refused_and_logged(identity, region
     node = PeerNode(0, "--store", "2", "--model", "other/model").start()
     tier = node.tier(region, identity)
     try:
-        with caplog.at_level(logging.ERROR, logger="kvtier.tiers.peer_link"):
+        with caplog.at_level(logging.ERROR, logger="kvtier.tiers.peer.link"):
             assert settle_lookup(tier, make_keys(identity, 1)[0]) is MISS
         assert tier.stats()["handshakes_refused"] >= 1
         assert "cache identity" in caplog.text

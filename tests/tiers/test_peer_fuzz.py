@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from kvtier import CacheIdentity, TieringManager
 from kvtier.config import P2PTierConfig
 from kvtier.region import HostRegion
-from kvtier.tiers import codec
-from kvtier.tiers import peer_protocol as proto
 from kvtier.tiers.base import HIT, MISS, TransferJob
-from kvtier.tiers.peer import PeerTier
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.tier import PeerTier
+from kvtier.tiers.shared import codec
 from tests.conftest import (
     SMALL_LAYOUT,
     collect,

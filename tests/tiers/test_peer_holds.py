@@ -20,10 +20,10 @@ from kvtier.config import P2PTierConfig
 from kvtier.host import HostTier
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.serve_holds import PeerHolds, owner_of
-from kvtier.tiers import peer_protocol as proto
 from kvtier.tiers.base import TransferJob
-from kvtier.tiers.peer import PeerTier
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.server_holds import PeerHolds, owner_of
+from kvtier.tiers.peer.tier import PeerTier
 from tests.conftest import collect, config, fill, holds, make_keys, wait_for
 from tests.tiers.s3_server import free_port
 

@@ -21,9 +21,9 @@ import zmq
 from kvtier import CacheIdentity, TieringManager
 from kvtier.config import P2PTierConfig
 from kvtier.region import HostRegion
-from kvtier.tiers import peer_protocol as proto
 from kvtier.tiers.base import TransferJob
-from kvtier.tiers.peer import PeerTier
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.tier import PeerTier
 from tests.conftest import SMALL_LAYOUT, collect, config, fill, holds, make_keys, wait_for
 from tests.tiers.s3_server import free_port
 

@@ -17,10 +17,10 @@ from kvtier import CacheIdentity
 from kvtier.config import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers import codec
-from kvtier.tiers import peer_protocol as proto
 from kvtier.tiers.base import JobResult, TransferJob
-from kvtier.tiers.peer import PeerTier
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.tier import PeerTier
+from kvtier.tiers.shared import codec
 from tests.conftest import chunk_pattern, collect, make_keys
 
 Answer = Callable[[int, list[ChunkKey]], list[bytes]]  # (req_id, keys) -> reply frames

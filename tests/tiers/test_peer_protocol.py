@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.keys import KEY_BYTES
-from kvtier.tiers import peer_protocol as proto
-from kvtier.tiers.codec import HEADER_BYTES
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.shared.codec import HEADER_BYTES
 
 CHUNK = 64
 KEY = bytes(range(32))

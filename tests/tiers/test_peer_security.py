@@ -17,8 +17,8 @@ from kvtier.config import P2PTierConfig, ServeConfig
 from kvtier.errors import ConfigError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, TransferJob
-from kvtier.tiers.peer import PeerTier
-from kvtier.tiers.transport import server_keys
+from kvtier.tiers.peer.tier import PeerTier
+from kvtier.tiers.peer.transport import server_keys
 from tests.conftest import collect, config, fill, holds, make_keys, settle_lookup, wait_for
 from tests.tiers.peer_node import PeerNode
 from tests.tiers.s3_server import free_port
@@ -167,7 +167,7 @@ def test_stores_beyond_loopback_without_curve_are_refused_unless_forced(keys_dir
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
 def test_a_server_beyond_loopback_without_curve_warns_loudly(identity, caplog, host):
     serve = {"port": free_port(), "host": host}
-    with caplog.at_level(logging.WARNING, logger="kvtier.serve"):
+    with caplog.at_level(logging.WARNING, logger="kvtier.tiers.peer.server"):
         TieringManager(config(4, serve=serve), identity).close()
     warned = [r for r in caplog.records if "WITHOUT CURVE" in r.getMessage()]
     assert len(warned) == (host == "0.0.0.0")

@@ -16,8 +16,8 @@ from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager
 from kvtier.cli import describe_tier
 from kvtier.errors import ConfigError, TierError
 from kvtier.region import HostRegion
-from kvtier.tiers import codec
 from kvtier.tiers.base import HIT, MISS, RETRY, SecondaryTier, TransferJob
+from kvtier.tiers.shared import codec
 from tests.conftest import collect, config, fill, holds, make_keys, settle_lookup
 from tests.tiers.s3_server import ACCESS_KEY, SECRET_KEY, MotoServer
 from tests.tiers.s3_workload import settle

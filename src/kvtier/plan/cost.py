@@ -74,7 +74,7 @@ def _measure_fs(root: Path, size: int, count: int) -> tuple[float, float]:
     from kvtier.config import FsTierConfig
     from kvtier.region import HostRegion
     from kvtier.tiers.base import TransferJob
-    from kvtier.tiers.filesystem import FilesystemTier
+    from kvtier.tiers.fs.tier import FilesystemTier
 
     region = HostRegion(count, size, pin=False)
     for slot in range(count):

@@ -15,7 +15,8 @@ from kvtier.config import MemoryTierConfig
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers.base import HIT, MISS, JobRunner, Lookup, PooledTier, TransferJob
+from kvtier.tiers.base import HIT, MISS, Lookup, TransferJob
+from kvtier.tiers.shared.jobs import JobRunner, PooledTier
 
 
 class MemoryTier(PooledTier):

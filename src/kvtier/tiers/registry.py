@@ -25,9 +25,9 @@ from kvtier.tiers.base import SecondaryTier
 
 BUILTIN_TIERS: dict[str, str] = {
     "memory": "kvtier.tiers.memory:MemoryTier",
-    "fs": "kvtier.tiers.filesystem:FilesystemTier",
-    "obj": "kvtier.tiers.s3:ObjectStoreTier",
-    "p2p": "kvtier.tiers.peer:PeerTier",
+    "fs": "kvtier.tiers.fs.tier:FilesystemTier",
+    "obj": "kvtier.tiers.s3.tier:ObjectStoreTier",
+    "p2p": "kvtier.tiers.peer.tier:PeerTier",
 }
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import deque
 
 from kvtier.keys import ChunkKey
-from kvtier.tiers import peer_protocol as proto
-from kvtier.tiers.answers import Answers
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.shared.answers import Answers
 
 REASK_DELAY_S = 0.01
 

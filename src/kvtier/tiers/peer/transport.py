@@ -40,7 +40,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from kvtier.errors import ConfigError
 
 if TYPE_CHECKING:
-    from kvtier.tiers.zmq_listener import ZmqListener
+    from kvtier.tiers.peer.listener import ZmqListener
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ class ZmqTransport:
                 f"serve.host, serve.port: cannot listen on {host}:{port} ({exc})"
             ) from exc
         monitor: zmq.Socket[bytes] = socket.get_monitor_socket(zmq.EVENT_ACCEPTED)
-        from kvtier.tiers.zmq_listener import ZmqListener  # it imports this module's types
+        from kvtier.tiers.peer.listener import ZmqListener  # it imports this module's types
 
         listener = ZmqListener(socket, port, limits, monitor, self.forget)
         self._listeners.append(listener)

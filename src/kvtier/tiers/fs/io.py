@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from kvtier.tiers.codec import HEADER_BYTES, checksum_stream
+from kvtier.tiers.shared.codec import HEADER_BYTES, checksum_stream
 
 
 def payload_checksum(payload: memoryview) -> bytes:

@@ -39,11 +39,12 @@ from kvtier.errors import IntegrityError, TierError, TierUnavailable
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers import codec
-from kvtier.tiers.answers import Answers
-from kvtier.tiers.base import MISS, RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob, drain
-from kvtier.tiers.circuit import CircuitBreaker
-from kvtier.tiers.s3_client import ObjectClient, ObjectRefused
+from kvtier.tiers.base import MISS, RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob
+from kvtier.tiers.s3.client import ObjectClient, ObjectRefused
+from kvtier.tiers.shared import codec
+from kvtier.tiers.shared.answers import Answers
+from kvtier.tiers.shared.circuit import CircuitBreaker
+from kvtier.tiers.shared.jobs import drain
 
 log = logging.getLogger(__name__)
 

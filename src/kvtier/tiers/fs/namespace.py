@@ -25,7 +25,7 @@ from contextlib import suppress
 
 from kvtier.errors import TierError
 from kvtier.identity import CacheIdentity
-from kvtier.tiers.codec import FORMAT_VERSION
+from kvtier.tiers.shared.codec import FORMAT_VERSION
 
 log = logging.getLogger(__name__)
 

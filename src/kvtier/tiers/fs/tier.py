@@ -46,21 +46,13 @@ from kvtier.errors import CapacityError, ConfigError, IntegrityError, TierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers.base import (
-    HIT,
-    MISS,
-    RETRY,
-    JobOutcome,
-    JobRunner,
-    Lookup,
-    PooledTier,
-    TransferJob,
-)
-from kvtier.tiers.codec import HEADER_BYTES
-from kvtier.tiers.fs_files import ChunkFiles
-from kvtier.tiers.fs_index import ChunkIndex, RecentMisses
-from kvtier.tiers.fs_namespace import SpaceGuard
-from kvtier.tiers.fs_paths import NotRegularError, failure_reason
+from kvtier.tiers.base import HIT, MISS, RETRY, JobOutcome, Lookup, TransferJob
+from kvtier.tiers.fs.files import ChunkFiles
+from kvtier.tiers.fs.index import ChunkIndex, RecentMisses
+from kvtier.tiers.fs.namespace import SpaceGuard
+from kvtier.tiers.fs.paths import NotRegularError, failure_reason
+from kvtier.tiers.shared.codec import HEADER_BYTES
+from kvtier.tiers.shared.jobs import JobRunner, PooledTier
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,17 @@ from __future__ import annotations
 import logging
 
 from kvtier.config import ServeConfig
-from kvtier.tiers import codec
-from kvtier.tiers import peer_protocol as proto
-from kvtier.tiers.transport import Listener, MessageLimits, Transport, ZmqTransport, server_keys
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.transport import (
+    Listener,
+    MessageLimits,
+    Transport,
+    ZmqTransport,
+    server_keys,
+)
+from kvtier.tiers.shared import codec
 
-log = logging.getLogger("kvtier.serve")
+log = logging.getLogger("kvtier.tiers.peer.server")
 
 
 def request_limits(accept_stores: bool, chunk_bytes: int) -> MessageLimits:

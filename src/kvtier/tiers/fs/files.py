@@ -40,10 +40,9 @@ from kvtier.errors import IntegrityError, TierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers.codec import HEADER_BYTES, encode_header, verify
-from kvtier.tiers.fs_io import payload_checksum, pwrite_all, read_chunk
-from kvtier.tiers.fs_namespace import Namespace
-from kvtier.tiers.fs_paths import (
+from kvtier.tiers.fs.io import payload_checksum, pwrite_all, read_chunk
+from kvtier.tiers.fs.namespace import Namespace
+from kvtier.tiers.fs.paths import (
     NotRegularError,
     chunk_dir,
     failure_reason,
@@ -52,6 +51,7 @@ from kvtier.tiers.fs_paths import (
     rename_into_place,
     unlink_if_same,
 )
+from kvtier.tiers.shared.codec import HEADER_BYTES, encode_header, verify
 
 #: A temporary file older than this is stale whoever wrote it (a write takes far less).
 STALE_TMP_S = 600.0

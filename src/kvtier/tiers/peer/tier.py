@@ -47,13 +47,14 @@ from kvtier.errors import IntegrityError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers import codec
-from kvtier.tiers import peer_protocol as proto
-from kvtier.tiers.answers import Answers
-from kvtier.tiers.base import RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob, drain
-from kvtier.tiers.peer_link import PeerLink, PeerRequest, State
-from kvtier.tiers.peer_probes import Probes
-from kvtier.tiers.transport import Transport, ZmqTransport, client_keys
+from kvtier.tiers.base import RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.link import PeerLink, PeerRequest, State
+from kvtier.tiers.peer.probes import Probes
+from kvtier.tiers.peer.transport import Transport, ZmqTransport, client_keys
+from kvtier.tiers.shared import codec
+from kvtier.tiers.shared.answers import Answers
+from kvtier.tiers.shared.jobs import drain
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from kvtier.host import HostTier
 from kvtier.keys import ChunkKey
-from kvtier.tiers.transport import SendReceipt
+from kvtier.tiers.peer.host import PeerHost
+from kvtier.tiers.peer.transport import SendReceipt
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class PeerHolds:
         self._clients: dict[bytes, _Client] = {}
         self.held = 0  # slots held by all clients together
 
-    def take(self, host: HostTier, peer: bytes, ready: Sequence[ChunkKey], now: float) -> Grant:
+    def take(self, host: PeerHost, peer: bytes, ready: Sequence[ChunkKey], now: float) -> Grant:
         """Hold as many of the ``ready`` keys (the first ones) as ``peer`` may hold now."""
         client = self._clients.setdefault(peer, _Client())
         if client.stalled:
@@ -96,7 +96,7 @@ class PeerHolds:
         self._forget_if_idle(peer, client)
         return Grant(keys, slots, deadline)
 
-    def give_back(self, host: HostTier, peer: bytes, keys: Sequence[ChunkKey]) -> None:
+    def give_back(self, host: PeerHost, peer: bytes, keys: Sequence[ChunkKey]) -> None:
         """Release holds that ``take`` gave ``peer`` (its reply was sent, or its deadline came)."""
         client = self._clients.get(peer)
         owner = owner_of(peer)

@@ -18,13 +18,13 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
-from kvtier.tiers.transport import (
+from kvtier.tiers.peer.guard import ConnectionGuard
+from kvtier.tiers.peer.transport import (
     RECV_QUEUE_MESSAGES,
     Buffer,
     MessageLimits,
     SendReceipt,
 )
-from kvtier.tiers.transport_guard import ConnectionGuard
 
 log = logging.getLogger(__name__)
 

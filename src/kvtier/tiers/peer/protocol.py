@@ -30,7 +30,7 @@ from typing import Any
 import msgpack
 
 from kvtier.keys import KEY_BYTES, ChunkKey
-from kvtier.tiers.codec import HEADER_BYTES
+from kvtier.tiers.shared.codec import HEADER_BYTES
 
 PROTOCOL_VERSION = 2
 REFUSED, HELLO, LOOKUP, FETCH, STORE = 0, 1, 2, 3, 4

@@ -1,7 +1,8 @@
 """PeerServer: answers other instances' lookups, fetches and stores out of this host tier.
 
-A ``ManagerService`` (built by the manager when its config has ``serve``). Two threads share the
-work so that the host tier is only ever touched on the manager's thread:
+A manager service (built by the manager when its config has ``serve``) that sees host memory
+only through ``PeerHost`` (``host.py``). Two threads share the work so that host memory is
+only ever touched on the manager's thread:
 
 * the server thread owns the listener: it validates every message (``peer_protocol``), shakes
   hands (protocol version and cache identity, else refused and logged), verifies stored chunks,
@@ -47,14 +48,14 @@ from kvtier.errors import IntegrityError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.serve_holds import PeerHolds, Replies
-from kvtier.serve_listen import listen
-from kvtier.tiers import codec
-from kvtier.tiers import peer_protocol as proto
-from kvtier.tiers.transport import Transport
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.server_holds import PeerHolds, Replies
+from kvtier.tiers.peer.server_listen import listen
+from kvtier.tiers.peer.transport import Transport
+from kvtier.tiers.shared import codec
 
 if TYPE_CHECKING:
-    from kvtier.manager import TieringManager
+    from kvtier.tiers.peer.host import PeerHost
 
 log = logging.getLogger(__name__)
 
@@ -145,20 +146,27 @@ class PeerServer:
             self._counters[name] += n
 
     # -- manager thread ----------------------------------------------------------------------
-    def step(self, manager: TieringManager) -> None:
-        """Answer queued requests and apply finished sends; never blocks."""
+    def step(self, host: PeerHost) -> None:
+        """Answer queued requests and apply finished sends; never blocks (manager's thread)."""
+        handlers = {
+            "lookup": self._on_lookup,
+            "fetch": self._on_fetch,
+            "store": self._on_store,
+            "stored": self._on_stored,
+            "release": self._on_release,
+            "unstall": self._on_unstall,
+        }
         while True:
             try:
                 work = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            handler = getattr(self, f"_on_{work.op}")
-            handler(manager, work)
-        self._jobs_pending = manager.num_pending_jobs > 0
+            handlers[work.op](host, work)
+        self._jobs_pending = host.busy
 
-    def _on_lookup(self, manager: TieringManager, work: _Work) -> None:
-        held = [manager.host.is_ready(k) for k in work.keys]
-        coming = set() if all(held) else manager.promote_for_peer(work.keys)
+    def _on_lookup(self, host: PeerHost, work: _Work) -> None:
+        held = [host.is_ready(k) for k in work.keys]
+        coming = set() if all(held) else host.promote(work.keys)
         states = [
             proto.HELD if ready else proto.COMING if key in coming else proto.MISSING
             for key, ready in zip(work.keys, held, strict=True)
@@ -168,11 +176,10 @@ class PeerServer:
         self._count("lookup_coming", states.count(proto.COMING))
         self._reply(work.peer, proto.encode(proto.LOOKUP, work.req_id, states))
 
-    def _on_fetch(self, manager: TieringManager, work: _Work) -> None:
+    def _on_fetch(self, host: PeerHost, work: _Work) -> None:
         """Serve every ready key: those within the client's budget held until sent, the rest
         unpinned (a slot reused meanwhile fails the client's verification: a miss). A stalled
         client (it does not read its replies) is served nothing."""
-        host = manager.host
         ready = [k for k in work.keys if host.is_ready(k)]
         host.touch(ready)
         grant = self._holds.take(host, work.peer, ready, time.monotonic())
@@ -184,35 +191,36 @@ class PeerServer:
         self._outbox.put(("fetch", reply))
         self._transport.wake()
 
-    def _on_store(self, manager: TieringManager, work: _Work) -> None:
+    def _on_store(self, host: PeerHost, work: _Work) -> None:
         verified = [k for k, p in zip(work.keys, work.payloads, strict=True) if p is not None]
-        plan = manager.prepare_store(verified)
+        plan = host.reserve(verified)
         if plan is None:
             self._count("store_rejected_host_full", len(verified))
             self._reply(work.peer, proto.encode(proto.STORE, work.req_id, [False] * len(work.keys)))
             return
-        slot_of = dict(zip(plan.keys, plan.slots, strict=True))
+        planned, slots = plan
+        slot_of = dict(zip(planned, slots, strict=True))
         copies = [
             (self._region.view(slot_of[k]), work.payloads[i])
             for i, k in enumerate(work.keys)
             if k in slot_of and work.payloads[i] is not None
         ]
         flags = [
-            p is not None and (k in slot_of or manager.host.is_ready(k))
+            p is not None and (k in slot_of or host.is_ready(k))
             for k, p in zip(work.keys, work.payloads, strict=True)
         ]
-        self._outbox.put(("store", (work.peer, work.req_id, flags, plan.keys, copies)))
+        self._outbox.put(("store", (work.peer, work.req_id, flags, planned, copies)))
         self._transport.wake()
 
-    def _on_stored(self, manager: TieringManager, work: _Work) -> None:
-        manager.complete_store(work.keys, success=True)
+    def _on_stored(self, host: PeerHost, work: _Work) -> None:
+        host.complete(work.keys)
 
-    def _on_release(self, manager: TieringManager, work: _Work) -> None:
-        self._holds.give_back(manager.host, work.peer, work.keys)
+    def _on_release(self, host: PeerHost, work: _Work) -> None:
+        self._holds.give_back(host, work.peer, work.keys)
         if work.stalled:
             self._holds.stall(work.peer, True)
 
-    def _on_unstall(self, manager: TieringManager, work: _Work) -> None:
+    def _on_unstall(self, host: PeerHost, work: _Work) -> None:
         self._holds.stall(work.peer, False)
 
     def _reply(self, peer: bytes, meta: bytes) -> None:

@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier.tiers import peer_protocol as proto
-from kvtier.tiers.transport import Buffer, Channel, Transport
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.transport import Buffer, Channel, Transport
 
 log = logging.getLogger(__name__)
 
