@@ -47,15 +47,11 @@ def test_module_path_with_plain_options(identity):
         assert m.tiers[0].options == {"a": 1}
 
 
-def test_module_path_constructors_are_matched_by_parameter_name(identity):
-    with manager_with(
-        identity,
-        {"module_path": PLUGIN, "type": "KeywordTier", "label": "k"},
-        {"module_path": PLUGIN, "type": "ConfigFirstTier", "x": 1},
-    ) as m:
-        keyword, config_first = m.tiers
-        assert keyword.label == "k"
-        assert config_first.config == {"x": 1} and config_first.identity == identity
+def test_every_tier_is_built_as_config_region_identity(identity):
+    """One constructor signature for every tier: an outside tier's options arrive read-only."""
+    with manager_with(identity, {"module_path": PLUGIN, "type": "UntypedTier", "x": 1}) as m:
+        (tier,) = m.tiers
+        assert tier.options == {"x": 1}
 
 
 @pytest.mark.parametrize(
@@ -74,8 +70,8 @@ def test_module_path_constructors_are_matched_by_parameter_name(identity):
         ),
         ({"type": "fault", "inner": {"type": "memory"}, "fail_keys": ["zz"]}, "fail_keys"),
         (
-            {"module_path": PLUGIN, "type": "KeywordTier", "colour": "red"},
-            "KeywordTier does not take these options",
+            {"module_path": PLUGIN, "type": "KeywordTier", "label": "k"},
+            r"KeywordTier must be built as KeywordTier\(config, region, identity\)",
         ),
     ],
 )

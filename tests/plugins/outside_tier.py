@@ -66,21 +66,13 @@ class MeteredTier(MemoryTier):
 
 
 class KeywordTier(MemoryTier):
-    """Takes the region by name and its options as keywords."""
+    """Takes the region by name and its options as keywords: not the tier constructor."""
 
     def __init__(
         self, region: HostRegion, *, capacity_bytes: int = 1 << 20, label: str = ""
     ) -> None:
         super().__init__(MemoryTierConfig(capacity_bytes=capacity_bytes), region, None)  # type: ignore[arg-type]
         self.label = label
-
-
-class ConfigFirstTier(MemoryTier):
-    """Names its parameters region, identity and config, in an order of its own."""
-
-    def __init__(self, region: HostRegion, identity: CacheIdentity, config: Any) -> None:
-        super().__init__(MemoryTierConfig(), region, identity)
-        self.config, self.identity = dict(config), identity
 
 
 #: Labels of the ``ClosingTier``s closed so far, in order.
@@ -90,9 +82,9 @@ CLOSED: list[str] = []
 class ClosingTier(MemoryTier):
     """Records its ``close`` in ``CLOSED`` (a memory tier has no thread whose end shows it)."""
 
-    def __init__(self, region: HostRegion, identity: CacheIdentity, label: str = "") -> None:
+    def __init__(self, options: Any, region: HostRegion, identity: CacheIdentity) -> None:
         super().__init__(MemoryTierConfig(), region, identity)
-        self.label = label
+        self.label = options.get("label", "")
 
     def close(self) -> None:
         CLOSED.append(self.label)
@@ -105,9 +97,9 @@ class GatedTier(MemoryTier):
     ``started`` is set when a store is waiting at the gate. ``close`` opens the gate.
     """
 
-    def __init__(self, region: HostRegion, identity: CacheIdentity, label: str = "") -> None:
+    def __init__(self, options: Any, region: HostRegion, identity: CacheIdentity) -> None:
         super().__init__(MemoryTierConfig(), region, identity)
-        self.label = label
+        self.label = options.get("label", "")
         self.gate, self.started = threading.Event(), threading.Event()
 
     def _store(self, job: TransferJob) -> list[ChunkKey]:

@@ -202,7 +202,7 @@ def test_the_server_counts_malformed_messages_and_survives_them(served, honest, 
     barrier(sockets["greeted"])
     tier, _ = honest
     assert settle_lookup(tier, bogus) is MISS, "a chunk failing verification never became visible"
-    assert served.manager.peer_server.stats()["store_integrity_checksum"] >= 1
+    assert served.manager.peer_server.stats()["store_integrity.checksum"] >= 1
 
 
 def test_a_verified_store_becomes_visible_to_other_clients(served, honest):

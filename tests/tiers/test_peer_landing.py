@@ -104,7 +104,7 @@ def test_a_payload_that_lands_corrupted_is_an_integrity_failure(fetch, identity)
 
     result, stats, _ = fetch(answer)
     assert not result.succeeded and result.integrity_failed == result.failed
-    assert stats["integrity_failed_checksum"] == 1
+    assert stats["integrity.checksum"] == 1
 
 
 def test_a_reply_to_no_request_in_flight_never_lands(fetch, identity):

@@ -104,7 +104,7 @@ def test_corrupted_or_foreign_objects_are_never_served(kind, s3_server, tiers, r
     assert result.succeeded == frozenset() and result.failed == {key}
     assert result.integrity_failed == {key}
     reason = "length" if kind == "longer" else kind
-    assert tier.stats()[f"integrity_failed_{reason}"] == 1
+    assert tier.stats()[f"integrity.{reason}"] == 1
     assert tier.lookup(key) is MISS
 
 

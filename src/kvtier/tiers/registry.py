@@ -1,18 +1,21 @@
 """Builds secondary tiers from their configuration: built-in types, or ``module_path`` + class.
 
 Built-in types are imported lazily so that a tier's heavy dependencies (an S3 client, ZeroMQ)
-are only needed when that tier is configured. A tier class outside the package is built by
-``construct``: its constructor's ``region``, ``identity`` and ``options`` (or ``config``)
-parameters are matched by name, otherwise it gets ``cls(options, region, identity)``; when it
-declares a dataclass ``config_class``, the options are validated into it first, with the same
-errors as built-in tiers.
+are only needed when that tier is configured.
+
+Every tier, built-in or not, is built the same way: ``cls(config, region, identity)``. For a
+tier outside the package (``module_path`` + ``type``), ``config`` is its entry's other options:
+validated into the dataclass it names as ``config_class`` (with the same errors as built-in
+tiers), or else a read-only mapping. A class whose constructor cannot take those three
+arguments is refused with a ``ConfigError`` at start.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from kvtier.config import ExternalTierConfig, FaultTierConfig, TierConfig
@@ -37,7 +40,7 @@ def build_tier(config: TierConfig, region: HostRegion, identity: CacheIdentity) 
         return _build_fault(config, region, identity)
     if isinstance(config, ExternalTierConfig):
         cls = load_tier_class(config.module_path, config.class_name)
-        options: Any = config.options
+        options: Any = MappingProxyType(dict(config.options))
         config_class = getattr(cls, "config_class", None)
         if config_class is not None:
             options = parse_dataclass(config_class, options, config.class_name)
@@ -50,36 +53,18 @@ def build_tier(config: TierConfig, region: HostRegion, identity: CacheIdentity) 
     return tier
 
 
-#: Constructor parameter names that receive the tier's options as one object.
-OPTION_NAMES = ("options", "config", "opts", "settings")
-
-
 def construct(
     cls: Callable[..., SecondaryTier], options: Any, region: HostRegion, identity: CacheIdentity
 ) -> SecondaryTier:
-    """Build an outside tier, matching its constructor's parameters by name.
-
-    ``region`` and ``identity`` go to parameters of those names, the options object to one named
-    like ``options`` or ``config``; with neither, plain-dict options are spread as keywords
-    (``def __init__(self, region, **options)``). A constructor without such names gets
-    ``(options, region, identity)`` by position.
-    """
-    params = inspect.signature(cls).parameters
-    known = {"region": region, "identity": identity}
-    if not (known.keys() & params.keys()):
-        return cls(options, region, identity)
-    kwargs = {name: value for name, value in known.items() if name in params}
-    holder = next((name for name in OPTION_NAMES if name in params), None)
-    if holder is not None:
-        kwargs[holder] = options
-    elif isinstance(options, Mapping):
-        kwargs.update(options)
+    """``cls(options, region, identity)``; ``ConfigError`` if its constructor cannot take them."""
     try:
-        bound = inspect.signature(cls).bind(**kwargs)
+        inspect.signature(cls).bind(options, region, identity)
     except TypeError as exc:
         name = getattr(cls, "__name__", cls)
-        raise ConfigError(f"type: {name} does not take these options: {exc}") from None
-    return cls(*bound.args, **bound.kwargs)
+        raise ConfigError(
+            f"type: {name} must be built as {name}(config, region, identity) ({exc})"
+        ) from None
+    return cls(options, region, identity)
 
 
 def _build_fault(

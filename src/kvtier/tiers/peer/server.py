@@ -302,7 +302,7 @@ class PeerServer:
         try:
             codec.verify(header, payload, self._digest, key)
         except IntegrityError as exc:
-            self._count(f"store_integrity_{exc.reason}")
+            self._count(f"store_integrity.{exc.reason}")
             return False
         return True
 

@@ -339,7 +339,7 @@ class PeerTier(SecondaryTier):
             try:
                 codec.verify(header, payload, self._digest, key)
             except IntegrityError as exc:
-                self._counters[f"integrity_failed_{exc.reason}"] += 1
+                self._counters[f"integrity.{exc.reason}"] += 1
                 job.integrity_failed.add(key)
                 continue
             self._land(payload, slot)

@@ -233,7 +233,7 @@ class ObjectStoreTier(SecondaryTier):
     def _reject(self, key: ChunkKey, exc: IntegrityError) -> _Outcome:
         log.warning("obj tier: %s failed verification (%s); a miss", self._object_name(key), exc)
         self._known.missing(key)
-        self._count(f"integrity_failed_{exc.reason}")
+        self._count(f"integrity.{exc.reason}")
         return _Outcome.CORRUPT
 
     def _request_failed(self, exc: TierError) -> None:
