@@ -79,6 +79,29 @@ class JobResult:
         return not self.failed
 
 
+def job_result(
+    job: TransferJob,
+    op: Op,
+    succeeded: Iterable[ChunkKey],
+    error: str | None = None,
+    integrity_failed: Iterable[ChunkKey] = (),
+) -> JobResult:
+    """The result of ``job`` with the contract's error granularity applied.
+
+    A store succeeds or fails as a whole (any failed key fails every key); a load reports each
+    key. ``error`` defaults to a count of the failed keys when there are some; keys reported
+    as ``integrity_failed`` must be among the failed ones.
+    """
+    keys = frozenset(job.keys)
+    ok = frozenset(succeeded) & keys
+    if op == "store" and ok != keys:
+        ok = frozenset()
+    failed = keys - ok
+    if error is None and failed:
+        error = f"{len(failed)} of {len(keys)} chunks failed"
+    return JobResult(job.job_id, op, ok, failed, error, frozenset(integrity_failed) & failed)
+
+
 @dataclass(frozen=True)
 class JobOutcome:
     """What a job function may return instead of the bare succeeded keys."""

@@ -47,7 +47,7 @@ from kvtier.errors import IntegrityError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers.base import RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob
+from kvtier.tiers.base import RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob, job_result
 from kvtier.tiers.peer import protocol as proto
 from kvtier.tiers.peer.link import PeerLink, PeerRequest, State
 from kvtier.tiers.peer.probes import Probes
@@ -183,8 +183,7 @@ class PeerTier(SecondaryTier):
                 return
             if op in ("load", "store"):
                 job_op: Op = "load" if op == "load" else "store"
-                keys = frozenset(arg.keys)
-                self._results.put(JobResult(arg.job_id, job_op, frozenset(), keys, "tier closed"))
+                self._results.put(job_result(arg, job_op, (), "tier closed"))
 
     def _turn(self) -> None:
         self._drain_commands()
@@ -356,13 +355,9 @@ class PeerTier(SecondaryTier):
         if job.remaining > 0:
             return
         del self._jobs[job.job.job_id]
-        keys = frozenset(job.job.keys)
-        ok = frozenset(job.succeeded) if job.op == "load" or job.succeeded == keys else frozenset()
-        error = None if ok == keys else f"{len(keys - ok)} of {len(keys)} chunks failed"
-        self._counters[f"{job.op}_chunks_ok"] += len(ok)
-        self._results.put(
-            JobResult(job.job.job_id, job.op, ok, keys - ok, error, frozenset(job.integrity_failed))
-        )
+        result = job_result(job.job, job.op, job.succeeded, None, job.integrity_failed)
+        self._counters[f"{job.op}_chunks_ok"] += len(result.succeeded)
+        self._results.put(result)
 
 
 def _batches(items: list[Any], size: int) -> list[list[Any]]:

@@ -31,7 +31,7 @@ import logging
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from kvtier.config import ObjTierConfig
@@ -39,7 +39,16 @@ from kvtier.errors import IntegrityError, TierError, TierUnavailable
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers.base import MISS, RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob
+from kvtier.tiers.base import (
+    MISS,
+    RETRY,
+    JobResult,
+    Lookup,
+    Op,
+    SecondaryTier,
+    TransferJob,
+    job_result,
+)
 from kvtier.tiers.s3.client import ObjectClient, ObjectRefused
 from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.answers import Answers
@@ -155,7 +164,7 @@ class ObjectStoreTier(SecondaryTier):
     def submit_store(self, job: TransferJob) -> None:
         if not self._breaker.allow():
             self._count("store_dropped", len(job.keys))
-            self._results.put(_result(job, "store", (), "object store unavailable"))
+            self._results.put(job_result(job, "store", (), "object store unavailable"))
             return
         self._fan_out("store", job)
 
@@ -168,7 +177,7 @@ class ObjectStoreTier(SecondaryTier):
     def _fan_out(self, op: Op, job: TransferJob) -> None:
         """One request per key on the I/O pool; the last key to finish reports the job."""
         if self._closed or not job.keys:
-            self._results.put(_result(job, op, (), "tier is closed" if self._closed else None))
+            self._results.put(job_result(job, op, (), "tier is closed" if self._closed else None))
             return
         tracker = _JobTracker(job, op)
         one = self._put_one if op == "store" else self._get_one
@@ -306,22 +315,7 @@ class _JobTracker:
                 return None
         corrupt = self._ended[_Outcome.CORRUPT]
         ok = set(self._ended[_Outcome.OK]).difference(self._ended[_Outcome.FAILED], corrupt)
-        error = None if ok == set(self.job.keys) else "some keys failed"
-        return _result(self.job, self.op, ok, error, corrupt)
-
-
-def _result(
-    job: TransferJob,
-    op: Op,
-    ok: Iterable[ChunkKey],
-    error: str | None,
-    corrupt: Iterable[ChunkKey] = (),
-) -> JobResult:
-    succeeded = frozenset(ok)
-    if op == "store" and succeeded != frozenset(job.keys):
-        succeeded = frozenset()  # a store succeeds or fails as a whole job
-    failed = frozenset(job.keys) - succeeded
-    return JobResult(job.job_id, op, succeeded, failed, error, frozenset(corrupt))
+        return job_result(self.job, self.op, ok, None, corrupt)
 
 
 def _check_length(size: int, payload_len: int) -> None:

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from kvtier.keys import ChunkKey
 from kvtier.logs import ThrottledLog
-from kvtier.tiers.base import JobOutcome, JobResult, Op, SecondaryTier, TransferJob
+from kvtier.tiers.base import JobOutcome, JobResult, Op, SecondaryTier, TransferJob, job_result
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
@@ -73,14 +73,7 @@ class JobRunner:
 
     @staticmethod
     def _result(op: Op, job: TransferJob, outcome: JobOutcome, error: str | None) -> JobResult:
-        succeeded = frozenset(outcome.succeeded)
-        if op == "store" and len(succeeded) < len(set(job.keys)):
-            succeeded = frozenset()
-        failed = frozenset(job.keys) - succeeded
-        if error is None and failed:
-            error = "some keys failed"
-        bad = frozenset(outcome.integrity_failed) & failed
-        return JobResult(job.job_id, op, succeeded, failed, error, bad)
+        return job_result(job, op, outcome.succeeded, error, outcome.integrity_failed)
 
     def finished(self) -> list[JobResult]:
         return drain(self._results)
