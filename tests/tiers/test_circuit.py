@@ -82,3 +82,14 @@ def test_close_joins_the_probe_thread_even_while_open(service):
     breaker.trip("down")
     breaker.close()
     assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
+
+
+def test_backoff_doubles_up_to_its_maximum_and_resets():
+    from kvtier.tiers.shared.circuit import Backoff
+
+    backoff = Backoff(0.2, 1.0)
+    assert [backoff.next_delay() for _ in range(5)] == [0.2, 0.4, 0.8, 1.0, 1.0]
+    backoff.reset()
+    assert backoff.next_delay() == 0.2
+    backoff.give_up()
+    assert backoff.next_delay() == 1.0

@@ -33,6 +33,7 @@ from typing import Any
 
 from kvtier.tiers.peer import protocol as proto
 from kvtier.tiers.peer.transport import Buffer, Channel, Transport
+from kvtier.tiers.shared.circuit import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class PeerLink:
         self._hello_id, self._hello_deadline = 0, 0.0
         self._in_flight: dict[int, PeerRequest] = {}
         self._queued: deque[PeerRequest] = deque()
-        self._backoff, self._retry_at = MIN_BACKOFF_S, 0.0
+        self._backoff, self._retry_at = Backoff(MIN_BACKOFF_S, MAX_BACKOFF_S), 0.0
         self._landing: list[memoryview] = []  # of the reply being received
         self._open(State.CONNECTING)
 
@@ -159,13 +160,13 @@ class PeerLink:
         if not reply.ok:
             self._counters["handshakes_refused"] += 1
             log.error("peer %s refused us: %s", self.address, reply.reason)
-            self._backoff = MAX_BACKOFF_S
+            self._backoff.give_up()
             self._fail_link("handshake refused", quiet=True)
             return
         if self.state is State.PROBING:
             log.warning("peer %s answers again; reconnected", self.address)
         self.state, self.accepts_stores = State.UP, reply.accepts_stores
-        self._backoff = MIN_BACKOFF_S
+        self._backoff.reset()
         self._flush()
 
     def _on_refused(self, reply: proto.Refused) -> None:
@@ -222,8 +223,7 @@ class PeerLink:
                         self.address, reason)  # fmt: skip
         self._counters["peer_failures"] += 1
         self.state = State.DOWN
-        self._retry_at = time.monotonic() + self._backoff
-        self._backoff = min(2 * self._backoff, MAX_BACKOFF_S)
+        self._retry_at = time.monotonic() + self._backoff.next_delay()
         if self._channel is not None:
             self._channel.close()
             self._channel = None

@@ -9,6 +9,10 @@ background thread calls ``probe`` with exponential backoff (``backoff_min_s`` do
 
 States are small integers so they can be exported as a gauge: ``CLOSED`` (0) and ``OPEN`` (1).
 
+``Backoff`` is the retry schedule itself (a delay that doubles from a minimum to a maximum and
+resets on success), shared by the breaker's probe thread and by tiers that retry on their own
+I/O thread (a peer link reconnecting).
+
 Thread safety: every method may be called from any thread; state is guarded by one lock.
 """
 
@@ -21,6 +25,29 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 CLOSED, OPEN = 0, 1
+
+
+class Backoff:
+    """Delays that double from ``min_s`` up to ``max_s``; ``reset`` after a success.
+
+    Thread safety: none; each user owns its own.
+    """
+
+    def __init__(self, min_s: float, max_s: float) -> None:
+        self.min_s, self.max_s = min_s, max(min_s, max_s)
+        self._next = min_s
+
+    def next_delay(self) -> float:
+        """The delay to wait now; the following one is twice as long (up to ``max_s``)."""
+        delay, self._next = self._next, min(2 * self._next, self.max_s)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.min_s
+
+    def give_up(self) -> None:
+        """Wait the longest from now on (e.g. a peer refused us: retrying soon is pointless)."""
+        self._next = self.max_s
 
 
 class CircuitBreaker:
@@ -39,7 +66,7 @@ class CircuitBreaker:
         self.name = name
         self._probe, self._on_close = probe, on_close
         self._threshold = max(1, failure_threshold)
-        self._backoff_min_s, self._backoff_max_s = backoff_min_s, max(backoff_min_s, backoff_max_s)
+        self._backoff = Backoff(backoff_min_s, backoff_max_s)
         self._lock = threading.Lock()
         self._state, self._failures = CLOSED, 0
         self.num_opened = self.num_probes = 0
@@ -86,11 +113,10 @@ class CircuitBreaker:
         while not self._stop.is_set():
             self._wake.wait()
             self._wake.clear()
-            delay = self._backoff_min_s
-            while self._state == OPEN and not self._stop.wait(delay):
+            self._backoff.reset()
+            while self._state == OPEN and not self._stop.wait(self._backoff.next_delay()):
                 if self._try_probe():
                     break
-                delay = min(delay * 2, self._backoff_max_s)
 
     def _try_probe(self) -> bool:
         self.num_probes += 1
