@@ -69,9 +69,11 @@ def test_reopens_after_recovery_and_counts_each_opening(breaker, service):
     service.up = True
     breaker.trip("first outage")
     wait_for(lambda: breaker.allow())
+    service.up = False  # the second outage lasts until the test says so
     for _ in range(3):
         breaker.record_failure("second outage")
     assert not breaker.allow()
+    service.up = True
     wait_for(lambda: breaker.allow())
     assert breaker.num_opened == 2 and service.closed_events == 2
 
