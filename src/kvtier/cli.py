@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
-import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
+from kvtier.cli_types import float_in as float_in  # re-exported for the bench CLI
+from kvtier.cli_types import int_in as int_in
 from kvtier.config import ExternalTierConfig, KVEventsConfig, ServeConfig, TierConfig, TieringConfig
 from kvtier.config_checks import endpoint_problem, redact_url
 from kvtier.errors import KVTierError
@@ -33,38 +34,6 @@ class CliParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(2, f"kvtier: error: {message}\n")
-
-
-def int_in(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer from ``low`` to ``high``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected {low} to {high}, got {value}")
-        return value
-
-    return parse
-
-
-def float_in(low: float, high: float) -> Callable[[str], float]:
-    """An argparse type: a finite number above ``low`` and at most ``high``."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (math.isfinite(value) and low < value <= high):
-            raise argparse.ArgumentTypeError(
-                f"expected above {low:g}, at most {high:g}, got {text}"
-            )
-        return value
-
-    return parse
 
 
 def human_bytes(n: float) -> str:

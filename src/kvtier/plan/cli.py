@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvtier.cli_types import float_in, int_in
 from kvtier.layout import DTYPE_SIZES
-from kvtier.plan.cli_common import Usage, byte_size, command, float_in, int_in
+from kvtier.plan.cli_common import Usage, byte_size, command
 from kvtier.plan.trace_cli import add_trace_commands
 
 

@@ -42,38 +42,6 @@ class Usage(Exception):
     """Bad input to a command: reported by its parser (usage, error line, exit status 2)."""
 
 
-def int_in(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer from ``low`` to ``high``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected {low} to {high}, got {value}")
-        return value
-
-    return parse
-
-
-def float_in(low: float, high: float) -> Callable[[str], float]:
-    """An argparse type: a finite number above ``low`` and at most ``high``."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not low < value <= high:  # also false for NaN
-            raise argparse.ArgumentTypeError(
-                f"expected above {low:g}, at most {high:g}, got {text}"
-            )
-        return value
-
-    return parse
-
-
 def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """A handler that turns bad input into its parser's error (exit 2, never a traceback)."""
     from kvtier.plan.cost import PlanInputError

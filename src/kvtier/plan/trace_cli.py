@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvtier.plan.cli_common import Usage, command, float_in, int_in
+from kvtier.cli_types import float_in, int_in
+from kvtier.plan.cli_common import Usage, command
 
 
 def add_trace_commands(commands: Any) -> None:
