@@ -3,7 +3,7 @@ chosen chunk size's stack distances (exact or sampled), the LRU, LRU + admission
 curves, and the reuse-distance histograms.
 
 ``analyze(trace, options)`` runs on the caller's thread. Its cost is dominated by the stack
-distances (pure Python, at most ``options.exact_limit`` references per run, so larger traces
+distances (vectorized, at most ``options.exact_limit`` references per run, so larger traces
 are sampled) and the ARC simulations (``options.arc_points`` capacities on a miniature of at
 most ``options.arc_limit`` references).
 """

@@ -38,26 +38,57 @@ class ChunkReuse:
     chunks: int
 
 
-def chunk_reuse(trace: Trace, coarsen: int) -> ChunkReuse:
-    """Reuse at ``coarsen`` x the trace's chunk size (vectorized, one sort of the keys)."""
-    counts = trace.chunks_per_request()
-    request = np.repeat(np.arange(trace.num_requests, dtype=np.int64), counts)
-    pos = np.arange(trace.num_chunks, dtype=np.int64) - trace.offsets[request]
-    keep = pos % coarsen == coarsen - 1
-    keys, request, pos = trace.keys[keep], request[keep], pos[keep] // coarsen
+@dataclass(frozen=True)
+class _Fine:
+    """Per reference of the trace's own chunks: its request, its index in the prompt, and
+    whether an earlier reference had its key; ``positional``: every key sits at one index in
+    every prompt (true of prefix-chained keys), so a coarser size keeps or drops all of a key's
+    references and its first uses are the fine ones it keeps."""
+
+    request: np.ndarray
+    pos: np.ndarray
+    seen_before: np.ndarray
+    positional: bool
+
+    @classmethod
+    def of(cls, trace: Trace) -> _Fine:
+        request = np.repeat(
+            np.arange(trace.num_requests, dtype=np.int64), trace.chunks_per_request()
+        )
+        pos = np.arange(trace.num_chunks, dtype=np.int64) - trace.offsets[request]
+        order = np.argsort(trace.keys, kind="stable")  # quicksort degrades on repeated keys
+        ordered = trace.keys[order]
+        same = ordered[1:] == ordered[:-1]
+        seen_before = np.ones(len(order), dtype=bool)
+        seen_before[order[np.flatnonzero(np.concatenate([[len(order) > 0], ~same]))]] = False
+        by_key = pos[order]
+        positional = bool(np.all(by_key[1:][same] == by_key[:-1][same]))
+        return cls(request, pos, seen_before, positional)
+
+
+def chunk_reuse(trace: Trace, coarsen: int, fine: _Fine | None = None) -> ChunkReuse:
+    """Reuse at ``coarsen`` x the trace's chunk size (vectorized; one sort of the keys, shared
+    by every size through ``fine`` when keys are positional)."""
+    fine = fine or _Fine.of(trace)
+    keep = fine.pos % coarsen == coarsen - 1
+    keys, request, pos = trace.keys[keep], fine.request[keep], fine.pos[keep] // coarsen
     tokens = trace.chunk_tokens * coarsen
-    _, first_index = np.unique(keys, return_index=True)
-    seen_before = np.ones(len(keys), dtype=bool)
-    seen_before[first_index] = False
+    if fine.positional:
+        seen_before = fine.seen_before[keep]
+    else:
+        _, first_index = np.unique(keys, return_index=True)
+        seen_before = np.ones(len(keys), dtype=bool)
+        seen_before[first_index] = False
     usable = pos < np.maximum(trace.prompt_tokens[request] - 1, 0) // tokens
     reused = seen_before & usable
-    reusing_requests = np.unique(request[reused]).size
+    requests = request[reused]  # sorted: count its distinct values
+    reusing_requests = int(np.count_nonzero(requests[1:] != requests[:-1])) + int(len(requests) > 0)
     total_tokens = max(1, int(trace.prompt_tokens.sum()))
     return ChunkReuse(
         chunk_tokens=tokens,
         reuse_share=float(reused.sum()) * tokens / total_tokens,
         unique_share=1.0 - reusing_requests / max(1, trace.num_requests),
-        distinct=len(first_index),
+        distinct=int(np.count_nonzero(~seen_before)),
         chunks=len(keys),
     )
 
@@ -65,12 +96,13 @@ def chunk_reuse(trace: Trace, coarsen: int) -> ChunkReuse:
 def reuse_by_chunk_size(trace: Trace, max_tokens: int, block: int) -> list[ChunkReuse]:
     """``chunk_reuse`` for every power-of-two multiple of the trace's chunk size up to
     ``max_tokens`` that is also a multiple of the engine block size ``block``."""
+    fine = _Fine.of(trace)
     results, coarsen = [], 1
     while trace.chunk_tokens * coarsen <= max_tokens:
         if (trace.chunk_tokens * coarsen) % block == 0:
-            results.append(chunk_reuse(trace, coarsen))
+            results.append(chunk_reuse(trace, coarsen, fine))
         coarsen *= 2
-    return results or [chunk_reuse(trace, 1)]
+    return results or [chunk_reuse(trace, 1, fine)]
 
 
 def pick_chunk_size(

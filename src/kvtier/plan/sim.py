@@ -97,8 +97,18 @@ def simulate(
     stream: Stream, policy: str, capacity: int, admission: bool = False, prefix: bool = True
 ) -> int:
     """Chunks hit over the whole stream by one ``PolicySim``."""
+    return _run(list(requests_of(stream)), policy, capacity, admission, prefix)
+
+
+def _run(
+    requests: list[tuple[list[int], list[bool]]],
+    policy: str,
+    capacity: int,
+    admission: bool,
+    prefix: bool,
+) -> int:
     sim = PolicySim(policy, max(1, capacity), admission)
-    return sum(sim.request(keys, usable, prefix) for keys, usable in requests_of(stream))
+    return sum(sim.request(keys, usable, prefix) for keys, usable in requests)
 
 
 def replay_host_tier(stream: Stream, policy: str, capacity: int, admission: bool = False) -> int:
@@ -135,4 +145,5 @@ def curve(
     stream: Stream, policy: str, capacities: np.ndarray, admission: bool, prefix: bool
 ) -> np.ndarray:
     """Chunks hit at each capacity (one fresh simulation per capacity)."""
-    return np.array([simulate(stream, policy, int(c), admission, prefix) for c in capacities])
+    requests = list(requests_of(stream))
+    return np.array([_run(requests, policy, int(c), admission, prefix) for c in capacities])
