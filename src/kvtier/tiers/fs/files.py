@@ -21,6 +21,7 @@ a ``threading.local``.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import mmap
@@ -33,19 +34,23 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 from kvtier.errors import IntegrityError, TierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
+from kvtier.tiers.fs.cache_policy import CACHESTAT, PageCachePolicy
 from kvtier.tiers.fs.io import payload_checksum, pwrite_all, read_chunk
 from kvtier.tiers.fs.namespace import Namespace
 from kvtier.tiers.fs.paths import (
     NotRegularError,
+    check_regular,
     chunk_dir,
     failure_reason,
+    open_beneath,
+    open_level_beneath,
     open_regular,
     regular_stat,
     rename_into_place,
@@ -97,15 +102,20 @@ class ChunkFiles:
         self._local = threading.local()
         self.directory = Namespace(root_dir, identity, self._tag)
         self.namespace = self.directory.path
+        #: Links in root_dir's own path are resolved once, here; none below it is followed.
+        self._real = os.path.realpath(self.namespace)
         if self.directory.read_only:
             self.o_direct = o_direct == "on"
         else:
             self.o_direct = o_direct != "off" and self._direct_io_works()
         if o_direct == "on" and not self.o_direct:
             raise TierError(f"fs tier: o_direct is 'on' but {root_dir} does not allow O_DIRECT")
-        direct = O_DIRECT if self.o_direct else 0
+        #: "auto": page cache or O_DIRECT chunk by chunk (``cache_policy``).
+        self.adaptive = o_direct == "auto" and self.o_direct and CACHESTAT.available
+        self._policy = PageCachePolicy()
+        direct = O_DIRECT if self.o_direct and not self.adaptive else 0
         self._read_flags = os.O_RDONLY | direct
-        self._write_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | direct
+        self._write_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, key: ChunkKey, region: HostRegion, slot: int) -> int:
@@ -116,7 +126,7 @@ class ChunkFiles:
         """
         name = key.hex()
         tmp = f"{name}.{self._tag}-{next(self._seq)}.tmp"
-        with chunk_dir(self.namespace, name, create=True) as directory:
+        with self._chunk_dir(name, create=True) as directory:
             try:
                 size = self._write_tmp(directory, tmp, key, region, slot)
                 rename_into_place(directory, tmp, name)
@@ -128,18 +138,27 @@ class ChunkFiles:
                 os.fsync(directory)
         return size
 
+    def _direct_write(self, nbytes: int) -> bool:
+        if not self.o_direct:
+            return False
+        return not (self.adaptive and self._policy.write_buffered(nbytes))
+
     def _write_tmp(
         self, directory: int, tmp: str, key: ChunkKey, region: HostRegion, slot: int
     ) -> int:
-        fd = os.open(tmp, self._write_flags | os.O_CLOEXEC, 0o644, dir_fd=directory)
+        payload = region.view(slot)
+        direct = self._direct_write(HEADER_BYTES + len(payload))
+        flags = self._write_flags | os.O_CLOEXEC | (O_DIRECT if direct else 0)
+        fd = os.open(tmp, flags, 0o644, dir_fd=directory)
         try:
-            payload = region.view(slot)
-            if self.o_direct:
+            if direct:
                 scratch = self._scratch()
                 digest = payload_checksum(payload)
                 scratch[:] = encode_header(self._digest, key, payload, digest)
-                pwrite_all(fd, [scratch, region.aligned_view(slot)])
-                os.ftruncate(fd, HEADER_BYTES + len(payload))  # drop the slot's padding
+                aligned = region.aligned_view(slot)
+                pwrite_all(fd, [scratch, aligned])
+                if len(aligned) != len(payload):
+                    os.ftruncate(fd, HEADER_BYTES + len(payload))  # drop the slot's padding
             else:
                 header = encode_header(self._digest, key, payload, payload_checksum(payload))
                 pwrite_all(fd, [header, payload])
@@ -159,21 +178,43 @@ class ChunkFiles:
         another writer replaced it meanwhile).
         """
         name = key.hex()
-        with chunk_dir(self.namespace, name) as directory:
-            fd, found = open_regular(directory, name, self._read_flags)
+        fd = open_beneath(self._real, name, self._read_flags)
+        if fd is None:  # no openat2, or a failure the walk names exactly
+            with chunk_dir(self.namespace, name) as directory:
+                fd, found = open_regular(directory, name, self._read_flags)
+                return self._read_open(fd, found, key, region, slot)
+        return self._read_open(fd, check_regular(fd, name), key, region, slot)
+
+    def _read_open(
+        self, fd: int, found: os.stat_result, key: ChunkKey, region: HostRegion, slot: int
+    ) -> int:
+        """Read and verify the open chunk file ``fd`` (``found``: its fstat), then close it."""
+        try:
+            header, payload = self._scratch(), region.view(slot)
+            got, digest = self._read_bytes(fd, header, region, slot, found.st_size)
             try:
-                header, payload = self._scratch(), region.view(slot)
-                # O_DIRECT reads whole aligned pages: the slot's padding takes the rounding.
-                target = region.aligned_view(slot) if self.o_direct else payload
-                got, digest = read_chunk(fd, header, target, found.st_size)
-                try:
-                    self._verify(key, header, payload, got, found.st_size, digest)
-                except IntegrityError:
+                self._verify(key, header, payload, got, found.st_size, digest)
+            except IntegrityError:
+                name = key.hex()
+                with suppress(OSError), chunk_dir(self.namespace, name) as directory:
                     unlink_if_same(directory, name, found)
-                    raise
-            finally:
-                os.close(fd)
+                raise
+        finally:
+            os.close(fd)
         return found.st_size
+
+    def _read_bytes(
+        self, fd: int, header: memoryview, region: HostRegion, slot: int, size: int
+    ) -> tuple[int, bytes]:
+        """Bytes read and payload checksum; "auto" tries the page cache, then O_DIRECT."""
+        direct = self.o_direct
+        if self.adaptive:
+            direct = not CACHESTAT.is_cached(fd, size)
+            if direct:
+                fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK | O_DIRECT)
+        # O_DIRECT reads whole aligned pages: the slot's padding takes the rounding.
+        target = region.aligned_view(slot) if direct else region.view(slot)
+        return read_chunk(fd, header, target, size)
 
     def _verify(
         self,
@@ -199,6 +240,11 @@ class ChunkFiles:
         """
         name = key.hex()
         try:
+            fd = open_beneath(self._real, name, os.O_PATH)
+            if fd is not None:
+                result = check_regular(fd, name)
+                os.close(fd)
+                return result.st_size
             with chunk_dir(self.namespace, name) as directory:
                 return regular_stat(directory, name).st_size
         except FileNotFoundError:
@@ -209,6 +255,20 @@ class ChunkFiles:
         name = key.hex()
         with suppress(FileNotFoundError), chunk_dir(self.namespace, name) as directory:
             os.unlink(name, dir_fd=directory)
+
+    @contextmanager
+    def _chunk_dir(self, name: str, *, create: bool = False) -> Iterator[int]:
+        """Chunk ``name``'s directory: one openat2 when it exists, else the walk of
+        ``chunk_dir`` (which creates missing levels with ``create``)."""
+        fd = open_level_beneath(self._real, name)
+        if fd is None:
+            with chunk_dir(self.namespace, name, create=create) as walked:
+                yield walked
+            return
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     def _scratch(self) -> memoryview:
         """This thread's page-aligned header buffer (O_DIRECT needs aligned memory)."""

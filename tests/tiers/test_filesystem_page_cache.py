@@ -1,0 +1,143 @@
+"""The fs tier's page-cache policy ("auto") and its one-syscall opens (openat2).
+
+"auto" writes through the page cache while memory is free and reads a chunk through the cache
+only when all of it is cached (else O_DIRECT); every path verifies what it read. Where openat2
+is missing, the tier walks the levels as before, with the same answers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvtier import CacheIdentity, ChunkKey
+from kvtier.config import FsTierConfig
+from kvtier.region import HostRegion
+from kvtier.tiers.base import TransferJob
+from kvtier.tiers.fs import files as fs_files
+from kvtier.tiers.fs import paths as fs_paths
+from kvtier.tiers.fs.cache_policy import CACHESTAT, PageCachePolicy, read_meminfo
+from kvtier.tiers.fs.tier import FilesystemTier
+from kvtier.tiers.shared.codec import HEADER_BYTES
+from tests.conftest import collect, fill, holds, make_keys
+
+SLOT_BYTES = 64 << 10
+
+
+@pytest.fixture
+def region() -> HostRegion:
+    return HostRegion(8, SLOT_BYTES)
+
+
+@pytest.fixture
+def tier(tmp_path: Path, region: HostRegion, identity: CacheIdentity) -> Iterator[FilesystemTier]:
+    made = FilesystemTier(FsTierConfig(root_dir=str(tmp_path / "cache")), region, identity)
+    made.wait_scanned()
+    yield made
+    made.close()
+
+
+def _store(tier: FilesystemTier, region: HostRegion, keys: list[ChunkKey]) -> None:
+    for slot, key in enumerate(keys):
+        fill(region, slot, key)
+    tier.submit_store(TransferJob(1, tuple(keys), tuple(range(len(keys)))))
+    assert collect(tier, [1])[1].ok
+
+
+def _load(tier: FilesystemTier, keys: list[ChunkKey], job_id: int) -> bool:
+    slots = tuple(range(4, 4 + len(keys)))
+    tier.submit_load(TransferJob(job_id, tuple(keys), slots))
+    return collect(tier, [job_id])[job_id].ok
+
+
+def _path(tier: FilesystemTier, key: ChunkKey) -> Path:
+    name = key.hex()
+    return Path(tier.namespace) / name[:2] / name[2:4] / name
+
+
+def _drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _adaptive(tier: FilesystemTier) -> FilesystemTier:
+    if not tier._files.adaptive:
+        pytest.skip("no O_DIRECT or no cachestat here: 'auto' is plain O_DIRECT")
+    return tier
+
+
+def test_auto_loads_cached_and_cold_chunks_verified(tier, region, identity):
+    tier = _adaptive(tier)
+    keys = make_keys(identity, 2)
+    _store(tier, region, keys)
+    assert _load(tier, keys, 2)  # just written: through the page cache
+    _drop_cache(_path(tier, keys[0]))
+    assert _load(tier, keys, 3)  # one cold (O_DIRECT), one cached
+    assert all(holds(region, 4 + i, key) for i, key in enumerate(keys))
+    assert tier.stats()["loaded_chunks"] == 4
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_auto_detects_damage_on_either_path(tier, region, identity, cold):
+    tier = _adaptive(tier)
+    keys = make_keys(identity, 1)
+    _store(tier, region, keys)
+    path = _path(tier, keys[0])
+    with open(path, "r+b") as file:
+        file.seek(HEADER_BYTES + SLOT_BYTES // 2)
+        file.write(b"\xff" * 16)
+    if cold:
+        _drop_cache(path)
+    assert not _load(tier, keys, 2)
+    assert tier.stats()["integrity.checksum"] == 1
+    assert not path.exists()
+
+
+def test_cachestat_counts_cached_pages(tmp_path):
+    if not CACHESTAT.available:
+        pytest.skip("no cachestat on this kernel")
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * (64 << 10))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert CACHESTAT.is_cached(fd, 64 << 10)
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not CACHESTAT.is_cached(fd, 64 << 10)
+    finally:
+        os.close(fd)
+
+
+def test_writes_use_the_cache_only_while_memory_is_free(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:        1000 kB\nMemFree:          450 kB\nCached: 7 kB\n")
+    assert read_meminfo(str(meminfo)) == (1000 * 1024, 450 * 1024)
+    policy = PageCachePolicy(reserve_fraction=0.25, interval_s=3600, meminfo=str(meminfo))
+    assert policy.write_buffered(100 * 1024)  # 450 - 250 kB reserve = 200 kB of room
+    assert policy.write_buffered(100 * 1024)
+    assert not policy.write_buffered(1)  # room spent until the next look at meminfo
+    unreadable = PageCachePolicy(meminfo=str(tmp_path / "missing"))
+    assert not unreadable.write_buffered(1)  # unknown: O_DIRECT, the safe side
+
+
+def test_without_openat2_the_walk_gives_the_same_answers(tier, region, identity, monkeypatch):
+    monkeypatch.setattr(fs_paths.OPENAT2, "available", False)
+    keys = make_keys(identity, 3)
+    _store(tier, region, keys)
+    assert _load(tier, keys, 2)
+    assert fs_files.ChunkFiles.size_of(tier._files, keys[0]) == HEADER_BYTES + SLOT_BYTES
+    level = _path(tier, keys[1]).parent
+    target = level.with_name(level.name + "-real")
+    level.rename(target)
+    level.symlink_to(target)  # a linked level is never followed, on either path
+    assert not _load(tier, keys[1:2], 3)
+    monkeypatch.setattr(fs_paths.OPENAT2, "available", True)
+    assert not _load(tier, keys[1:2], 4)
+    assert tier.stats()["load_failed.not_regular"] == 2
