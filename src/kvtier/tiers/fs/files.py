@@ -86,9 +86,10 @@ class ChunkFiles:
 
     Creating it creates the namespace (``directory``; read-only on a full disk, ``TierError``
     if ``root_dir`` cannot be written otherwise). ``o_direct`` is ``"on"`` (``TierError`` if
-    the filesystem refuses it), ``"off"``, or ``"auto"`` (used when a probe write and read
-    succeed; a read-only namespace cannot probe, so "auto" reads through the page cache and
-    "on" is trusted).
+    the filesystem refuses it), ``"off"``, or ``"auto"``: when a probe write and read succeed
+    and the kernel has ``cachestat``, page cache or O_DIRECT chunk by chunk (``adaptive``, see
+    ``cache_policy``); O_DIRECT throughout where only the probe succeeds. A read-only namespace
+    cannot probe, so "auto" reads through the page cache and "on" is trusted.
     """
 
     def __init__(
