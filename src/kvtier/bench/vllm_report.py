@@ -139,6 +139,8 @@ def format_table(table: list[dict[str, Any]]) -> str:
     head = (f"{'N':>4} {'strategy':<10} {'tok/s':>7} {'of best':>7} {'TTFT p50':>9} {'p95':>8} "
             f"{'p99':>8} {'ITL p50':>8} {'p99':>7} {'same':>5} "
             + " ".join(f"{s[:8]:>8}" for s in names))  # fmt: skip
+    mixed = any("one_shot_ttft_ms" in row for row in table)
+    head += f" {'one-shot TTFT':>17}" if mixed else ""
     lines = [head, "-" * len(head)]
     for row in table:
         t, i, share = row["ttft_ms"], row["itl_ms"], row["fraction_of_ceiling"]
@@ -150,9 +152,18 @@ def format_table(table: list[dict[str, Any]]) -> str:
             f"{t['p95']:>6.1f}ms {t['p99']:>6.1f}ms {i['p50']:>6.1f}ms {i['p99']:>5.1f}ms "
             f"{'-' if same is None else format(same, '.0%'):>5} "
             + " ".join(f"{row['prompt_tokens_from'].get(s, 0) / prompt:>8.0%}" for s in names)
+            + _one_shots(row)
         )
-    lines.append("same: answers equal to recompute's; last columns: where prompt tokens came from.")
+    lines.append(
+        "same: answers equal to recompute's; then where prompt tokens came from"
+        + ("; then the one-shots' TTFT p50/p99 (--mix)." if mixed else ".")
+    )
     return "\n".join(lines)
+
+
+def _one_shots(row: dict[str, Any]) -> str:
+    shots = row.get("one_shot_ttft_ms")
+    return f" {shots['p50']:>7.1f}/{shots['p99']:>7.1f}ms" if shots else ""
 
 
 def to_json(options: Any, pools: Any, model: Any, reports: dict[str, Any],
@@ -162,6 +173,7 @@ def to_json(options: Any, pools: Any, model: Any, reports: dict[str, Any],
         "engine": "vllm", "options": opts, "model": {"path": str(model.path), "dummy": model.dummy},
         "pools_blocks": vars(pools), "block_bytes": model.block_bytes,
         "engine_load_seconds": {s: round(r["load_seconds"], 1) for s, r in reports.items()},
+        "load_average_1m": {s: r.get("load_average_1m") for s, r in reports.items()},
         "results": table, "kvtier_fs_vs_vllm_fs": kvtier_vs_vllm(table),
     }  # fmt: skip
 

@@ -1,7 +1,8 @@
 """One vLLM engine serving the multi-turn workload with concurrent requests (vLLM venv side).
 
 ``python -m kvtier.bench.vllm_runner SCENARIO.json`` runs in the vLLM venv's python (with
-kvtier's ``src`` on ``PYTHONPATH``); kvtier's own process never imports vLLM. The scenario::
+kvtier's ``src`` on ``PYTHONPATH``); kvtier's own process never imports vLLM, and drives the
+runner over stdin/stdout (see ``main``), one phase at a time. The scenario::
 
     {"model": DIR, "load_format": "dummy" | "auto", "dtype": "float32", "engine_id": ID,
      "kv_cache_memory_bytes": N, "max_model_len": N, "kv_transfer_config": {...} | null,
@@ -178,28 +179,42 @@ def tree_bytes(root: str) -> int:
 
 
 def warm_up(llm: Any, phase: dict[str, Any]) -> None:
-    """One request outside the measurement (first-call costs), then an empty prefix cache."""
+    """A first-prompt-sized request outside the measurement (first-call costs, the connector's
+    first stores), then an empty device prefix cache."""
     rng = random.Random("warm-up")
-    prompt = [rng.randrange(10, phase["vocab_size"]) for _ in range(phase["user_turn_tokens"])]
+    prompt = [rng.randrange(10, phase["vocab_size"]) for _ in range(phase["first_prompt_tokens"])]
     llm.generate([{"prompt_token_ids": prompt}], params(2), use_tqdm=False)
     llm.reset_prefix_cache()
 
 
 def main(path: str) -> None:
+    """Build the engine, say ``READY``, then serve phase ``I`` for every line ``I`` on stdin
+    (answering ``DONE``) until ``EXIT``; then write the report.
+
+    The replies go to the original stdout; everything else printed to stdout (vLLM's logs)
+    is sent to stderr, so the two never mix.
+    """
     with open(path) as file:
         scenario = json.load(file)
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
     started = time.perf_counter()
     llm = engine(scenario)
     loaded = time.perf_counter() - started
     warm_up(llm, scenario["phases"][0])
-    phases = []
-    for phase in scenario["phases"]:
+    phases: dict[int, dict[str, Any]] = {}
+    print("READY", file=replies)
+    for line in sys.stdin:
+        if line.strip() == "EXIT":
+            break
+        index = int(line)
         llm.reset_prefix_cache()
-        phases.append(run_phase(llm, phase, scenario["concurrency"]))
-        print(f"phase N={phase['conversations']}: {phases[-1]['seconds']:.1f}s", flush=True)
+        phases[index] = run_phase(llm, scenario["phases"][index], scenario["concurrency"])
+        print(f"phase N={phases[index]['conversations']}: {phases[index]['seconds']:.1f}s")
+        print("DONE", file=replies)
     disk = {label: tree_bytes(d) for label, d in scenario.get("disk_dirs", {}).items()}
-    report = {"load_seconds": loaded, "phases": phases, "disk_bytes": disk,
-              "total_seconds": time.perf_counter() - started}  # fmt: skip
+    report = {"load_seconds": loaded, "phases": [phases[i] for i in sorted(phases)],
+              "disk_bytes": disk, "total_seconds": time.perf_counter() - started}  # fmt: skip
     with open(scenario["output"], "w") as file:
         json.dump(report, file)
 
