@@ -21,14 +21,13 @@ stored. The tiers are host memory alone, or those of ``--config FILE`` (its ``ad
 from __future__ import annotations
 
 import dataclasses
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from kvtier.admission import AdmissionConfig
 from kvtier.bench.engine import RunResult, Strategy, StrategyRun
 from kvtier.bench.mixed import MixedSpec, MixedWorkload
-from kvtier.bench.runner import Bench, BenchOptions, _tier_label
+from kvtier.bench.runner import Bench, BenchOptions, _tier_label, take_turns
 from kvtier.config import TieringConfig
 from kvtier.identity import CacheIdentity
 
@@ -171,16 +170,8 @@ class AdmissionBench:
 
     def _side_by_side(self, spec: MixedSpec, progress: Any) -> list[RunResult]:
         """All policies on one workload, taking turns request by request."""
-        with ExitStack() as stack:
-            runs = [self.start(strategy, spec) for strategy in self.strategies()]
-            for run in runs:
-                stack.callback(run.close)
-            active = list(runs)
-            while active:
-                active = [run for run in active if run.step()]
-                if progress is not None:
-                    progress.update(len(active))
-        return [run.result for run in runs]
+        starts = [lambda s=strategy: self.start(s, spec) for strategy in self.strategies()]
+        return take_turns(starts, progress)
 
     def num_requests(self) -> int:
         vocab = self.bench.vocab_size

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli import UsageError, int_in
+from kvtier.cli import int_in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,29 +48,15 @@ def run(args: argparse.Namespace, built: Any, json_path: Path, chart_path: Path)
 
     ``built``: the ``Bench`` of the parsed options (model and identity), already checked.
     """
-    from tqdm import tqdm
-
     from kvtier.bench import admission_report as report
     from kvtier.bench.admission import AdmissionBench
-    from kvtier.errors import KVTierError
+    from kvtier.bench.cli import sweep_and_report
 
     options = options_from(args, built.options)
     bench = AdmissionBench(options, built)
     print(_describe(bench), file=sys.stderr)
-    try:
-        bench.warm_up()  # builds every policy's manager and tiers a first time
-    except KVTierError as exc:
-        flag = "argument --config: " if options.bench.config_path else ""
-        raise UsageError(f"{flag}{exc}") from None
-    with tqdm(total=bench.num_requests(), unit="req", disable=args.no_progress) as bar:
-        sweep = bench.sweep(bar)
-    table = report.rows(sweep)
-    document = report.to_json(sweep, table)
-    print(report.format_table(table))
-    print(report.format_headline(document["headline"]))
-    report.write_json(document, json_path)
-    report.write_chart(sweep, table, chart_path)
-    print(f"wrote {json_path} and {chart_path}")
+    paths = (json_path, chart_path)
+    sweep_and_report(bench, report, options.bench.config_path, args.no_progress, paths)
     return 0
 
 

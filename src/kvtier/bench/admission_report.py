@@ -18,7 +18,7 @@ from typing import Any
 
 from kvtier.bench.admission import ADMIT_ALL, AdmissionSweep
 from kvtier.bench.engine import RunResult
-from kvtier.bench.report import percentiles_ms
+from kvtier.bench.report import agreement, measured, ratio
 from kvtier.integrations.transformers import RECOMPUTED, SKIPPED
 
 HOST_WRITES = "kvtier_transfer_bytes_total{direction=accelerator_to_host}"
@@ -61,27 +61,18 @@ def served_fraction(sources: dict[str, int]) -> float:
 
 def summarize(result: RunResult, reference: RunResult | None) -> dict[str, Any]:
     """One row; ``reference`` is ``admit all`` at the same N."""
-    prompt_tokens = sum(result.sources.values()) or 1
-    ref_tps = reference.throughput if reference is not None else 0.0
-    same = [result.outputs[k] == v for k, v in reference.outputs.items()] if reference else []
     drops = dropped(result)
     return {
         "conversations": result.num_conversations,
         "policy": result.strategy,
-        "throughput_tok_s": round(result.throughput, 1),
-        "throughput_over_admit_all": round(result.throughput / ref_tps, 3) if ref_tps else None,
-        "seconds": round(result.seconds, 3),
-        "tokens": result.tokens,
-        "ttft_ms": percentiles_ms(result.ttft_s),
-        "follow_up_ttft_ms": percentiles_ms(result.follow_up_ttft_s),
-        "prompt_tokens_from": dict(result.sources),
-        "prompt_fraction_from": {k: round(v / prompt_tokens, 4) for k, v in result.sources.items()},
+        **measured(result),
+        "throughput_over_admit_all": ratio(result.throughput, reference),
         "served_fraction": served_fraction(result.sources),
         "follow_up_served_fraction": served_fraction(result.follow_up_sources),
         "bytes_written": bytes_written(result),
         "chunks_dropped": drops,
         "chunks_dropped_total": sum(n for reasons in drops.values() for n in reasons.values()),
-        "answers_equal_to_admit_all": round(sum(same) / len(same), 4) if same else None,
+        "answers_equal_to_admit_all": agreement(result, reference),
     }
 
 

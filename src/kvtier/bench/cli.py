@@ -128,15 +128,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sweep(bench: Any, no_progress: bool, json_path: Path, chart_path: Path) -> None:
-    from tqdm import tqdm
-
     from kvtier.bench import report
 
     print(_describe(bench), file=sys.stderr)
+    sweep_and_report(bench, report, bench.options.config_path, no_progress, (json_path, chart_path))
+
+
+def sweep_and_report(
+    bench: Any, report: Any, config_path: Any, no_progress: bool, paths: tuple[Path, Path]
+) -> None:
+    """Warm ``bench`` up, run its sweep with a progress bar, print and write ``report``'s table,
+    JSON and chart. A configuration that cannot start is a usage error naming ``--config``."""
+    from tqdm import tqdm
+
+    json_path, chart_path = paths
     try:
         bench.warm_up()  # builds every strategy's manager and tiers a first time
     except KVTierError as exc:
-        flag = "argument --config: " if bench.options.config_path else ""
+        flag = "argument --config: " if config_path else ""
         raise UsageError(f"{flag}{exc}") from None
     with tqdm(total=bench.num_requests(), unit="req", disable=no_progress) as bar:
         sweep = bench.sweep(bar)

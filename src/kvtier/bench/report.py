@@ -28,22 +28,39 @@ def percentiles_ms(seconds: list[float]) -> dict[str, float]:
 
 def summarize(result: RunResult, ceiling: RunResult | None) -> dict[str, Any]:
     """One row: throughput, fraction of the ceiling, TTFT, token sources, output agreement."""
-    prompt_tokens = sum(result.sources.values()) or 1
-    ceiling_tps = ceiling.throughput if ceiling is not None else 0.0
-    same = [result.outputs[k] == v for k, v in ceiling.outputs.items()] if ceiling else []
     return {
         "conversations": result.num_conversations,
         "strategy": result.strategy,
+        **measured(result),
+        "fraction_of_ceiling": ratio(result.throughput, ceiling),
+        "answers_equal_to_ceiling": agreement(result, ceiling),
+    }
+
+
+def measured(result: RunResult) -> dict[str, Any]:
+    """The columns every bench table shares: throughput, time, TTFT, prompt-token sources."""
+    prompt_tokens = sum(result.sources.values()) or 1
+    return {
         "throughput_tok_s": round(result.throughput, 1),
-        "fraction_of_ceiling": round(result.throughput / ceiling_tps, 3) if ceiling_tps else None,
         "seconds": round(result.seconds, 3),
         "tokens": result.tokens,
         "ttft_ms": percentiles_ms(result.ttft_s),
         "follow_up_ttft_ms": percentiles_ms(result.follow_up_ttft_s),
         "prompt_tokens_from": dict(result.sources),
         "prompt_fraction_from": {k: round(v / prompt_tokens, 4) for k, v in result.sources.items()},
-        "answers_equal_to_ceiling": round(sum(same) / len(same), 4) if same else None,
     }
+
+
+def ratio(throughput: float, reference: RunResult | None) -> float | None:
+    """``throughput`` over the reference run's, or ``None`` without one."""
+    reference_tps = reference.throughput if reference is not None else 0.0
+    return round(throughput / reference_tps, 3) if reference_tps else None
+
+
+def agreement(result: RunResult, reference: RunResult | None) -> float | None:
+    """The share of the reference run's answers this run gave too."""
+    same = [result.outputs[k] == v for k, v in reference.outputs.items()] if reference else []
+    return round(sum(same) / len(same), 4) if same else None
 
 
 def rows(sweep: Sweep) -> list[dict[str, Any]]:

@@ -176,16 +176,9 @@ class Bench:
 
     def _side_by_side(self, num_conversations: int, progress: Any) -> list[RunResult]:
         """All strategies at one N, taking turns request by request."""
-        with self.strategies() as strategies, ExitStack() as stack:
-            runs = [self.start(strategy, num_conversations) for strategy in strategies]
-            for run in runs:
-                stack.callback(run.close)
-            active = list(runs)
-            while active:
-                active = [run for run in active if run.step()]
-                if progress is not None:
-                    progress.update(len(active))
-        return [run.result for run in runs]
+        with self.strategies() as strategies:
+            return take_turns([lambda s=s: self.start(s, num_conversations) for s in strategies],
+                              progress)  # fmt: skip
 
     def num_requests(self) -> int:
         turns = self.options.rounds + 1
@@ -196,3 +189,19 @@ def _tier_label(tier: TierConfig) -> str:
     if isinstance(tier, ExternalTierConfig):
         return tier.name or tier.class_name
     return tier.name or tier.type_name
+
+
+def take_turns(starts: list[Any], progress: Any) -> list[RunResult]:
+    """Start every run (``starts`` are callables), step them in turn until all are done, close
+    them whatever happens; their results. ``progress`` (a tqdm bar, or None) counts requests."""
+    with ExitStack() as stack:
+        runs = []
+        for start in starts:
+            runs.append(start())
+            stack.callback(runs[-1].close)
+        active = list(runs)
+        while active:
+            active = [run for run in active if run.step()]
+            if progress is not None:
+                progress.update(len(active))
+        return [run.result for run in runs]

@@ -30,7 +30,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+
+from kvtier.tiers.fs.paths import load_syscall
 
 #: Writes use the page cache while MemFree stays above this fraction of MemTotal.
 RESERVE_FRACTION = 0.25
@@ -52,18 +53,6 @@ class _Stat(ctypes.Structure):
     ]
 
 
-def _load_syscall() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).syscall  # CDLL calls release the GIL
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
-    return fn
-
-
 class CacheStat:
     """``cachestat(2)``: how many pages of an open file are in the page cache.
 
@@ -72,7 +61,7 @@ class CacheStat:
     """
 
     def __init__(self) -> None:
-        self._syscall = _load_syscall()
+        self._syscall = load_syscall(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint)
         self.available = self._syscall is not None and self._probe()
 
     def _probe(self) -> bool:

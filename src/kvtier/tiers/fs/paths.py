@@ -51,15 +51,19 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-def _load_syscall() -> Any:
+def load_syscall(*argtypes: Any) -> Any:
+    """libc's ``syscall`` typed as ``(number, *argtypes) -> long``; ``None`` off Linux.
+
+    Calls through ctypes release the GIL, as any I/O call should.
+    """
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = ctypes.CDLL(None, use_errno=True).syscall  # CDLL calls release the GIL
+        fn = ctypes.CDLL(None, use_errno=True).syscall
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+    fn.argtypes = [ctypes.c_long, *argtypes]
     return fn
 
 
@@ -71,7 +75,9 @@ class Openat2:
     """
 
     def __init__(self) -> None:
-        self._syscall = _load_syscall()
+        self._syscall = load_syscall(
+            ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t
+        )
         self.available = self._syscall is not None
 
     def open(self, path: str, flags: int, mode: int = 0) -> int | None:
