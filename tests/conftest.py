@@ -16,7 +16,15 @@ from typing import IO, TypeVar
 import numpy as np
 import pytest
 
-from kvtier import CacheIdentity, ChunkKey, KVLayout, TieringConfig, chunk_keys
+from kvtier import (
+    CacheIdentity,
+    ChunkKey,
+    KVLayout,
+    StorePlan,
+    TieringConfig,
+    TieringManager,
+    chunk_keys,
+)
 from kvtier.errors import KVTierError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import RETRY, JobResult, Lookup, SecondaryTier
@@ -54,6 +62,40 @@ def fill(region: HostRegion, slot: int, key: bytes) -> None:
 
 def holds(region: HostRegion, slot: int, key: bytes) -> bool:
     return bytes(region.view(slot)) == chunk_pattern(key, region.slot_bytes)
+
+
+def store(m: TieringManager, keys: list[ChunkKey], success: bool = True) -> StorePlan:
+    """``prepare_store`` + fill each slot with its key's pattern + ``complete_store``."""
+    plan = m.prepare_store(keys)
+    assert plan is not None
+    for key, slot in zip(plan.keys, plan.slots, strict=True):
+        fill(m.region, slot, key)
+    m.complete_store(plan.keys, success=success)
+    return plan
+
+
+def settle(m: TieringManager, keys: list[ChunkKey], timeout: float = 20.0) -> int | Lookup:
+    """``lookup`` until it stops answering RETRY (a deadline, not a speed bound)."""
+    deadline = time.monotonic() + timeout
+    while (n := m.lookup(keys)) is RETRY:
+        assert time.monotonic() < deadline, f"lookup still answered RETRY after {timeout} s"
+        time.sleep(0.002)
+    return n
+
+
+def read(m: TieringManager, keys: list[ChunkKey]) -> bool:
+    """Load ``keys`` and check every slot holds its key's pattern."""
+    slots = m.prepare_load(keys)
+    ok = all(holds(m.region, slot, key) for key, slot in zip(keys, slots, strict=True))
+    m.complete_load(keys)
+    return ok
+
+
+def push_out(m: TieringManager, identity: CacheIdentity, n: int, seed: int = 1000) -> None:
+    """Store ``n`` unrelated chunks so that older ones leave host memory."""
+    assert m.wait_idle(20)
+    store(m, make_keys(identity, n, seed=seed))
+    assert m.wait_idle(20)
 
 
 def config(cpu_slots: int, layout: KVLayout = SMALL_LAYOUT, **extra: object) -> TieringConfig:

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from kvtier import ChunkKey, ConfigError, TieringManager
 from kvtier.admission.sketch import FrequencySketch
-from tests.conftest import config, fill, make_keys
-from tests.test_manager import push_out, read, settle
+from tests.conftest import config, fill, make_keys, push_out, read, settle
 
 
 def fs(root, **extra):

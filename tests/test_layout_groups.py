@@ -15,8 +15,7 @@ from kvtier.device.transfer import TransferEngine
 from kvtier.layout import LAYOUT_VERSION, LayerGroup
 from kvtier.region import HostRegion
 from kvtier.tiers.memory import MemoryTier
-from tests.conftest import config, make_keys
-from tests.test_manager import push_out, read, settle, store
+from tests.conftest import config, make_keys, push_out, read, settle, store
 
 HYBRID = KVLayout(4, 2, 8, "float32", block_size=4, blocks_per_chunk=2, groups=(
     LayerGroup("full", (1,)), LayerGroup("sliding", (3,), window=9),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -13,7 +12,7 @@ from kvtier.events import EventKind
 from kvtier.region import HostRegion
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.memory import MemoryTier
-from tests.conftest import config, fill, holds, make_keys
+from tests.conftest import config, make_keys, push_out, read, settle, store
 
 
 @pytest.fixture
@@ -44,37 +43,6 @@ def plain(tier):
 
 def faulty(**faults):
     return lambda tier: FaultInjectingTier(tier, **faults)
-
-
-def store(m, keys, success=True):
-    plan = m.prepare_store(keys)
-    assert plan is not None
-    for key, slot in zip(plan.keys, plan.slots):
-        fill(m.region, slot, key)
-    m.complete_store(plan.keys, success=success)
-    return plan
-
-
-def settle(m, keys, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while (n := m.lookup(keys)) is RETRY:
-        assert time.monotonic() < deadline, "lookup kept answering RETRY"
-        time.sleep(0.002)
-    return n
-
-
-def read(m, keys):
-    slots = m.prepare_load(keys)
-    ok = all(holds(m.region, slot, key) for key, slot in zip(keys, slots))
-    m.complete_load(keys)
-    return ok
-
-
-def push_out(m, identity, n, seed=1000):
-    """Store n unrelated chunks so older ones leave host memory."""
-    assert m.wait_idle(10)
-    store(m, make_keys(identity, n, seed=seed))
-    assert m.wait_idle(10)
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])

@@ -10,14 +10,21 @@ failure is not retried in a loop.
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from kvtier import RETRY, TieringManager
 from kvtier.events import EventKind
-from tests.conftest import config, fill, holds, make_keys, wait_for
+from tests.conftest import (
+    config,
+    make_keys,
+    push_out,
+    read,
+    settle,
+    store,
+    wait_for,
+)
 
 PLUGIN = "tests.plugins.outside_tier"
 
@@ -28,36 +35,6 @@ def fs(root: Path, **options: object) -> dict[str, object]:
 
 def make(identity, slots, *tiers) -> TieringManager:
     return TieringManager(config(slots, secondary_tiers=list(tiers)), identity)
-
-
-def store(m, keys):
-    plan = m.prepare_store(keys)
-    assert plan is not None
-    for key, slot in zip(plan.keys, plan.slots):
-        fill(m.region, slot, key)
-    m.complete_store(plan.keys, success=True)
-
-
-def settle(m, keys, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while (n := m.lookup(keys)) is RETRY:
-        assert time.monotonic() < deadline, f"lookup still answered RETRY after {timeout} s"
-        time.sleep(0.002)
-    return n
-
-
-def read(m, keys) -> bool:
-    slots = m.prepare_load(keys)
-    ok = all(holds(m.region, slot, key) for key, slot in zip(keys, slots))
-    m.complete_load(keys)
-    return ok
-
-
-def push_out(m, identity, n, seed=1000):
-    """Store ``n`` unrelated chunks so that older ones leave host memory."""
-    assert m.wait_idle(20)
-    store(m, make_keys(identity, n, seed=seed))
-    assert m.wait_idle(20)
 
 
 def chunks(m, tier, op, outcome="ok") -> float:

@@ -24,8 +24,7 @@ from kvtier.promotion import PROBE_AHEAD
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TransferJob
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.fs.tier import FilesystemTier
-from tests.conftest import config, fill, holds, make_keys, wait_for
-from tests.test_manager import read, settle, store
+from tests.conftest import config, fill, holds, make_keys, read, settle, store, wait_for
 
 
 class GatedTier(SecondaryTier):

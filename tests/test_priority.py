@@ -15,8 +15,7 @@ from kvtier.errors import InvalidArgumentError
 from kvtier.host import HostTier
 from kvtier.policies import make_policy
 from kvtier.policies.priority import DEFAULT_PRIORITY, PrioritizedPolicy
-from tests.conftest import config, make_keys
-from tests.test_manager import store
+from tests.conftest import config, make_keys, store
 
 KEYS = st.integers(0, 11)
 LEVELS = st.sampled_from([0, 10, DEFAULT_PRIORITY, 80, 100])

@@ -18,8 +18,7 @@ from kvtier.slo import SLOGuard, SLOGuardConfig
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.memory import MemoryTier
-from tests.conftest import config, fill, make_keys, wait_for
-from tests.test_manager import push_out, read, settle, store
+from tests.conftest import config, fill, make_keys, push_out, read, settle, store, wait_for
 
 
 def fs_factory(root):

@@ -19,7 +19,6 @@ import stat
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -27,13 +26,13 @@ from typing import Any
 
 import pytest
 
-from kvtier import RETRY, CacheIdentity, ChunkKey, TieringManager
+from kvtier import CacheIdentity, ChunkKey, TieringManager
 from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier, TransferJob
 from kvtier.tiers.registry import build_tier
 from kvtier.tiers.shared.codec import HEADER_BYTES
-from tests.conftest import collect, config, fill, holds, make_keys
+from tests.conftest import collect, config, fill, holds, make_keys, settle, store
 
 DEADLINE_S = 20.0
 
@@ -73,21 +72,8 @@ def close_unjammed(closable: Any, fifos: list[Path], what: str = "close()") -> N
     assert not hung, f"{what} did not return within {DEADLINE_S} s"
 
 
-def settle(manager: TieringManager, keys: list[ChunkKey]) -> int:
-    deadline = time.monotonic() + DEADLINE_S
-    while (ready := manager.lookup(keys)) is RETRY:
-        assert time.monotonic() < deadline, "lookup kept answering RETRY (a reader is stuck?)"
-        time.sleep(0.002)
-    assert isinstance(ready, int)
-    return ready
-
-
 def store_through(manager: TieringManager, keys: list[ChunkKey]) -> None:
-    plan = manager.prepare_store(keys)
-    assert plan is not None
-    for key, slot in zip(plan.keys, plan.slots, strict=True):
-        fill(manager.region, slot, key)
-    manager.complete_store(plan.keys)
+    store(manager, keys)
     assert manager.wait_idle(timeout=DEADLINE_S)
 
 

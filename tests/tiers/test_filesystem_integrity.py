@@ -7,19 +7,18 @@ damaged chunk (recompute from there), never serving its bytes.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from kvtier import RETRY, CacheIdentity, ChunkKey, TieringManager
+from kvtier import CacheIdentity, ChunkKey, TieringManager
 from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
-from tests.conftest import collect, config, fill, holds, make_keys
+from tests.conftest import collect, config, fill, holds, make_keys, settle, store
 
 
 def chunk_path(root: Path, identity: CacheIdentity, key: ChunkKey) -> Path:
@@ -86,21 +85,8 @@ CORRUPTIONS: dict[str, tuple[Callable[..., None], str]] = {
 }
 
 
-def settle(manager: TieringManager, keys: list[ChunkKey], timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while (ready := manager.lookup(keys)) is RETRY:
-        assert time.monotonic() < deadline, "lookup kept answering RETRY"
-        time.sleep(0.002)
-    assert isinstance(ready, int)
-    return ready
-
-
 def store_through(manager: TieringManager, keys: list[ChunkKey]) -> None:
-    plan = manager.prepare_store(keys)
-    assert plan is not None
-    for key, slot in zip(plan.keys, plan.slots, strict=True):
-        fill(manager.region, slot, key)
-    manager.complete_store(plan.keys)
+    store(manager, keys)
     assert manager.wait_idle(timeout=10)
 
 

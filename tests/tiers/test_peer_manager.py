@@ -17,8 +17,7 @@ from kvtier.config import P2PTierConfig
 from kvtier.events import EventKind
 from kvtier.region import HostRegion
 from kvtier.tiers.peer.tier import PeerTier
-from tests.conftest import config, make_keys, wait_for
-from tests.test_manager import read, settle, store
+from tests.conftest import config, make_keys, read, settle, store, wait_for
 
 
 def unused_port() -> int:
