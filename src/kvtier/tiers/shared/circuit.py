@@ -4,8 +4,9 @@ Any tier that talks to a remote service (an object store, a peer) records the ou
 request. After ``failure_threshold`` consecutive failures the circuit *opens*: callers check
 ``allow()`` and skip the service at once instead of waiting on timeouts. While it is open, a
 background thread calls ``probe`` with exponential backoff (``backoff_min_s`` doubling up to
-``backoff_max_s``); the first probe that returns without raising *closes* the circuit and calls
-``on_close``. A service that is down at start is modelled by ``trip()``: the circuit starts open.
+``backoff_max_s``); the first probe that returns without raising calls ``on_close`` and then
+*closes* the circuit. A service that is down at start is modelled by ``trip()``: the circuit
+starts open.
 
 States are small integers so they can be exported as a gauge: ``CLOSED`` (0) and ``OPEN`` (1).
 
@@ -125,9 +126,9 @@ class CircuitBreaker:
         except Exception as exc:
             log.debug("%s: probe failed: %s", self.name, exc)
             return False
+        if self._on_close is not None:  # before requests flow again: they see its effect
+            self._on_close()
         with self._lock:
             self._state, self._failures = CLOSED, 0
         log.warning("%s: circuit closed; the service answers again", self.name)
-        if self._on_close is not None:
-            self._on_close()
         return True
