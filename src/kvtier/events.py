@@ -56,11 +56,62 @@ class KVEvent(NamedTuple):
     locality: str = "local"
 
 
+class _Batch(NamedTuple):
+    """Events of one ``add``, numbered from ``seq``: made into ``KVEvent``s only when taken."""
+
+    seq: int
+    kind: EventKind
+    keys: tuple[ChunkKey, ...]
+    source: str
+    destination: str | None
+    locality: str
+
+    def events(self) -> Iterator[KVEvent]:
+        seqs = range(self.seq, self.seq + len(self.keys))
+        fields = zip(seqs, repeat(self.kind), self.keys, repeat(self.source),
+                     repeat(self.destination), repeat(self.locality))  # fmt: skip
+        return map(KVEvent._make, fields)  # the C tuple constructor: no Python frames
+
+
+class _Buffer:
+    """Batches holding at most ``max_events`` events; the oldest go first (``put`` counts them)."""
+
+    def __init__(self, max_events: int) -> None:
+        self._batches: deque[_Batch] = deque()
+        self._max, self._count = max_events, 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def put(self, batch: _Batch) -> int:
+        """Buffer ``batch``; returns how many of the oldest events were dropped for room."""
+        self._batches.append(batch)
+        self._count += len(batch.keys)
+        excess = max(0, self._count - self._max)
+        left = excess
+        while left:
+            oldest = self._batches.popleft()
+            if len(oldest.keys) > left:  # keep its newest events
+                self._batches.appendleft(oldest._replace(seq=oldest.seq + left,
+                                                         keys=oldest.keys[left:]))  # fmt: skip
+                break
+            left -= len(oldest.keys)
+        self._count -= excess
+        return excess
+
+    def take(self) -> list[KVEvent]:
+        events = [event for batch in self._batches for event in batch.events()]
+        self._batches.clear()
+        self._count = 0
+        return events
+
+
 class EventLog:
     """Numbers events and buffers up to ``max_events`` of them until ``take``.
 
     When nobody takes events, the oldest are dropped (and counted in ``dropped``) so an unread
     log never grows without bound. ``on_add(kind, n)`` hears of every ``n`` events recorded.
+    ``add`` keeps one record per call; the per-chunk ``KVEvent``s are made by ``take``.
     """
 
     def __init__(
@@ -71,8 +122,8 @@ class EventLog:
     ) -> None:
         self._on_add = on_add
         self._seq = 0
-        self._events: deque[KVEvent] = deque(maxlen=max_events)
-        self._outbox: deque[KVEvent] | None = deque(maxlen=max_events) if outbox else None
+        self._events = _Buffer(max_events)
+        self._outbox = _Buffer(max_events) if outbox else None
         self.dropped = 0
 
     def add(
@@ -88,34 +139,20 @@ class EventLog:
             return
         if self._on_add is not None:
             self._on_add(kind, len(keys))
-        overflow = len(self._events) + len(keys) - (self._events.maxlen or 0)
-        self.dropped += max(0, overflow)
-        fields = zip(
-            range(self._seq, self._seq + len(keys)),
-            repeat(kind),
-            keys,
-            repeat(source),
-            repeat(destination),
-            repeat(locality),
-        )
-        events = list(map(KVEvent._make, fields))  # the C tuple constructor: no Python frames
+        batch = _Batch(self._seq, kind, tuple(keys), source, destination, locality)
         self._seq += len(keys)
-        self._events.extend(events)
+        self.dropped += self._events.put(batch)
         if self._outbox is not None:
-            self._outbox.extend(events)
+            self._outbox.put(batch)
 
     def take(self) -> list[KVEvent]:
-        events = list(self._events)
-        self._events.clear()
-        return events
+        return self._events.take()
 
     def take_outbox(self) -> list[KVEvent]:
         """Events not yet published (independent of ``take``)."""
         if not self._outbox:
             return []
-        events = list(self._outbox)
-        self._outbox.clear()
-        return events
+        return self._outbox.take()
 
 
 def medium(tier: str) -> str:
