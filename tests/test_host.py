@@ -90,3 +90,8 @@ def test_a_release_that_fails_changes_nothing():
         host.release(["a", "a"], "reader")
     assert host.state_of("a") == 1 and host.state_of("b") == 0
     assert host.holds_of("reader") == ["a"]
+    host.hold(["a"], "reader")  # a release that fails after emptying a hold puts it back
+    with pytest.raises(HoldError):
+        host.release(["a", "a", "a"], "reader")
+    assert host.state_of("a") == 2 and host.num_held == 1
+    assert host.holds_of("reader") == ["a", "a"] and host.holds_of("stranger") == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
+from itertools import repeat
 
 from kvtier.metrics import ManagerMetrics
 
@@ -19,13 +20,11 @@ class TransferClock:
         self._started: dict[Hashable, float] = {}
 
     def start(self, keys: Sequence[Hashable]) -> None:
-        now = time.monotonic()
-        for key in keys:
-            self._started[key] = now
+        self._started.update(dict.fromkeys(keys, time.monotonic()))
 
     def stop(self, direction: str, keys: Sequence[Hashable]) -> None:
         """Count the copies of ``keys`` that were started; the time since the earliest start."""
-        starts = [t for t in (self._started.pop(k, None) for k in keys) if t is not None]
+        starts = [t for t in map(self._started.pop, keys, repeat(None)) if t is not None]
         if starts:
             seconds = time.monotonic() - min(starts)
             self._metrics.transfer(direction, len(starts) * self._chunk_bytes, seconds)

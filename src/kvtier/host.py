@@ -92,7 +92,7 @@ class HostTier:
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._held = _Held(self._entries)
         self._num_pinned = 0  # ready entries with state > 0
-        self._holds: dict[tuple[ChunkKey, Hashable], int] = {}  # (key, owner) -> holds
+        self._holds: dict[Hashable, dict[ChunkKey, int]] = {}  # owner -> key -> holds
         self._writers: dict[ChunkKey, Hashable] = {}  # key in state WRITING -> who writes it
 
     # -- queries ---------------------------------------------------------------------------
@@ -105,6 +105,11 @@ class HostTier:
     def is_ready(self, key: ChunkKey) -> bool:
         entry = self._entries.get(key)
         return entry is not None and entry[1] >= 0
+
+    def not_ready(self, keys: Iterable[ChunkKey]) -> list[ChunkKey]:
+        """The ``keys`` that are absent or being written."""
+        get = self._entries.get
+        return [key for key in keys if (entry := get(key)) is None or entry[1] < 0]
 
     def slot_of(self, key: ChunkKey) -> int:
         return self._entries[key][0]
@@ -184,48 +189,60 @@ class HostTier:
     # -- holding ---------------------------------------------------------------------------
     def hold(self, keys: Iterable[ChunkKey], owner: Hashable) -> list[int]:
         """Protect ready keys from eviction (one more hold by ``owner`` each); their slots."""
-        slots = []
-        entries, holds = self._entries, self._holds
-        for key in keys:
-            entry = entries[key]
-            assert entry[1] >= 0, "only ready chunks can be held"
-            self._num_pinned += entry[1] == 0
-            entry[1] += 1
-            hold = (key, owner)
-            holds[hold] = holds.get(hold, 0) + 1
-            slots.append(entry[0])
+        entries, held = self._entries, self._holds.setdefault(owner, {})
+        slots, pinned = [], 0
+        try:
+            for key in keys:
+                entry = entries[key]
+                state = entry[1]
+                assert state >= 0, "only ready chunks can be held"
+                pinned += state == 0
+                entry[1] = state + 1
+                held[key] = held.get(key, 0) + 1
+                slots.append(entry[0])
+        finally:
+            self._num_pinned += pinned
+            if not held:
+                del self._holds[owner]
         return slots
 
     def can_release(self, keys: Sequence[ChunkKey], owner: Hashable) -> bool:
         """Whether ``owner`` holds every key (as many times as it appears in ``keys``)."""
-        get = self._holds.get
+        get = self._holds.get(owner, {}).get
         if len(set(keys)) == len(keys):
-            return all(get((key, owner), 0) > 0 for key in keys)
-        return all(get((key, owner), 0) >= n for key, n in Counter(keys).items())
+            return all(get(key, 0) > 0 for key in keys)
+        return all(get(key, 0) >= n for key, n in Counter(keys).items())
 
     def release(self, keys: Sequence[ChunkKey], owner: Hashable) -> None:
         """Drop one hold of ``owner`` per key; ``HoldError`` (nothing changed) if it lacks one."""
-        if not self.can_release(keys, owner):
-            raise HoldError(f"release by {owner!r} of chunk(s) it does not hold")
-        entries, holds = self._entries, self._holds
+        entries, held = self._entries, self._holds.get(owner, {})
+        released = unpinned = 0
         for key in keys:
-            hold = (key, owner)
-            if holds[hold] > 1:
-                holds[hold] -= 1
+            n = held.get(key, 0)
+            if not n:
+                break
+            if n > 1:
+                held[key] = n - 1
             else:
-                del holds[hold]
+                del held[key]
             entry = entries[key]
             entry[1] -= 1
-            self._num_pinned -= entry[1] == 0
+            unpinned += entry[1] == 0
+            released += 1
+        self._num_pinned -= unpinned
+        if released < len(keys):
+            self.hold(keys[:released], owner)  # puts back exactly what this call dropped
+            raise HoldError(f"release by {owner!r} of chunk(s) it does not hold")
+        if not held:
+            self._holds.pop(owner, None)
 
     def holds_of(self, owner: Hashable) -> list[ChunkKey]:
         """Every key ``owner`` holds (once per hold), e.g. to release them all at once."""
-        return [key for (key, who), n in self._holds.items() if who == owner for _ in range(n)]
+        return [key for key, n in self._holds.get(owner, {}).items() for _ in range(n)]
 
     def touch(self, keys: Iterable[ChunkKey]) -> None:
-        for key in keys:
-            if key in self._entries:
-                self._policy.touch(key)
+        entries = self._entries
+        self._policy.touch_all([key for key in keys if key in entries])
 
     # -- priority retention ----------------------------------------------------------------
     def set_priority(self, keys: Iterable[ChunkKey], priority: int, until: float | None) -> None:

@@ -248,7 +248,7 @@ class TieringManager(Operations):
     @engine_call
     def prepare_load(self, keys: Sequence[ChunkKey]) -> list[int]:
         """Pin ready chunks for reading; returns their slots. Every key must be ready."""
-        missing = [k for k in keys if not self.host.is_ready(k)]
+        missing = self.host.not_ready(keys)
         if missing:
             raise KVTierError(f"prepare_load: {len(missing)} chunk(s) not ready in host memory")
         self._provenance.count_loaded(keys)

@@ -11,7 +11,7 @@ With every key at the default priority there is one level and ``evict`` is that 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Hashable, Iterator
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 from itertools import islice
 from typing import Generic, TypeVar
 
@@ -41,6 +41,16 @@ class PrioritizedPolicy(Generic[K]):
 
     def touch(self, key: K) -> None:
         self._levels[self._priority.get(key, DEFAULT_PRIORITY)].touch(key)
+
+    def touch_all(self, keys: Iterable[K]) -> None:
+        """``touch`` each key in turn."""
+        if self._priority:
+            for key in keys:
+                self.touch(key)
+            return
+        touch = self._levels[DEFAULT_PRIORITY].touch  # every key is at the default level
+        for key in keys:
+            touch(key)
 
     def remove(self, key: K) -> None:
         priority = self._priority.pop(key, DEFAULT_PRIORITY)
