@@ -102,8 +102,10 @@ def engine(scenario: dict[str, Any]) -> Any:
 def serve(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     from vllm import SamplingParams
 
-    tiers = request.get("load_tiers")
-    extra = {"kv_transfer_params": {"kv_load_tiers": tiers}} if tiers is not None else None
+    transfer = dict(request.get("kv_transfer_params") or {})
+    if request.get("load_tiers") is not None:
+        transfer["kv_load_tiers"] = request["load_tiers"]
+    extra = {"kv_transfer_params": transfer} if transfer else None
     params = SamplingParams(
         max_tokens=request["max_tokens"], temperature=0.0, logprobs=0, extra_args=extra
     )

@@ -117,6 +117,11 @@ def test_the_adapters_own_options_are_split_off_and_checked():
     assert own == {"locality": "remote"} and rest == {"root_dir": "/x"}
     with pytest.raises(ConfigError, match=r"^KvtierFs\.locality"):
         adapter_options({"locality": "moon"}, "KvtierFs")
+    own, _ = adapter_options({"secondary_min_priority": 50}, "KvtierFs")
+    assert own == {"secondary_min_priority": 50}
+    for bad in (101, -1, True, 50.0, "50"):
+        with pytest.raises(ConfigError, match=r"^KvtierFs\.secondary_min_priority"):
+            adapter_options({"secondary_min_priority": bad}, "KvtierFs")
 
 
 def primary_view(chunks: int, stride: int) -> tuple[np.ndarray, memoryview]:

@@ -9,6 +9,9 @@ Names (each loaded on first use, so ``import kvtier.integrations.vllm`` does not
 using one needs vLLM installed):
 
 * tiers (``tiers``): ``KvtierFs``, ``KvtierObj``, ``KvtierPeer``, ``KvtierTier``;
+* retention priority in vLLM's host memory (``cache_policy``): ``KvtierPriorityPolicy``,
+  ``KvtierPriorityARCPolicy``, given as ``eviction_policy`` with ``cache_policy_module_path``;
+  requests ask for it in ``kv_transfer_params["kvtier_retention"]`` (``retention``);
 * specs for the CPU platform (``specs``): ``CPUTieringOffloadingSpec``,
   ``CPUHostOffloadingSpec``; the worker they use (``worker``): ``CPUHostWorker``;
 * vLLM-free helpers: ``identity_from_config`` and ``KeyMap`` (``identity``), ``PrimaryRegion``
@@ -32,6 +35,8 @@ _LAZY = {
     "CPUTieringOffloadingSpec": "specs",
     "CPUHostOffloadingSpec": "specs",
     "CPUHostWorker": "worker",
+    "KvtierPriorityPolicy": "cache_policy",
+    "KvtierPriorityARCPolicy": "cache_policy",
 }
 
 __all__ = ["KeyMap", "PrimaryRegion", "identity_from_config", *_LAZY]

@@ -23,7 +23,7 @@ from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.region import PrimaryRegion
 
 #: Keys of the entry the adapter reads itself (not passed to the kvtier tier).
-ADAPTER_OPTIONS = ("locality", "enable_kv_events", "revision")
+ADAPTER_OPTIONS = ("locality", "enable_kv_events", "revision", "secondary_min_priority")
 
 
 def tier_config(kind: str | None, options: Mapping[str, Any], path: str) -> TierConfig:
@@ -50,6 +50,9 @@ def adapter_options(options: Mapping[str, Any], path: str) -> tuple[dict[str, An
         raise ConfigError(f"{path}.enable_kv_events: expected true or false")
     if not isinstance(own.get("revision", ""), str):
         raise ConfigError(f"{path}.revision: expected a string")
+    floor = own.get("secondary_min_priority", 0)
+    if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor <= 100:
+        raise ConfigError(f"{path}.secondary_min_priority: expected an integer from 0 to 100")
     return own, rest
 
 

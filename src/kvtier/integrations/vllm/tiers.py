@@ -16,6 +16,11 @@ How the contract of vLLM's ``SecondaryTierManager`` is met:
   loaded some keys reports them in ``successful_keys``; ``drain_jobs`` blocks until nothing is
   in flight;
 * keys: ``KeyMap`` (``identity``); the identity comes from ``offloading_spec.config``;
+* ``secondary_min_priority: P`` (0-100, default 0): a store skips the chunks whose retention
+  priority in the storing request (``kvtier_retention``, see ``retention``; 35 when it gives
+  none) is below ``P``, counted in ``priority_skipped_chunks``. vLLM's results have no
+  "skipped" outcome, so they are reported stored, with no bytes: vLLM keeps no record of what a
+  secondary tier holds, and a later lookup of a skipped chunk is a miss;
 * the backpressure detector is handed to vLLM's base class, where vLLM's manager consults it
   before each store and feeds it each store's time and bytes (as for vLLM's own fs tier);
 * ``get_stats`` reports the tier's counters (``metrics``); ``take_events`` reports chunks the
@@ -46,8 +51,10 @@ from kvtier.integrations.vllm.identity import REVERSE_CAPACITY, KeyMap, identity
 from kvtier.integrations.vllm.metrics import CounterBridge, definitions, tier_label
 from kvtier.integrations.vllm.options import adapter_options, fit_to_region, tier_config
 from kvtier.integrations.vllm.region import PrimaryRegion
+from kvtier.integrations.vllm.retention import invalid_requests, retention_by_key
 from kvtier.keys import ChunkKey
 from kvtier.logs import ThrottledLog
+from kvtier.policies.priority import DEFAULT_PRIORITY
 from kvtier.tiers import base as kv
 from kvtier.tiers.registry import build_tier
 
@@ -115,6 +122,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._jobs: dict[int, _Job] = {}
         self._ready: list[kv.JobResult] = []
         self._own_counts: dict[str, int] = {}
+        self._min_priority = int(own.get("secondary_min_priority", 0))
         self._closed = False
 
     # -- lookups ---------------------------------------------------------------------------
@@ -140,12 +148,19 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._submit(job_metadata, promotion=True)
 
     def _submit(self, job_metadata: Any, promotion: bool) -> None:
-        offload_keys = tuple(bytes(k) for k in job_metadata.keys)
+        pairs = zip(job_metadata.keys, job_metadata.chunk_ids, strict=True)
+        rows = [(bytes(k), int(c)) for k, c in pairs]
+        if not promotion and self._min_priority:
+            rows = self._admitted(rows, job_metadata.req_context)
+        offload_keys = tuple(k for k, _ in rows)
         chunk_keys = tuple(self._keys.chunk_keys(offload_keys))
-        slots = tuple(int(c) for c in job_metadata.chunk_ids)
+        slots = tuple(c for _, c in rows)
         job_id = int(job_metadata.job_id)
         self._jobs[job_id] = _Job(offload_keys, chunk_keys, promotion, job_metadata.submit_time)
         op: kv.Op = "load" if promotion else "store"
+        if not rows:  # every chunk skipped: stored nowhere, nothing to wait for
+            self._ready.append(kv.JobResult(job_id, op, frozenset(), frozenset(), None))
+            return
         try:
             job = kv.TransferJob(job_id, chunk_keys, slots)
             (self._tier.submit_load if promotion else self._tier.submit_store)(job)
@@ -155,6 +170,18 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._ready.append(
                 kv.JobResult(job_id, op, frozenset(), frozenset(chunk_keys), str(exc))
             )
+
+    def _admitted(self, rows: list[tuple[bytes, int]], req_context: Any) -> list[tuple[bytes, int]]:
+        """The rows whose priority in the storing request reaches ``secondary_min_priority``."""
+        retention_of = retention_by_key(req_context)
+
+        def priority(key: bytes) -> int:
+            retention = retention_of(key) if retention_of is not None else None
+            return retention.priority if retention is not None else DEFAULT_PRIORITY
+
+        kept = [row for row in rows if priority(row[0]) >= self._min_priority]
+        self._count("priority_skipped_chunks", len(rows) - len(kept))
+        return kept
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         """vLLM results of every job the tier finished since the last call (each once)."""
@@ -239,7 +266,11 @@ class KvtierSecondaryTier(SecondaryTierManager):
             tier_counts = dict(self._tier.stats())
         except Exception:
             tier_counts = {}
-        return {**tier_counts, **self._own_counts}
+        return {
+            **tier_counts,
+            **self._own_counts,
+            "retention_invalid_requests": invalid_requests.value,
+        }
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:

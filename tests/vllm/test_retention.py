@@ -1,0 +1,267 @@
+"""Retention priority under vLLM, the vLLM-free parts: parsing ``kvtier_retention`` and the
+``PriorityCache`` behind ``KvtierPriorityPolicy`` (checked against a reference model)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.errors import InvalidArgumentError
+from kvtier.integrations.vllm.priority_cache import PriorityCache
+from kvtier.integrations.vllm.retention import (
+    RETENTION_KEY,
+    Retention,
+    invalid_requests,
+    parse_retention,
+    request_retention,
+    retention_by_key,
+)
+from kvtier.policies.priority import DEFAULT_PRIORITY
+
+
+class Context:
+    """The parts of vLLM's ``ReqContext`` the adapter reads (the real one in the engine tests)."""
+
+    def __init__(self, params: Any, positions: dict[bytes, int] | None = None) -> None:
+        self.req_id, self.kv_transfer_params = "r1", params
+        self._state: dict[type, Any] = {}
+        self._positions = positions or {}
+
+    def get_state(self, cls: type) -> Any:
+        return self._state.get(cls)
+
+    def set_state(self, value: Any) -> None:
+        self._state[type(value)] = value
+
+    def get_offload_key_position(self, key: bytes) -> int | None:
+        return self._positions.get(key)
+
+
+def given_(entry: Any) -> dict[str, Any]:
+    return {RETENTION_KEY: entry}
+
+
+# -- parsing --------------------------------------------------------------------------------
+def test_absent_retention_is_none_and_a_full_entry_parses():
+    assert parse_retention(None) is None
+    assert parse_retention({"kv_load_tiers": []}) is None
+    asked = parse_retention(
+        given_({"priority": 80, "duration_s": 60, "ranges": [{"end": 256, "priority": 95}]})
+    )
+    assert asked is not None
+    assert asked.default == Retention(80, 60.0)
+    assert asked.at(128) == asked.at(256) == Retention(95, None)
+    assert asked.at(384) == asked.at(None) == Retention(80, 60.0)
+
+
+def test_a_range_covers_the_chunks_whose_last_token_lies_in_it():
+    asked = parse_retention(given_({"ranges": [{"start": 128, "end": 384, "priority": 0}]}))
+    assert asked is not None and asked.default is None
+    assert [asked.at(end) for end in (128, 256, 384, 512)] == [
+        None, Retention(0), Retention(0), None,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("entry", "names"),
+    [
+        (80, RETENTION_KEY),
+        ({"priority": 101}, "priority"),
+        ({"priority": -1}, "priority"),
+        ({"priority": True}, "priority"),
+        ({"priority": 50.0}, "priority"),
+        ({"priority": 50, "duration_s": math.nan}, "duration_s"),
+        ({"priority": 50, "duration_s": math.inf}, "duration_s"),
+        ({"priority": 50, "duration_s": 0}, "duration_s"),
+        ({"duration_s": 10}, "duration_s"),
+        ({"priority": 50, "retain": 1}, "retain"),
+        ({"ranges": {"end": 5}}, "ranges"),
+        ({"ranges": [{"priority": 5}]}, "end"),
+        ({"ranges": [{"start": 9, "end": 9, "priority": 5}]}, "end"),
+        ({"ranges": [{"start": -1, "end": 9, "priority": 5}]}, "start"),
+        ({"ranges": [{"end": 9}]}, "priority"),
+    ],
+)
+def test_a_malformed_entry_is_refused_naming_the_key(entry, names):
+    with pytest.raises(InvalidArgumentError, match=names):
+        parse_retention(given_(entry))
+
+
+def test_a_request_with_a_malformed_entry_is_served_without_retention_and_counted():
+    before = invalid_requests.value
+    context = Context(given_({"priority": 500}))
+    assert request_retention(context) is None and retention_by_key(context) is None
+    assert request_retention(context) is None  # parsed (and counted) once per request
+    assert invalid_requests.value == before + 1
+
+
+def test_per_key_retention_uses_vllms_recorded_positions():
+    context = Context(
+        given_({"priority": 60, "ranges": [{"end": 128, "priority": 90}]}),
+        {b"head": 128, b"tail": 256},
+    )
+    retention_of = retention_by_key(context)
+    assert retention_of is not None
+    assert retention_of(b"head") == Retention(90) and retention_of(b"tail") == Retention(60)
+    assert retention_of(b"unknown") == Retention(60)
+
+
+# -- the cache behind KvtierPriorityPolicy --------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def filled(keys: list[bytes], priority: int | None = None) -> PriorityCache[str]:
+    cache: PriorityCache[str] = PriorityCache(16, "lru", Clock())
+    for key in keys:
+        cache.note_new([key], None if priority is None else (lambda k: Retention(priority)))
+        cache.insert(key, f"chunk-{key.decode()}", evictable=True)
+    return cache
+
+
+def test_without_priorities_it_is_lru_with_the_head_of_a_use_most_recent():
+    cache = filled([b"a", b"b", b"c", b"d"])
+    cache.use([b"a", b"b"], None)  # a prefix: b touched first, a last
+    assert cache.evict(2, set()) == [(b"c", "chunk-c"), (b"d", "chunk-d")]
+    assert cache.evict(1, set()) == [(b"b", "chunk-b")]
+
+
+def test_lower_priorities_go_first_and_pinned_or_protected_chunks_never():
+    cache = filled([b"hi"], priority=90)
+    for key in (b"x", b"y", b"z"):
+        cache.note_new([key], lambda k: Retention(10))
+        cache.insert(key, "c", evictable=key != b"y")  # y: its store is still in flight
+    assert [k for k, _ in cache.evict(1, {b"x"}) or []] == [b"z"]
+    assert cache.evict(3, set()) is None  # only x and hi are evictable: nothing changes
+    assert [k for k, _ in cache.evict(2, set()) or []] == [b"x", b"hi"]
+    cache.mark(b"y", evictable=True)
+    assert [k for k, _ in cache.evict(1, set()) or []] == [b"y"]
+
+
+def test_an_expired_priority_drops_to_the_default_as_the_least_recently_used():
+    clock = Clock()
+    cache: PriorityCache[str] = PriorityCache(16, "lru", clock)
+    cache.note_new([b"long"], lambda k: Retention(90, duration_s=10))
+    cache.insert(b"long", "c", evictable=True)
+    for key in (b"p", b"q"):
+        cache.insert(key, "c", evictable=True)
+    assert [k for k, _ in cache.evict(1, set()) or []] == [b"p"]
+    clock.now = 11
+    assert cache.priority_of(b"long") == 90  # expiry is applied when an eviction needs it
+    assert [k for k, _ in cache.evict(1, set()) or []] == [b"long"]
+
+
+def test_a_use_with_retention_raises_and_one_without_keeps_the_priority():
+    cache = filled([b"a", b"b"])
+    cache.use([b"a"], lambda k: Retention(70))
+    cache.use([b"a"], None)
+    assert cache.priority_of(b"a") == 70 and cache.priority_of(b"b") == DEFAULT_PRIORITY
+    assert [k for k, _ in cache.evict(1, set()) or []] == [b"b"]
+
+
+def test_arc_within_a_priority_and_fresh_chunks_not_counted_as_a_second_use():
+    cache: PriorityCache[str] = PriorityCache(4, "arc", Clock())
+    for key in (b"a", b"b"):
+        cache.insert(key, "c", evictable=True)
+    cache.use([b"a", b"b"], None, fresh={b"a", b"b"})  # their own insertion: still once-used
+    cache.use([b"b"], None)  # b reused: frequent
+    cache.use([b"a"], lambda k: Retention(90), fresh={b"a"})
+    assert [k for k, _ in cache.evict(1, set()) or []] == [b"b"]  # priority beats frequency
+
+
+def test_pending_retentions_do_not_outlive_the_store_they_came_with():
+    cache = filled([])
+    cache.note_new([b"lost"], lambda k: Retention(90))  # that store's allocation failed
+    cache.note_new([b"other"], None)
+    cache.insert(b"lost", "c", evictable=True)
+    assert cache.priority_of(b"lost") == DEFAULT_PRIORITY
+
+
+def test_clear_forgets_everything():
+    cache = filled([b"a"], priority=90)
+    cache.clear()
+    assert cache.chunks == {} and cache.evict(1, set()) is None
+
+
+# -- against a reference model --------------------------------------------------------------
+KEYS = st.sampled_from([bytes([i]) for i in range(8)])
+LEVEL = st.one_of(st.none(), st.sampled_from([0, DEFAULT_PRIORITY, 60, 100]))
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), KEYS, LEVEL, st.booleans()),
+        st.tuples(st.just("use"), st.lists(KEYS, max_size=4, unique=True), LEVEL),
+        st.tuples(st.just("mark"), KEYS, st.booleans()),
+        st.tuples(st.just("remove"), KEYS),
+        st.tuples(st.just("evict"), st.integers(0, 4), st.frozensets(KEYS, max_size=3)),
+    ),
+    max_size=50,
+)
+
+
+class Reference:
+    """Resident keys by (priority, last use); eviction takes evictable, unprotected ones."""
+
+    def __init__(self) -> None:
+        self.priority: dict[bytes, int] = {}
+        self.used: dict[bytes, int] = {}
+        self.evictable: set[bytes] = set()
+        self.tick = 0
+
+    def stamp(self, key: bytes) -> None:
+        self.tick += 1
+        self.used[key] = self.tick
+
+    def evict(self, n: int, protected: frozenset[bytes]) -> list[bytes] | None:
+        free = [k for k in self.priority if k in self.evictable and k not in protected]
+        if len(free) < n:
+            return None
+        victims = sorted(free, key=lambda k: (self.priority[k], self.used[k]))[:n]
+        for key in victims:
+            del self.priority[key], self.used[key]
+            self.evictable.discard(key)
+        return victims
+
+
+def apply(cache: PriorityCache[str], ref: Reference, op: tuple[Any, ...]) -> None:
+    name, *args = op
+    if name == "insert" and args[0] not in ref.priority:
+        key, level, evictable = args
+        cache.note_new([key], None if level is None else (lambda k: Retention(level)))
+        cache.insert(key, "c", evictable)
+        ref.priority[key] = DEFAULT_PRIORITY if level is None else level
+        ref.stamp(key)
+        (ref.evictable.add if evictable else ref.evictable.discard)(key)
+    elif name == "use":
+        keys, level = args
+        cache.use(keys, None if level is None else (lambda k: Retention(level)))
+        for key in reversed([k for k in keys if k in ref.priority]):
+            ref.priority[key] = ref.priority[key] if level is None else level
+            ref.stamp(key)
+    elif name == "mark" and args[0] in ref.priority:
+        cache.mark(args[0], args[1])
+        (ref.evictable.add if args[1] else ref.evictable.discard)(args[0])
+    elif name == "remove" and args[0] in ref.priority:
+        cache.remove(args[0])
+        del ref.priority[args[0]], ref.used[args[0]]
+        ref.evictable.discard(args[0])
+    elif name == "evict":
+        got = cache.evict(args[0], set(args[1]))
+        assert (None if got is None else [k for k, _ in got]) == ref.evict(*args)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_the_cache_evicts_as_the_reference_model(ops):
+    cache: PriorityCache[str] = PriorityCache(8, "lru", Clock())
+    ref = Reference()
+    for op in ops:
+        apply(cache, ref, op)
+    assert set(cache.chunks) == set(ref.priority)
