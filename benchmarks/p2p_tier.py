@@ -1,18 +1,22 @@
 """p2p tier fetch throughput between two processes on loopback, next to raw pyzmq. Prints JSON.
 
-For chunks of 2 MiB and 8 MiB, a serving process holds ``--total-mib`` of chunks in its host tier
-and this process loads all of them:
+For chunks of 2 MiB and 8 MiB, with CURVE off and on, a serving process holds ``--total-mib`` of
+chunks in its host tier and this process loads all of them:
 
 * raw: a ROUTER process answers one request per batch with the same frames the tier sends (a
   4096-byte header and the payload, ``copy=False`` out of one preallocated buffer), batches as
   big as the tier's and as many in flight; the DEALER here receives them ``copy=False`` and does
-  nothing else (no verification, no copy into a slot);
-* tier: a ``PeerTier`` loads every chunk from a ``TieringManager`` with ``serve``: the full path
-  (lookup answers, slot holds, header + xxh3-128 checksum on the server, verification and one
-  copy into the host slot here).
+  nothing else (no verification, no copy into a slot). With CURVE, both ends encrypt, as the
+  tier's do;
+* tier: a ``PeerTier`` loads every chunk from a ``TieringManager`` with ``serve`` (answered by
+  the manager's own driver thread, as on an idle prefill node): the full path (lookup answers,
+  slot holds, header + xxh3-128 checksum on the server, verification and one copy into the host
+  slot here).
 
-Each figure is the best of ``--repeats`` rounds, the two sides interleaved, after one untimed
-warm-up round; throughput is payload bytes per second (GB = 1e9).
+Each row runs ``--repeats`` rounds after one untimed warm-up round, raw and tier interleaved in
+every round; it reports the median and the best round of each side, and their ratios.
+Throughput is payload bytes per second (GB = 1e9). ``load`` is the 1-minute load average at
+start and end: on a shared machine, compare only ratios, never absolute figures across runs.
 """
 
 from __future__ import annotations
@@ -20,10 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
+import shutil
 import socket
+import statistics
+import tempfile
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,10 +44,12 @@ from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.peer.link import MAX_IN_FLIGHT
-from kvtier.tiers.peer.tier import FETCH_BATCH_BYTES, PeerTier
+from kvtier.tiers.peer.tier import PeerTier, fetch_batch
+from kvtier.tiers.peer.transport import read_key, write_keypair
 from kvtier.tiers.shared.codec import HEADER_BYTES
 
 BLOCKS_PER_CHUNK = {2 << 20: 4, 8 << 20: 16}
+Keys = dict[str, str]  # CURVE key file paths by role; empty: CURVE off
 
 
 def identity_for(chunk_bytes: int) -> CacheIdentity:
@@ -58,12 +69,24 @@ def free_port() -> int:
         return port
 
 
+def make_keys(folder: Path) -> Keys:
+    """A server and a client key pair, the client allowed in (``kvtier peer keygen``'s layout)."""
+    server_public, server_secret = write_keypair(folder, "server")
+    client_public, client_secret = write_keypair(folder, "client")
+    (folder / "clients").mkdir()
+    shutil.copy(client_public, folder / "clients" / "client.public")
+    return {"server_secret": str(server_secret), "server_public": str(server_public),
+            "client_secret": str(client_secret), "clients": str(folder / "clients")}  # fmt: skip
+
+
 # -- serving processes ------------------------------------------------------------------------
-def serve_tier(chunk_bytes: int, n: int, port: int, conn: Connection) -> None:
-    identity = identity_for(chunk_bytes)
-    config = TieringConfig.from_dict({"cpu_bytes_to_use": (n + 1) * chunk_bytes,
-                                      "serve": {"port": port}})  # fmt: skip
-    with TieringManager(config, identity) as manager:
+def serve_tier(chunk_bytes: int, n: int, port: int, keys: Keys, conn: Connection) -> None:
+    serve: dict[str, Any] = {"port": port}
+    if keys:
+        serve |= {"curve_secret_key_file": keys["server_secret"],
+                  "curve_client_keys_dir": keys["clients"]}  # fmt: skip
+    config = TieringConfig.from_dict({"cpu_bytes_to_use": (n + 1) * chunk_bytes, "serve": serve})
+    with TieringManager(config, identity_for(chunk_bytes)) as manager:
         plan = manager.prepare_store(keys_for(n))
         assert plan is not None
         payload = np.random.default_rng(0).integers(0, 256, chunk_bytes, dtype=np.uint8)
@@ -71,16 +94,15 @@ def serve_tier(chunk_bytes: int, n: int, port: int, conn: Connection) -> None:
             manager.region.numpy(slot)[:] = payload
         manager.complete_store(plan.keys)
         conn.send("ready")
-        server = manager.peer_server
-        assert server is not None
-        while not conn.poll():
-            server.wait_for_work(0.05)
-            manager.poll()
+        conn.recv()  # the manager's driver thread serves meanwhile
 
 
-def serve_raw(chunk_bytes: int, port: int, conn: Connection) -> None:
+def serve_raw(chunk_bytes: int, port: int, keys: Keys, conn: Connection) -> None:
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
+    if keys:
+        router.curve_server = True
+        router.curve_secretkey = read_key(keys["server_secret"], "server secret")
     router.bind(f"tcp://127.0.0.1:{port}")
     header, payload = bytes(HEADER_BYTES), np.ones(chunk_bytes, dtype=np.uint8)
     conn.send("ready")
@@ -88,15 +110,14 @@ def serve_raw(chunk_bytes: int, port: int, conn: Connection) -> None:
         if not router.poll(50):
             continue
         peer, request = router.recv_multipart()
-        count = int(request)
-        frames = [b"meta"] + [header, memoryview(payload)] * count
+        frames = [b"meta"] + [header, memoryview(payload)] * int(request)
         router.send_multipart([peer, *frames], copy=False)
     context.destroy(linger=0)
 
 
 # -- clients ----------------------------------------------------------------------------------
 def raw_round(dealer: zmq.Socket[bytes], chunk_bytes: int, n: int) -> float:
-    per_request = max(1, FETCH_BATCH_BYTES // chunk_bytes)
+    per_request = fetch_batch(chunk_bytes)
     requests = [min(per_request, n - i) for i in range(0, n, per_request)]
     start, sent, received = time.perf_counter(), 0, 0
     while received < len(requests):
@@ -116,27 +137,50 @@ def tier_round(tier: PeerTier, n: int, job_id: int) -> float:
         time.sleep(0.002)  # an engine polls once per scheduler step, not in a hot loop
     seconds = time.perf_counter() - start
     assert results[0].ok, results[0].error
+    assert len(results[0].succeeded) == n
     return seconds
 
 
-def measure(chunk_bytes: int, total_mib: int, repeats: int) -> dict[str, Any]:
-    n = max(1, (total_mib << 20) // chunk_bytes)
+def raw_dealer(context: zmq.Context[Any], port: int, keys: Keys) -> zmq.Socket[bytes]:
+    dealer = context.socket(zmq.DEALER)
+    if keys:
+        secret = read_key(keys["client_secret"], "client secret")
+        dealer.curve_secretkey, dealer.curve_publickey = secret, zmq.curve_public(secret)
+        dealer.curve_serverkey = read_key(keys["server_public"], "server public")
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    return dealer
+
+
+def peer_tier(chunk_bytes: int, n: int, port: int, keys: Keys) -> PeerTier:
+    curve = {}
+    if keys:
+        curve = {"curve_secret_key_file": keys["client_secret"],
+                 "curve_server_key_file": keys["server_public"]}  # fmt: skip
+    config = P2PTierConfig(host="127.0.0.1", port=port, timeout_s=10.0, **curve)
+    return PeerTier(config, HostRegion(n, chunk_bytes, pin=False), identity_for(chunk_bytes))
+
+
+def start_servers(chunk_bytes: int, n: int, keys: Keys) -> tuple[list[Any], int, int]:
     ctx = mp.get_context("spawn")
     tier_port, raw_port = free_port(), free_port()
-    pipes = [ctx.Pipe() for _ in range(2)]
-    procs = [
-        ctx.Process(target=serve_tier, args=(chunk_bytes, n, tier_port, pipes[0][1])),
-        ctx.Process(target=serve_raw, args=(chunk_bytes, raw_port, pipes[1][1])),
-    ]
-    for proc, (here, _) in zip(procs, pipes, strict=True):
+    servers = []
+    for target, args in (
+        (serve_tier, (chunk_bytes, n, tier_port)),
+        (serve_raw, (chunk_bytes, raw_port)),
+    ):
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=target, args=(*args, keys, there))
         proc.start()
         assert here.recv() == "ready"
-    region = HostRegion(n, chunk_bytes, pin=False)
-    tier = PeerTier(P2PTierConfig(host="127.0.0.1", port=tier_port, timeout_s=10.0),
-                    region, identity_for(chunk_bytes))  # fmt: skip
-    context = zmq.Context()
-    dealer = context.socket(zmq.DEALER)
-    dealer.connect(f"tcp://127.0.0.1:{raw_port}")
+        servers.append((proc, here))
+    return servers, tier_port, raw_port
+
+
+def measure(chunk_bytes: int, total_mib: int, repeats: int, keys: Keys) -> dict[str, Any]:
+    n = max(1, (total_mib << 20) // chunk_bytes)
+    servers, tier_port, raw_port = start_servers(chunk_bytes, n, keys)
+    tier, context = peer_tier(chunk_bytes, n, tier_port, keys), zmq.Context()
+    dealer = raw_dealer(context, raw_port, keys)
     raw_s, tier_s = [], []
     try:
         for round_ in range(repeats + 1):
@@ -145,23 +189,37 @@ def measure(chunk_bytes: int, total_mib: int, repeats: int) -> dict[str, Any]:
     finally:
         tier.close()
         context.destroy(linger=0)
-        for proc, (here, _) in zip(procs, pipes, strict=True):
+        for proc, here in servers:
             here.send("stop")
             proc.join()
-    payload = n * chunk_bytes
-    raw_gbps, tier_gbps = payload / min(raw_s[1:]) / 1e9, payload / min(tier_s[1:]) / 1e9
-    return {"chunk_mib": chunk_bytes >> 20, "chunks": n, "raw_gbps": round(raw_gbps, 3),
-            "tier_gbps": round(tier_gbps, 3), "ratio": round(tier_gbps / raw_gbps, 3)}  # fmt: skip
+    row = {"chunk_mib": chunk_bytes >> 20, "curve": bool(keys), "chunks": n}
+    return row | summary(n * chunk_bytes, raw_s[1:], tier_s[1:])
+
+
+def summary(payload: int, raw_s: list[float], tier_s: list[float]) -> dict[str, float]:
+    raw, tier = payload / statistics.median(raw_s) / 1e9, payload / statistics.median(tier_s) / 1e9
+    raw_best, tier_best = payload / min(raw_s) / 1e9, payload / min(tier_s) / 1e9
+    return {"raw_gbps": round(raw, 3), "tier_gbps": round(tier, 3), "ratio": round(tier / raw, 3),
+            "raw_best_gbps": round(raw_best, 3), "tier_best_gbps": round(tier_best, 3),
+            "ratio_best": round(tier_best / raw_best, 3)}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--total-mib", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--curve", choices=("off", "on", "both"), default="both")
     args = parser.parse_args()
-    rows = [measure(size, args.total_mib, args.repeats) for size in sorted(BLOCKS_PER_CHUNK)]
+    load_start, rows = os.getloadavg()[0], []
+    with tempfile.TemporaryDirectory() as folder:
+        keys = make_keys(Path(folder))
+        for curve in {"off": [False], "on": [True], "both": [False, True]}[args.curve]:
+            for size in sorted(BLOCKS_PER_CHUNK):
+                rows.append(measure(size, args.total_mib, args.repeats, keys if curve else {}))
+    load = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     print(json.dumps({"benchmark": "p2p_tier", "machine": platform.machine(),
-                      "zmq": zmq.zmq_version(), "rows": rows}, indent=1))  # fmt: skip
+                      "cpus": os.cpu_count(), "zmq": zmq.zmq_version(), "load": load,
+                      "rows": rows}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

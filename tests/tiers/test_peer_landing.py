@@ -62,18 +62,19 @@ def chunk_frames(identity: CacheIdentity, key: ChunkKey, payload: bytes) -> list
 
 @pytest.fixture
 def fetch(identity: CacheIdentity) -> Iterator[Callable[[Answer], Fetched]]:
-    """Load one chunk into slot 0 (filled with 7s) from a peer that answers with ``answer``."""
+    """Load ``n`` chunks (1) into slots 0.. (slot 0 filled with 7s) from a peer that answers with
+    ``answer``."""
     closers: list[Callable[[], None]] = []
 
-    def run(answer: Answer) -> Fetched:
+    def run(answer: Answer, n: int = 1) -> Fetched:
         peer = ScriptedPeer(answer)
         region = HostRegion(4, identity.layout.chunk_bytes)
         region.numpy(0)[:] = 7
         config = P2PTierConfig(host="127.0.0.1", port=peer.port, timeout_s=0.5)
         tier = PeerTier(config, region, identity)
         closers.extend([peer.close, tier.close])
-        keys = make_keys(identity, 1)
-        tier.submit_load(TransferJob(1, tuple(keys), (0,)))
+        keys = make_keys(identity, n)
+        tier.submit_load(TransferJob(1, tuple(keys), tuple(range(n))))
         return collect(tier, [1])[1], tier.stats(), region.numpy(0)
 
     yield run
@@ -105,6 +106,23 @@ def test_a_payload_that_lands_corrupted_is_an_integrity_failure(fetch, identity)
     result, stats, _ = fetch(answer)
     assert not result.succeeded and result.integrity_failed == result.failed
     assert stats["integrity.checksum"] == 1
+
+
+def test_each_landed_payload_is_verified_against_its_own_checksum(fetch, identity):
+    """Three chunks land, the middle one corrupted and the last not found: only it fails."""
+
+    def answer(req_id: int, keys: list[ChunkKey]) -> list[bytes]:
+        payloads = [bytearray(chunk_pattern(k, identity.layout.chunk_bytes)) for k in keys[:2]]
+        payloads[1][-1] ^= 1
+        chunks = [f for k, p in zip(keys, payloads) for f in chunk_frames(identity, k, bytes(p))]
+        return [proto.encode(proto.FETCH, req_id, [True, True, False]), *chunks]
+
+    result, stats, slot = fetch(answer, 3)
+    keys = make_keys(identity, 3)
+    assert result.succeeded == {keys[0]} and result.integrity_failed == {keys[1]}
+    assert result.failed == {keys[1], keys[2]}
+    assert stats["integrity.checksum"] == 1 and stats["fetched_chunks"] == 1
+    assert slot.tobytes() == chunk_pattern(keys[0], len(slot))
 
 
 def test_a_reply_to_no_request_in_flight_never_lands(fetch, identity):

@@ -9,8 +9,10 @@ lost our session (it restarted): the link shakes hands again.
 
 A FETCH request may name a ``landing`` buffer per key (its host slot): the payload frames of
 its reply are then received straight into them (``transport.Place``), but only while the request
-is in flight here, so a late reply never writes into a slot that was given back. Landed bytes
-are not verified yet; the caller verifies them before it reports success.
+is in flight here, so a late reply never writes into a slot that was given back. Each landed
+payload is checksummed (xxh3-128) as soon as it has landed, while its bytes are still in the CPU
+cache, and the request's ``checksums`` map that payload's buffer to its checksum; landed bytes
+are not verified yet: the caller verifies them (header and checksum) before it reports success.
 
 Each request finishes exactly once, through ``on_done(link, request, reply)`` with the peer's
 validated reply, or ``None`` when it failed. ``on_down(link)`` is called when the link goes down.
@@ -33,6 +35,7 @@ from typing import Any
 
 from kvtier.tiers.peer import protocol as proto
 from kvtier.tiers.peer.transport import Buffer, Channel, Transport
+from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.circuit import Backoff
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,8 @@ class PeerRequest:
     context: Any = None
     frames: list[Buffer] = field(default_factory=list)  # STORE: header and payload per key
     landing: list[memoryview] = field(default_factory=list)  # FETCH: where each payload lands
+    #: FETCH: id of a landed payload frame of the reply -> (that frame, its checksum)
+    checksums: dict[int, tuple[memoryview, bytes]] = field(default_factory=dict)
     req_id: int = 0
     deadline: float = 0.0
 
@@ -89,6 +94,8 @@ class PeerLink:
         self._queued: deque[PeerRequest] = deque()
         self._backoff, self._retry_at = Backoff(MIN_BACKOFF_S, MAX_BACKOFF_S), 0.0
         self._landing: list[memoryview] = []  # of the reply being received
+        self._landed_at = 0  # frame index of that reply's last payload received into _landing
+        self._checksums: dict[int, tuple[memoryview, bytes]] = {}  # of that reply's payloads
         self._open(State.CONNECTING)
 
     # -- requests ----------------------------------------------------------------------------
@@ -121,7 +128,12 @@ class PeerLink:
     # -- replies -----------------------------------------------------------------------------
     def receive(self) -> None:
         """Handle every reply that has arrived."""
-        while self._channel is not None and (frames := self._channel.recv(self._place)) is not None:
+        while self._channel is not None:
+            self._landed_at, self._checksums = 0, {}
+            frames = self._channel.recv(self._place)
+            if frames is None:
+                return
+            self._checksum_landed(frames, len(frames))
             try:
                 reply = proto.decode_reply(frames, self._chunk_bytes)
             except proto.ProtocolError as exc:
@@ -139,10 +151,18 @@ class PeerLink:
         """Frame ``index`` of a reply: a payload of an in-flight FETCH lands in its buffer."""
         if index == 1:
             self._landing = self._landing_for(frames[0])
+        self._checksum_landed(frames, index)
         found = index // 2 - 1  # frames: meta, then header and payload per found key
         if index % 2 or found >= len(self._landing):
             return None
+        self._landed_at = index
         return self._landing[found]
+
+    def _checksum_landed(self, frames: Sequence[memoryview], received: int) -> None:
+        """Checksum frame ``received - 1`` if it landed: its bytes are still in the CPU cache."""
+        if self._landed_at and self._landed_at == received - 1:
+            payload = frames[self._landed_at]
+            self._checksums[id(payload)] = (payload, codec.checksum(payload))
 
     def _landing_for(self, meta: memoryview) -> list[memoryview]:
         fetched = proto.fetch_flags(meta)
@@ -187,6 +207,7 @@ class PeerLink:
             self._counters["mismatched_replies"] += 1
             self._on_done(self, request, None)
         else:
+            request.checksums = self._checksums
             self._on_done(self, request, reply)
         self._flush()
 

@@ -265,7 +265,7 @@ class PeerTier(SecondaryTier):
         per_link: dict[str, list[tuple[ChunkKey, int]]] = {}
         for key, slot in zip(job.keys, job.slots, strict=True):
             per_link.setdefault(self._source_of(key), []).append((key, slot))
-        batch = max(1, min(proto.MAX_KEYS, FETCH_BATCH_BYTES // self._region.slot_bytes))
+        batch = fetch_batch(self._region.slot_bytes)
         requests = [(a, part) for a, pairs in per_link.items() for part in _batches(pairs, batch)]
         self._start_job(_Job(job, "load", len(requests)))
         for address, part in requests:
@@ -323,20 +323,24 @@ class PeerTier(SecondaryTier):
             return
         job = self._jobs[request.context[0]]
         if reply is not None and request.kind == proto.FETCH:
-            self._receive_chunks(job, request.context[1], reply)
+            self._receive_chunks(job, request, reply)
         elif reply is not None and all(reply.flags):
             job.succeeded.update(request.keys)
         job.remaining -= 1
         self._maybe_finish(job)
 
-    def _receive_chunks(self, job: _Job, pairs: list[tuple[ChunkKey, int]], reply: Any) -> None:
+    def _receive_chunks(self, job: _Job, request: PeerRequest, reply: Any) -> None:
+        """Verify each found chunk (with the checksum taken as it landed, if it did) and keep it."""
         chunks = iter(reply.chunks)
-        for (key, slot), found in zip(pairs, reply.flags, strict=True):
+        for (key, slot), found in zip(request.context[1], reply.flags, strict=True):
             if not found:
                 continue
             header, payload = next(chunks)
+            landed, checksum = request.checksums.get(id(payload), (None, None))
             try:
-                codec.verify(header, payload, self._digest, key)
+                codec.verify(
+                    header, payload, self._digest, key, checksum if landed is payload else None
+                )
             except IntegrityError as exc:
                 self._counters[f"integrity.{exc.reason}"] += 1
                 job.integrity_failed.add(key)
@@ -358,6 +362,11 @@ class PeerTier(SecondaryTier):
         result = job_result(job.job, job.op, job.succeeded, None, job.integrity_failed)
         self._counters[f"{job.op}_chunks_ok"] += len(result.succeeded)
         self._results.put(result)
+
+
+def fetch_batch(chunk_bytes: int) -> int:
+    """How many chunks of ``chunk_bytes`` one FETCH asks for (at least one)."""
+    return max(1, min(proto.MAX_KEYS, FETCH_BATCH_BYTES // chunk_bytes))
 
 
 def _batches(items: list[Any], size: int) -> list[list[Any]]:
