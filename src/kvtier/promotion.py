@@ -3,9 +3,11 @@
 ``Promoter.lookup_beyond`` continues a lookup past the chunks ready in host: it walks the keys in
 prefix order, asks the tiers in configured order for each, and tells the first holder to promote
 the chunk into a reserved host slot (one job per tier, however many keys). The answer is
-``RETRY`` until the promotions land. A chunk whose promotion failed is never asked of the same
-tier again until it is stored anew (no livelock). When the walk stops at a chunk held nowhere,
-the chunks from there on are recomputed and counted under one reason (``MISS_REASONS``).
+``RETRY`` until the promotions land. Chunks held before the first key a tier is still probing
+are promoted at once, while the probe runs: the prefix needs them whatever the probe finds. A
+chunk whose promotion failed is never asked of the same tier again until it is stored anew (no
+livelock). When the walk stops at a chunk held nowhere, the chunks from there on are recomputed
+and counted under one reason (``MISS_REASONS``).
 
 ``Promoter.lookup_window`` serves layouts whose layers resume from a trailing window of chunks
 (sliding-window and state-space layers, ``KVLayout.window_chunks``): a prefix of ``n`` chunks can
@@ -46,6 +48,7 @@ class Walk:
 
     waiting: bool = False
     wanted: list[tuple[int, ChunkKey]] = field(default_factory=list)
+    certain: int | None = None  # how many of ``wanted`` precede the first key being probed
     stop_reason: str | None = None
     stopped_at: int | None = None  # index of the key the walk stopped at
 
@@ -68,7 +71,10 @@ class Promoter:
     def lookup_beyond(self, keys: Sequence[ChunkKey], ready: int) -> int | Lookup:
         """Continue a lookup whose first ``ready`` keys are ready in host."""
         walk = self._walk(keys[ready:])
-        if walk.waiting or self._start(walk.wanted, keys[:ready]):
+        if walk.waiting:
+            self._start(walk.wanted[: walk.certain], keys[:ready])  # overlaps the probes
+            return RETRY
+        if self._start(walk.wanted, keys[:ready]):
             return RETRY
         reason = "host_full" if walk.wanted else walk.stop_reason
         if walk.wanted:
@@ -166,6 +172,8 @@ class Promoter:
             if isinstance(holder, int):
                 walk.wanted.append((holder, key))
                 continue
+            if walk.certain is None:
+                walk.certain = len(walk.wanted)
             walk.waiting, unknown = True, unknown + 1
             if unknown >= max(PROBE_AHEAD, index + 1 - unknown):
                 return walk
