@@ -13,8 +13,9 @@ chunks in its host tier and this process loads all of them:
   slot holds, header + xxh3-128 checksum on the server, verification and one copy into the host
   slot here).
 
-Each row runs ``--repeats`` rounds after one untimed warm-up round, raw and tier interleaved in
-every round; it reports the median and the best round of each side, and their ratios.
+Each row runs ``--repeats`` rounds after one untimed warm-up round, raw and tier back to back in
+every round (which goes first alternates); it reports the median and the best round of each
+side, and ``ratio``, the median over rounds of tier / raw throughput in that round.
 Throughput is payload bytes per second (GB = 1e9). ``load`` is the 1-minute load average at
 start and end: on a shared machine, compare only ratios, never absolute figures across runs.
 """
@@ -152,11 +153,9 @@ def raw_dealer(context: zmq.Context[Any], port: int, keys: Keys) -> zmq.Socket[b
 
 
 def peer_tier(chunk_bytes: int, n: int, port: int, keys: Keys) -> PeerTier:
-    curve = {}
-    if keys:
-        curve = {"curve_secret_key_file": keys["client_secret"],
-                 "curve_server_key_file": keys["server_public"]}  # fmt: skip
-    config = P2PTierConfig(host="127.0.0.1", port=port, timeout_s=10.0, **curve)
+    config = P2PTierConfig(host="127.0.0.1", port=port, timeout_s=10.0,
+                           curve_secret_key_file=keys.get("client_secret"),
+                           curve_server_key_file=keys.get("server_public"))  # fmt: skip
     return PeerTier(config, HostRegion(n, chunk_bytes, pin=False), identity_for(chunk_bytes))
 
 
@@ -181,11 +180,15 @@ def measure(chunk_bytes: int, total_mib: int, repeats: int, keys: Keys) -> dict[
     servers, tier_port, raw_port = start_servers(chunk_bytes, n, keys)
     tier, context = peer_tier(chunk_bytes, n, tier_port, keys), zmq.Context()
     dealer = raw_dealer(context, raw_port, keys)
-    raw_s, tier_s = [], []
+    rounds: list[tuple[float, float]] = []
     try:
-        for round_ in range(repeats + 1):
-            raw_s.append(raw_round(dealer, chunk_bytes, n))
-            tier_s.append(tier_round(tier, n, round_))
+        for round_ in range(repeats + 1):  # who goes first alternates, so neither gains by it
+            if round_ % 2:
+                tier_s = tier_round(tier, n, round_)
+                rounds.append((raw_round(dealer, chunk_bytes, n), tier_s))
+            else:
+                raw_s = raw_round(dealer, chunk_bytes, n)
+                rounds.append((raw_s, tier_round(tier, n, round_)))
     finally:
         tier.close()
         context.destroy(linger=0)
@@ -193,21 +196,25 @@ def measure(chunk_bytes: int, total_mib: int, repeats: int, keys: Keys) -> dict[
             here.send("stop")
             proc.join()
     row = {"chunk_mib": chunk_bytes >> 20, "curve": bool(keys), "chunks": n}
-    return row | summary(n * chunk_bytes, raw_s[1:], tier_s[1:])
+    return row | summary(n * chunk_bytes, rounds[1:])
 
 
-def summary(payload: int, raw_s: list[float], tier_s: list[float]) -> dict[str, float]:
-    raw, tier = payload / statistics.median(raw_s) / 1e9, payload / statistics.median(tier_s) / 1e9
-    raw_best, tier_best = payload / min(raw_s) / 1e9, payload / min(tier_s) / 1e9
-    return {"raw_gbps": round(raw, 3), "tier_gbps": round(tier, 3), "ratio": round(tier / raw, 3),
-            "raw_best_gbps": round(raw_best, 3), "tier_best_gbps": round(tier_best, 3),
-            "ratio_best": round(tier_best / raw_best, 3)}  # fmt: skip
+def summary(payload: int, rounds: list[tuple[float, float]]) -> dict[str, float]:
+    """Medians and bests of (raw seconds, tier seconds) rounds; ``ratio``: the median of each
+    round's tier/raw throughput ratio, so that load that changes between rounds cancels out."""
+    raw_s, tier_s = [r for r, _ in rounds], [t for _, t in rounds]
+    mid = statistics.median
+    gbps = {"raw_gbps": payload / mid(raw_s), "tier_gbps": payload / mid(tier_s),
+            "raw_best_gbps": payload / min(raw_s),
+            "tier_best_gbps": payload / min(tier_s)}  # fmt: skip
+    ratio = statistics.median(r / t for r, t in rounds)
+    return {k: round(v / 1e9, 3) for k, v in gbps.items()} | {"ratio": round(ratio, 3)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--total-mib", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--curve", choices=("off", "on", "both"), default="both")
     args = parser.parse_args()
     load_start, rows = os.getloadavg()[0], []
