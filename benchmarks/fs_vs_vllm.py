@@ -23,7 +23,8 @@ every byte is compared with the original (untimed), so no side can skip work; ``
 before each phase, so no side pays for the writeback of another. Figures are the median of
 ``--rounds`` rounds, the sides interleaved (each round starting with the next side); GB/s
 counts payload bytes (GB = 1e9). Ratios: kvtier (and each extra kvtier column) over vLLM and
-over raw.
+over raw. ``cpu_us_per_chunk``: the process's CPU time (user + system, all threads) per chunk,
+median of the rounds; on a machine shared with other work it moves less than wall time does.
 
 ``--extra-kvtier o_direct=off`` adds a kvtier column with other config fields;
 ``--baseline-pkg NAME`` adds a column for another copy of the package importable as NAME (e.g.
@@ -37,6 +38,7 @@ import importlib
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import tempfile
@@ -95,8 +97,8 @@ class KvtierSide(Side):
         identity = importlib.import_module(pkg).CacheIdentity(
             model="bench/model", layout=importlib.import_module(pkg).KVLayout(1, 1, 64)
         )
-        cfg = config.FsTierConfig(str(root), n_read_threads=args.threads,
-                                  n_write_threads=args.threads, **extra)  # fmt: skip
+        fields = {"n_read_threads": args.threads, "n_write_threads": args.threads, **extra}
+        cfg = config.FsTierConfig(str(root), **fields)
         self.tier = tier_mod.FilesystemTier(cfg, region, identity)
         self.tier.wait_scanned()
         keys = [keys_mod.ChunkKey(os.urandom(32)) for _ in range(region.num_slots)]
@@ -229,7 +231,7 @@ class RawSide(Side):
 
 # -- one round of one side ---------------------------------------------------------------------
 def one_round(make: Callable[[Path], Side], region: HostRegion, original: np.ndarray,
-              args: argparse.Namespace) -> dict[str, float]:  # fmt: skip
+              args: argparse.Namespace) -> dict[str, tuple[float, float]]:  # fmt: skip
     root = Path(tempfile.mkdtemp(prefix="fs-vs-vllm-", dir=args.dir))
     side = make(root)
     flat = _flat(region)
@@ -254,10 +256,16 @@ def _flat(region: HostRegion) -> np.ndarray:
     return np.asarray(_whole(region)).reshape(-1)
 
 
-def _timed(fn: Callable[[], None]) -> float:
-    start = time.perf_counter()
+def _timed(fn: Callable[[], None]) -> tuple[float, float]:
+    """Wall seconds and the process's CPU seconds (user + system, every thread) of ``fn()``."""
+    start, cpu = time.perf_counter(), _cpu()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _cpu() - cpu
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -275,22 +283,30 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
         "kvtier": lambda root: KvtierSide("kvtier", region, root, args, {}),
     }
     for spec in args.extra_kvtier:
-        extra = dict(item.split("=", 1) for item in spec.split(","))
+        extra = {k: int(v) if v.isdigit() else v for k, v in
+                 (item.split("=", 1) for item in spec.split(","))}  # fmt: skip
         sides[f"kvtier[{spec}]"] = lambda root, e=extra: KvtierSide("kvtier", region, root, args,
                                                                      e)  # fmt: skip
     if args.baseline_pkg:
         sides[args.baseline_pkg] = lambda root: KvtierSide(args.baseline_pkg, region, root,
                                                            args, {})  # fmt: skip
-    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    rounds: dict[str, list[dict[str, tuple[float, float]]]] = {name: [] for name in sides}
     order = list(sides)
     for index in range(args.rounds):  # each round starts with another side
         for name in order[index % len(order) :] + order[: index % len(order)]:
             rounds[name].append(one_round(sides[name], region, original, args))
     gbytes = n_chunks * size / 1e9
-    gbps = {name: {p: round(gbytes / statistics.median(r[p] for r in runs), 3) for p in PHASES}
+    gbps = {name: {p: round(gbytes / wall, 3) for p, wall in _medians(runs, 0).items()}
             for name, runs in rounds.items()}  # fmt: skip
+    cpu = {name: {p: round(used / n_chunks * 1e6) for p, used in _medians(runs, 1).items()}
+           for name, runs in rounds.items()}  # fmt: skip
     return {"chunk_bytes": size, "chunks": n_chunks, "raw_o_direct": direct, "GBps": gbps,
-            "ratios": _ratios(gbps)}  # fmt: skip
+            "ratios": _ratios(gbps), "cpu_us_per_chunk": cpu}  # fmt: skip
+
+
+def _medians(runs: list[dict[str, tuple[float, float]]], index: int) -> dict[str, float]:
+    """Per phase, the median over rounds of wall seconds (``index`` 0) or CPU seconds (1)."""
+    return {p: statistics.median(r[p][index] for r in runs) for p in PHASES}
 
 
 def _ratios(gbps: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
