@@ -58,12 +58,18 @@ class ZmqListener:
         self._guard = ConnectionGuard(monitor, limit, self._counters)
 
     def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt:
-        parts = [zmq.Frame(f, track=True) for f in frames]
+        """Queue one message; its receipt is done once libzmq no longer reads ``frames``.
+
+        Frames below the socket's copy threshold are copied as they are queued (pyzmq does so
+        for ``copy=False`` too), so only the longer ones are sent zero-copy and tracked.
+        """
+        threshold = self.socket.copy_threshold
+        parts = [zmq.Frame(f, track=True) if _nbytes(f) >= threshold else f for f in frames]
         try:
             self.socket.send_multipart([peer, *parts], flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # a full queue drops the reply; the client times out
             log.debug("peer server: reply dropped (%s)", exc)
-        return _Tracked(zmq.MessageTracker(*parts))
+        return _Tracked(zmq.MessageTracker(*[p for p in parts if isinstance(p, zmq.Frame)]))
 
     def recv(self) -> tuple[bytes, list[memoryview]] | None:
         """The next message within the limits, or ``None`` when none waits (never blocks)."""
@@ -110,6 +116,10 @@ class ZmqListener:
         self.socket.disable_monitor()
         self._monitor.close(linger=0)
         self._forget(self.socket)
+
+
+def _nbytes(frame: Buffer) -> int:
+    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
 
 
 def _source_fd(frame: zmq.Frame) -> int:
