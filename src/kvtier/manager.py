@@ -40,6 +40,7 @@ from kvtier.keys import ChunkKey
 from kvtier.metrics import ManagerMetrics, MetricsServer
 from kvtier.operations import Operations
 from kvtier.peer_host import ManagerPeerHost
+from kvtier.progress import Progress
 from kvtier.promotion import Promoter
 from kvtier.provenance import Provenance
 from kvtier.region import HostRegion
@@ -107,6 +108,7 @@ class TieringManager(Operations):
         self._closed = False
         self._tiers = TierSet([], self.metrics, self.chunk_bytes)
         self.tiers = self._tiers.tiers
+        self._progress = Progress(())
         tokens_per_chunk = identity.layout.tokens_per_chunk
         self._provenance = Provenance(self.metrics, self._tiers, tokens_per_chunk)
         self._slots = SlotAllocator(self.host, self._provenance, self.metrics, self._events)
@@ -138,6 +140,7 @@ class TieringManager(Operations):
                 with key_path(f"secondary_tiers[{index}]"):
                     self.tiers.append(build_tier(tier, self.region, self.identity))
         self._tiers.bind()
+        self._progress = Progress(self.tiers)
         events = self.config.kv_events
         if events is not None and events.enable_kv_cache_events:
             with listen_errors("kv_events.endpoint", events.endpoint):
@@ -223,7 +226,9 @@ class TieringManager(Operations):
         For a layout that resumes from a trailing window (``layout.window_chunks``, sliding and
         state layers only), the answer ``n`` is the prefix that can be resumed: only its chunks
         from ``layout.resume_start(n)`` on are ready in host, and only those need loading.
+        After ``RETRY``, ``wait_progress`` waits for a reason to ask again.
         """
+        self._progress.arm()
         self._poll()
         window = self.identity.layout.window_chunks
         if window is not None:
@@ -239,6 +244,14 @@ class TieringManager(Operations):
         if ready == len(keys):
             return ready
         return self._promoter.lookup_beyond(keys, ready)
+
+    def wait_progress(self, timeout: float) -> bool:
+        """After ``lookup`` answered ``RETRY``: wait up to ``timeout`` s for a tier to report
+        progress since, then look up again; whether a tier did (``kvtier.progress``).
+
+        Takes no lock (tiers and a peer server's driver thread go on meanwhile); any thread.
+        """
+        return self._progress.wait(timeout)
 
     @engine_call
     def promote_for_peer(self, keys: Sequence[ChunkKey]) -> set[ChunkKey]:

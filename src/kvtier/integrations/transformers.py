@@ -6,7 +6,8 @@
    restored, because the model must see at least one token to produce the next one.
 2. The leading chunks found in the engine's own accelerator-side cache (``DeviceChunkCache``)
    are taken from there; the following ones are asked of ``TieringManager.lookup`` (``RETRY`` is
-   waited out, up to ``retry_timeout_s``, while secondary tiers promote chunks into host) and
+   waited out with ``wait_progress``, up to ``retry_timeout_s``, while secondary tiers promote
+   chunks into host) and
    copied from their host slots by the ``TransferEngine``.
 3. Those chunks become the model's ``DynamicCache`` (``hf_cache.CacheSession``); the model runs
    only on the rest of the prompt, then decodes greedily.
@@ -330,9 +331,10 @@ class TieredModel:
         assert self.manager is not None
         deadline = time.monotonic() + self.retry_timeout_s
         while (ready := self.manager.lookup(keys)) is RETRY:
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return 0
-            time.sleep(0.0002)
+            self.manager.wait_progress(left)
         assert isinstance(ready, int)
         return ready
 

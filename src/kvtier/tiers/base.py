@@ -10,6 +10,10 @@ A tier moves chunks between host slots and its own medium. Every method returns 
 
 plus ``close()``, which drains or cancels outstanding work and joins every thread the tier owns.
 
+Optional: a tier that sets ``signals_progress`` calls ``notify_progress()`` (from any thread)
+whenever a job finishes or a ``RETRY`` answer may have become another, so that an engine waiting
+on a lookup (``TieringManager.wait_progress``) wakes at once; other tiers are polled.
+
 Error granularity: a store succeeds or fails as a whole job (``JobResult.succeeded`` is every key
 or none); a load reports exactly which keys arrived intact. A key that is absent from
 ``succeeded`` holds undefined bytes in its slot and must never be served. A tier should not raise
@@ -21,7 +25,7 @@ from __future__ import annotations
 import enum
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -122,7 +126,10 @@ class SecondaryTier(ABC):
     name: str = "tier"
     available: bool = True
     reads_peers: bool = False
+    #: True for a tier that calls ``notify_progress`` as the module docstring says.
+    signals_progress: bool = False
     _metrics: TierMetrics | None = None
+    _progress: Callable[[], None] | None = None
 
     @property
     def accepts_stores(self) -> bool:
@@ -144,6 +151,15 @@ class SecondaryTier(ABC):
     def bind_metrics(self, metrics: TierMetrics) -> None:
         """Called by the manager, before any job, with the handle its exporter reads."""
         self._metrics = metrics
+
+    def bind_progress(self, notify: Callable[[], None]) -> None:
+        """Called by the manager, before any job, with what wakes an engine waiting on it."""
+        self._progress = notify
+
+    def notify_progress(self) -> None:
+        """A job finished or an answer may have changed (any thread; returns at once)."""
+        if self._progress is not None:
+            self._progress()
 
     def take_removed(self) -> list[ChunkKey]:
         """Keys this tier deleted since the last call (capacity eviction, failed verification).

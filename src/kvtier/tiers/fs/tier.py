@@ -288,6 +288,7 @@ class FilesystemTier(PooledTier):
         finally:
             with self._probing_lock:
                 self._probing.discard(key)
+            self.notify_progress()  # the key's RETRY is now a HIT or a MISS
 
     def _scan(self) -> None:
         try:

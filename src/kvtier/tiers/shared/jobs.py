@@ -45,8 +45,11 @@ class JobRunner:
     """Runs job functions on separate read and write thread pools; collects their results.
 
     A job function returns the keys that succeeded (or a ``JobOutcome``); an exception fails
-    every key of the job. Thread safety: ``submit`` and ``finished`` may be called from any thread.
+    every key of the job. ``on_result`` is called on the pool's thread after each result is
+    queued. Thread safety: ``submit`` and ``finished`` may be called from any thread.
     """
+
+    on_result: Callable[[], None] = staticmethod(lambda: None)
 
     def __init__(self, name: str, n_read_threads: int, n_write_threads: int) -> None:
         self._readers = ThreadPoolExecutor(n_read_threads, thread_name_prefix=f"{name}-read")
@@ -70,6 +73,7 @@ class JobRunner:
         if not isinstance(outcome, JobOutcome):
             outcome = JobOutcome(outcome)
         self._results.put(self._result(op, job, outcome, error))
+        self.on_result()
 
     @staticmethod
     def _result(op: Op, job: TransferJob, outcome: JobOutcome, error: str | None) -> JobResult:
@@ -90,9 +94,16 @@ class PooledTier(SecondaryTier):
 
     Subclasses set ``self._runner`` and implement ``_store(job)`` and ``_load(job)``, each
     returning the keys that succeeded (or a ``JobOutcome``); ``close`` must close the runner.
+    Every job result signals progress; a subclass whose ``lookup`` can answer ``RETRY`` must
+    call ``notify_progress`` when that answer may change (or set ``signals_progress`` False).
     """
 
     _runner: JobRunner
+    signals_progress = True
+
+    def bind_progress(self, notify: Callable[[], None]) -> None:
+        super().bind_progress(notify)
+        self._runner.on_result = notify
 
     def submit_store(self, job: TransferJob) -> None:
         self._runner.submit("store", job, lambda: self._store(job))
