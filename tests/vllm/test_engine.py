@@ -266,32 +266,45 @@ def test_a_fresh_engine_reuses_the_files_and_recomputes_a_corrupted_chunk(
     assert metric(fresh["final"], counter, counter="integrity_failed_chunks") >= 1
 
 
-def test_retention_priority_keeps_a_prompt_in_host_memory_and_off_a_low_priority_tier(
+def test_retention_priority_and_admission_decide_what_host_memory_and_each_tier_keep(
     vllm_env, vllm_workdir, prompts, reference
 ):
     """A asks for priority 90 (``kvtier_retention``); B, C, D for nothing (35). Host memory holds
     16 chunks: with LRU, C's and D's chunks would evict A's (the oldest); with
-    ``KvtierPriorityPolicy`` they evict B's and C's. KvtierFs has ``secondary_min_priority`` 50,
-    so only A's chunks are written to it; B, gone from host memory, is recomputed."""
-    root = vllm_workdir / f"kvtier-retention-{uuid.uuid4().hex[:6]}"
-    fs = {"type": "KvtierFs", "module_path": MODULE, "root_dir": str(root),
-          "secondary_min_priority": 50}  # fmt: skip
-    extra = {**tiering(vllm_env, [fs], host_chunks=16), "eviction_policy": "KvtierPriorityPolicy",
+    ``KvtierPriorityPolicy`` they evict B's and C's. The first KvtierFs has
+    ``secondary_min_priority`` 50, so only A's chunks are written to it; the second has
+    ``admission: {"min_reuse": 2}``, so it takes only B's, offered again when B, gone from host
+    memory, is recomputed and stored again."""
+    tag = uuid.uuid4().hex[:6]
+    roots = vllm_workdir / f"kvtier-retention-{tag}", vllm_workdir / f"kvtier-reuse-{tag}"
+    tiers = [{"type": "KvtierFs", "module_path": MODULE, "root_dir": str(roots[0]),
+              "secondary_min_priority": 50},
+             {"type": "KvtierFs", "module_path": MODULE, "root_dir": str(roots[1]),
+              "admission": {"min_reuse": 2}}]  # fmt: skip
+    extra = {**tiering(vllm_env, tiers, host_chunks=16), "eviction_policy": "KvtierPriorityPolicy",
              "cache_policy_module_path": MODULE}  # fmt: skip
     high = {"kvtier_retention": {"priority": 90}}
     requests = [request("A", prompts["A"], kv_transfer_params=high)]
     requests += [request(n, prompts[n]) for n in "BCD"]
     requests += [request("A-again", prompts["A"]), request("B-again", prompts["B"])]
     report = run(vllm_env, vllm_workdir, scenario(vllm_env, "retention", requests, extra),
-                 "KvtierPriorityPolicy + KvtierFs(secondary_min_priority)")  # fmt: skip
+                 "KvtierPriorityPolicy + KvtierFs(secondary_min_priority, min_reuse)")  # fmt: skip
     results = by_name(report)
     assert cached(results["A-again"], "host") == FULL_PREFIX
     assert_same_answer(results["A-again"], reference, "A")
     assert cached(results["B-again"], "host") == cached(results["B-again"], "disk") == 0
     assert results["B-again"]["token_ids"] == reference["B"]["token_ids"]
-    assert len(chunk_files(root)) == 7  # A's only
+    assert len(chunk_files(roots[0])) == 7  # A's only
+    assert len(chunk_files(roots[1])) == 7  # B's only: the one prompt offered twice
     counter = "vllm:kv_offload_tiering_kvtier_counter"
-    assert metric(report["final"], counter, counter="priority_skipped_chunks") >= 3 * 7
+    dropped = metric(
+        report["final"], counter, tier="1:KvtierFs", counter="admission_dropped_priority"
+    )
+    assert dropped == 4 * 7  # B, C, D, and B again
+    dropped = metric(
+        report["final"], counter, tier="2:KvtierFs", counter="admission_dropped_min_reuse"
+    )
+    assert dropped == 4 * 7  # A, B, C and D, each offered once
 
 
 def test_report_timings(vllm_env):

@@ -1,5 +1,6 @@
-"""Retention priority under vLLM, the vLLM-free parts: parsing ``kvtier_retention`` and the
-``PriorityCache`` behind ``KvtierPriorityPolicy`` (checked against a reference model)."""
+"""Retention and admission under vLLM, the vLLM-free parts: parsing ``kvtier_retention``, the
+``PriorityCache`` behind ``KvtierPriorityPolicy`` (checked against a reference model), and a
+tier's ``admission``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.errors import InvalidArgumentError
+from kvtier.errors import ConfigError, InvalidArgumentError
+from kvtier.integrations.vllm.admission import TierAdmission, admission_config
 from kvtier.integrations.vllm.priority_cache import PriorityCache
 from kvtier.integrations.vllm.retention import (
     RETENTION_KEY,
@@ -265,3 +267,51 @@ def test_the_cache_evicts_as_the_reference_model(ops):
     for op in ops:
         apply(cache, ref, op)
     assert set(cache.chunks) == set(ref.priority)
+
+
+# -- a tier's admission under vLLM ----------------------------------------------------------
+def chunk_keys_of(*names: str) -> list[bytes]:
+    return [name.encode().ljust(32, b"-") for name in names]
+
+
+def test_a_tiers_admission_entry_is_checked_naming_the_key():
+    assert admission_config(None, "KvtierFs") is None
+    assert admission_config({"min_reuse": 2}, "KvtierFs") is not None
+    for entry, key in (
+        ({"min_reuse": 0}, "min_reuse"),
+        ({"level": "host"}, "level"),
+        ({"min_prefix_chunks": -1}, "min_prefix_chunks"),
+        ({"module_path": "x"}, "module_path"),
+        ([2], "expected an object"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^KvtierFs\.admission.*{key}"):
+            admission_config(entry, "KvtierFs")
+
+
+def test_min_reuse_keeps_a_chunk_from_its_second_offer_and_priority_comes_first():
+    gate = TierAdmission(admission_config({"min_reuse": 2}, "KvtierFs"), min_priority=50)
+    keys = chunk_keys_of("a", "b")
+    assert gate.reasons(keys, [60, 60], [2, 2]) == ["min_reuse", "min_reuse"]
+    assert gate.reasons(keys, [60, 10], [2, 2]) == [None, "priority"]
+
+
+def test_short_prefixes_are_dropped_and_no_entry_admits_everything():
+    gate = TierAdmission(admission_config({"min_prefix_chunks": 4}, "KvtierFs"))
+    keys = chunk_keys_of("a", "b")
+    assert gate.reasons(keys, [35, 35], [3, 3]) == ["min_prefix_chunks"] * 2
+    assert gate.reasons(keys, [35, 35], [4, 4]) == [None, None]
+    open_gate = TierAdmission(None)
+    assert not open_gate.active and open_gate.reasons(keys, [0, 0], [1, 1]) == [None, None]
+
+
+class EvenOnly:
+    """A policy of one's own: keeps the keys at even positions of an offer."""
+
+    def admit(self, offer: Any) -> list[str | None]:
+        return [None if i % 2 == 0 else "odd" for i in range(len(offer.keys))]
+
+
+def test_a_policy_of_ones_own_is_loaded_by_module_path():
+    entry = {"module_path": __name__, "type": "EvenOnly"}
+    gate = TierAdmission(admission_config(entry, "KvtierFs"))
+    assert gate.reasons(chunk_keys_of("a", "b", "c"), [35] * 3, [3] * 3) == [None, "odd", None]

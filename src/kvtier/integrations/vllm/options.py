@@ -23,7 +23,13 @@ from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.region import PrimaryRegion
 
 #: Keys of the entry the adapter reads itself (not passed to the kvtier tier).
-ADAPTER_OPTIONS = ("locality", "enable_kv_events", "revision", "secondary_min_priority")
+ADAPTER_OPTIONS = (
+    "locality",
+    "enable_kv_events",
+    "revision",
+    "secondary_min_priority",
+    "admission",
+)
 
 
 def tier_config(kind: str | None, options: Mapping[str, Any], path: str) -> TierConfig:

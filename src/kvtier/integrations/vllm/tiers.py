@@ -16,11 +16,13 @@ How the contract of vLLM's ``SecondaryTierManager`` is met:
   loaded some keys reports them in ``successful_keys``; ``drain_jobs`` blocks until nothing is
   in flight;
 * keys: ``KeyMap`` (``identity``); the identity comes from ``offloading_spec.config``;
-* ``secondary_min_priority: P`` (0-100, default 0): a store skips the chunks whose retention
-  priority in the storing request (``kvtier_retention``, see ``retention``; 35 when it gives
-  none) is below ``P``, counted in ``priority_skipped_chunks``. vLLM's results have no
-  "skipped" outcome, so they are reported stored, with no bytes: vLLM keeps no record of what a
-  secondary tier holds, and a later lookup of a skipped chunk is a miss;
+* admission (``admission``): ``secondary_min_priority: P`` (0-100, default 0) skips the chunks
+  whose retention priority in the storing request (``kvtier_retention``, see ``retention``; 35
+  when it gives none) is below ``P``; ``admission: {...}`` applies kvtier's admission rules to
+  the chunks offered (``admission``). Skipped chunks are counted in
+  ``admission_dropped_<reason>``. vLLM's results have no "skipped" outcome, so a store is
+  reported done with the bytes of the chunks written: vLLM keeps no record of what a secondary
+  tier holds, and a later lookup of a skipped chunk is a miss;
 * the backpressure detector is handed to vLLM's base class, where vLLM's manager consults it
   before each store and feeds it each store's time and bytes (as for vLLM's own fs tier);
 * ``get_stats`` reports the tier's counters (``metrics``); ``take_events`` reports chunks the
@@ -47,6 +49,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config import TierConfig
+from kvtier.integrations.vllm.admission import TierAdmission, admission_config
 from kvtier.integrations.vllm.identity import REVERSE_CAPACITY, KeyMap, identity_from_config
 from kvtier.integrations.vllm.metrics import CounterBridge, definitions, tier_label
 from kvtier.integrations.vllm.options import adapter_options, fit_to_region, tier_config
@@ -96,6 +99,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         own, rest = adapter_options(options, tier_type)
+        floor = int(own.get("secondary_min_priority", 0))
+        self._admission = TierAdmission(admission_config(own.get("admission"), tier_type), floor)
         locality = own.get("locality", self.default_locality)
         self.locality = Locality(str(locality).upper()) if locality else None
         self._config = tier_config(self.kind, rest, tier_type)
@@ -103,6 +108,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         identity = identity_from_config(offloading_spec.config, own.get("revision", ""))
         events_on = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
         self.identity, self._keys = identity, KeyMap(identity, REVERSE_CAPACITY if events_on else 0)
+        self._chunk_tokens = identity.layout.block_size * identity.layout.blocks_per_chunk
         self._tier = self._start(fit_to_region(self._config, self._region), identity)
         entries = getattr(offloading_spec, "secondary_tier_configs", [])
         self._counters = CounterBridge(tier_label(entries, tier_type, options))
@@ -122,7 +128,6 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._jobs: dict[int, _Job] = {}
         self._ready: list[kv.JobResult] = []
         self._own_counts: dict[str, int] = {}
-        self._min_priority = int(own.get("secondary_min_priority", 0))
         self._closed = False
 
     # -- lookups ---------------------------------------------------------------------------
@@ -150,7 +155,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
     def _submit(self, job_metadata: Any, promotion: bool) -> None:
         pairs = zip(job_metadata.keys, job_metadata.chunk_ids, strict=True)
         rows = [(bytes(k), int(c)) for k, c in pairs]
-        if not promotion and self._min_priority:
+        if not promotion and self._admission.active:
             rows = self._admitted(rows, job_metadata.req_context)
         offload_keys = tuple(k for k, _ in rows)
         chunk_keys = tuple(self._keys.chunk_keys(offload_keys))
@@ -172,16 +177,22 @@ class KvtierSecondaryTier(SecondaryTierManager):
             )
 
     def _admitted(self, rows: list[tuple[bytes, int]], req_context: Any) -> list[tuple[bytes, int]]:
-        """The rows whose priority in the storing request reaches ``secondary_min_priority``."""
+        """The rows the tier's admission keeps (the others counted by reason)."""
         retention_of = retention_by_key(req_context)
 
         def priority(key: bytes) -> int:
             retention = retention_of(key) if retention_of is not None else None
             return retention.priority if retention is not None else DEFAULT_PRIORITY
 
-        kept = [row for row in rows if priority(row[0]) >= self._min_priority]
-        self._count("priority_skipped_chunks", len(rows) - len(kept))
-        return kept
+        keys = [key for key, _ in rows]
+        ends = [req_context.get_offload_key_position(key) or 0 for key in keys]
+        prefix = -(-max(ends, default=0) // self._chunk_tokens)
+        reasons = self._admission.reasons(
+            self._keys.chunk_keys(keys), [priority(k) for k in keys], [prefix] * len(keys)
+        )
+        for reason in filter(None, reasons):
+            self._count(f"admission_dropped_{reason}")
+        return [row for row, reason in zip(rows, reasons, strict=True) if reason is None]
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         """vLLM results of every job the tier finished since the last call (each once)."""
