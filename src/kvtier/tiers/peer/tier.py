@@ -337,15 +337,15 @@ class PeerTier(SecondaryTier):
                 continue
             header, payload = next(chunks)
             landed, checksum = request.checksums.get(id(payload), (None, None))
+            in_slot = landed is payload  # received straight into its slot and checksummed there
             try:
-                codec.verify(
-                    header, payload, self._digest, key, checksum if landed is payload else None
-                )
+                codec.verify(header, payload, self._digest, key, checksum if in_slot else None)
             except IntegrityError as exc:
                 self._counters[f"integrity.{exc.reason}"] += 1
                 job.integrity_failed.add(key)
                 continue
-            self._land(payload, slot)
+            if not in_slot:
+                self._land(payload, slot)
             job.succeeded.add(key)
             self._counters["fetched_chunks"] += 1
 
