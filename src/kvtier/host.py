@@ -19,7 +19,6 @@ Thread safety: none; the host tier belongs to the manager's thread.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from kvtier.errors import HoldError
 from kvtier.keys import ChunkKey
 from kvtier.policies import make_policy
-from kvtier.policies.priority import DEFAULT_PRIORITY, PrioritizedPolicy
+from kvtier.policies.priority import DEFAULT_PRIORITY, Expiries, PrioritizedPolicy
 
 WRITING = -1
 
@@ -86,8 +85,7 @@ class HostTier:
         self._policy = PrioritizedPolicy[ChunkKey](lambda: make_policy(policy, num_slots))
         self._clock = clock
         self._pending: dict[ChunkKey, tuple[int, float | None]] = {}  # priority of WRITING keys
-        self._until: dict[ChunkKey, float] = {}  # when a key's priority returns to the default
-        self._expiries: list[tuple[float, ChunkKey]] = []  # heap of (until, key)
+        self._expiries: Expiries[ChunkKey] = Expiries()  # when priorities return to the default
         self._entries: dict[ChunkKey, list[int]] = {}  # key -> [slot, state]
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._held = _Held(self._entries)
@@ -163,7 +161,7 @@ class HostTier:
                 return None
             for victim in victims:
                 self._free.append(self._entries.pop(victim)[0])
-                self._until.pop(victim, None)
+                self._expiries.forget(victim)
             evicted = victims
         slots = [self._free.pop() for _ in keys]
         for key, slot in zip(keys, slots, strict=True):
@@ -182,7 +180,7 @@ class HostTier:
             if success:
                 entry[1] = 0
                 self._policy.add(key, priority)
-                self._expire_at(key, until)
+                self._expiries.set(key, until)
             else:
                 self._free.append(self._entries.pop(key)[0])
 
@@ -258,23 +256,13 @@ class HostTier:
                 self._pending[key] = (priority, until)
                 continue
             self._policy.set_priority(key, priority)
-            self._until.pop(key, None)
-            self._expire_at(key, until)
+            self._expiries.set(key, until)
 
     def priority_of(self, key: ChunkKey) -> int | None:
         """The retention priority of a ready key; ``None`` for a key not ready."""
         return self._policy.priority_of(key) if self.is_ready(key) else None
 
-    def _expire_at(self, key: ChunkKey, until: float | None) -> None:
-        if until is not None:
-            self._until[key] = until
-            heapq.heappush(self._expiries, (until, key))
-
     def _expire(self) -> None:
         """Priorities whose duration is over drop back to the default (before an eviction)."""
-        now = self._clock()
-        while self._expiries and self._expiries[0][0] <= now:
-            until, key = heapq.heappop(self._expiries)
-            if self._until.get(key) == until:
-                del self._until[key]
-                self._policy.set_priority(key, DEFAULT_PRIORITY, oldest=True)
+        for key in self._expiries.due(self._clock()):
+            self._policy.set_priority(key, DEFAULT_PRIORITY, oldest=True)

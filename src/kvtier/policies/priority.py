@@ -11,6 +11,7 @@ With every key at the default priority there is one level and ``evict`` is that 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 from itertools import islice
 from typing import Generic, TypeVar
@@ -111,3 +112,38 @@ class PrioritizedPolicy(Generic[K]):
 
 def _count_unprotected(level: EvictionPolicy[K], protected: Container[K], limit: int) -> int:
     return sum(1 for _ in islice((k for k in level if k not in protected), limit))
+
+
+class Expiries(Generic[K]):
+    """When keys' retention priorities end (``until``, on the caller's clock); no I/O.
+
+    ``set`` replaces a key's earlier end, ``forget`` drops it, ``due(now)`` takes the keys whose
+    end has come (each once). Superseded heap entries are dropped lazily, and the heap is
+    rebuilt when they outnumber the live ones, so its size stays bounded by the keys tracked.
+    """
+
+    def __init__(self) -> None:
+        self._until: dict[K, float] = {}
+        self._heap: list[tuple[float, K]] = []
+
+    def set(self, key: K, until: float | None) -> None:
+        self._until.pop(key, None)
+        if until is None:
+            return
+        self._until[key] = until
+        heapq.heappush(self._heap, (until, key))
+        if len(self._heap) > 2 * len(self._until) + 64:
+            self._heap = [(t, k) for k, t in self._until.items()]
+            heapq.heapify(self._heap)
+
+    def forget(self, key: K) -> None:
+        self._until.pop(key, None)
+
+    def due(self, now: float) -> list[K]:
+        keys = []
+        while self._heap and self._heap[0][0] <= now:
+            until, key = heapq.heappop(self._heap)
+            if self._until.get(key) == until:
+                del self._until[key]
+                keys.append(key)
+        return keys

@@ -16,14 +16,13 @@ here imports vLLM.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable, Collection, Container, Iterable, Sequence
 from typing import Generic, TypeVar
 
 from kvtier.integrations.vllm.retention import Retention
 from kvtier.policies import EvictionPolicy, make_policy
-from kvtier.policies.priority import DEFAULT_PRIORITY, PrioritizedPolicy
+from kvtier.policies.priority import DEFAULT_PRIORITY, Expiries, PrioritizedPolicy
 
 C = TypeVar("C")
 Key = bytes
@@ -52,8 +51,7 @@ class PriorityCache(Generic[C]):
         self.chunks: dict[Key, C] = {}
         self._evictable: set[Key] = set()
         self._pending: dict[Key, Retention] = {}  # given with keys about to be inserted
-        self._until: dict[Key, float] = {}
-        self._expiries: list[tuple[float, Key]] = []
+        self._expiries: Expiries[Key] = Expiries()
 
     # -- residency ------------------------------------------------------------------------
     def insert(self, key: Key, chunk: C, evictable: bool) -> None:
@@ -67,14 +65,14 @@ class PriorityCache(Generic[C]):
 
     def remove(self, key: Key) -> None:
         del self.chunks[key]
-        self._forget(key)
+        self._expiries.forget(key)
         self._order.remove(key)
 
     def clear(self) -> None:
         """Forget every chunk, pending retention and expiry."""
         self._order = PrioritizedPolicy(self._make)
         self.chunks, self._evictable, self._pending = {}, set(), {}
-        self._until, self._expiries = {}, []
+        self._expiries = Expiries()
 
     def mark(self, key: Key, evictable: bool) -> None:
         (self._evictable.add if evictable else self._evictable.discard)(key)
@@ -111,7 +109,6 @@ class PriorityCache(Generic[C]):
                 self._order.touch(key)
 
     def _retain(self, key: Key, retention: Retention) -> None:
-        self._forget(key)
         self._order.set_priority(key, retention.priority)
         self._expire_at(key, retention)
 
@@ -126,25 +123,13 @@ class PriorityCache(Generic[C]):
             return None
         for key in victims:
             self._evictable.discard(key)
-            self._forget(key)
+            self._expiries.forget(key)
         return [(key, self.chunks.pop(key)) for key in victims]
 
     def _expire_at(self, key: Key, retention: Retention) -> None:
-        if retention.duration_s is not None:
-            until = self._clock() + retention.duration_s
-            self._until[key] = until
-            heapq.heappush(self._expiries, (until, key))
-            if len(self._expiries) > 2 * len(self._until) + 64:  # drop entries since replaced
-                self._expiries = [(t, k) for k, t in self._until.items()]
-                heapq.heapify(self._expiries)
-
-    def _forget(self, key: Key) -> None:
-        self._until.pop(key, None)
+        until = None if retention.duration_s is None else self._clock() + retention.duration_s
+        self._expiries.set(key, until)
 
     def _expire(self) -> None:
-        now = self._clock()
-        while self._expiries and self._expiries[0][0] <= now:
-            until, key = heapq.heappop(self._expiries)
-            if self._until.get(key) == until:
-                del self._until[key]
-                self._order.set_priority(key, DEFAULT_PRIORITY, oldest=True)
+        for key in self._expiries.due(self._clock()):
+            self._order.set_priority(key, DEFAULT_PRIORITY, oldest=True)
