@@ -127,10 +127,14 @@ class PeerServer:
                     log.warning("peer server driver: poll failed: %s", exc)
 
     def wait_for_work(self, timeout: float) -> bool:
-        """Block until a request is waiting for ``step`` (or ``timeout``); for serve loops."""
-        ready = self._work_ready.wait(timeout)
-        self._work_ready.clear()
-        return ready
+        """Block until a request is waiting for ``step`` (or ``timeout``); for serve loops.
+
+        True means: call ``step`` now; it will see every request submitted before this returned.
+        """
+        if not self._work_ready.wait(timeout):
+            return False  # not cleared: a request submitted as the wait timed out wakes us next
+        self._work_ready.clear()  # what is submitted from now on sets it again
+        return True
 
     def stats(self) -> dict[str, int]:
         """Counters of the server, its listener and its holds; ``peer_held_slots`` now."""
