@@ -113,3 +113,30 @@ def test_wrong_shapes_are_refused() -> None:
         pack_chunks(random_kv(LAYOUT, 5), LAYOUT, 0, 1)  # 5 tokens cannot fill one chunk of 8
     with pytest.raises(KVTierError):
         TransferEngine(LAYOUT, HostRegion(1, LAYOUT.chunk_bytes + 4, pin=False), "cpu")
+
+
+def test_a_store_writes_its_slots_only_padding_and_others_untouched() -> None:
+    """On CPU a job is one scatter over the region's rows: it must stop at each slot's end."""
+    region = HostRegion(4, LAYOUT.chunk_bytes, pin=False)
+    assert region.stride > region.slot_bytes  # the padding this test watches
+    engine = TransferEngine(LAYOUT, region, "cpu")
+    for slot in range(4):
+        region.aligned_view(slot)[:] = b"\xab" * region.stride
+    kv = random_kv(LAYOUT, 2 * LAYOUT.tokens_per_chunk, seed=3)
+    engine.wait(engine.submit_store(pack_chunks(kv, LAYOUT, 0, 2), [3, 1]))
+    for slot in (0, 2):
+        assert set(bytes(region.aligned_view(slot))) == {0xAB}
+    for slot, chunk in ((3, 0), (1, 1)):
+        assert bytes(region.view(slot)) == reference_slot_bytes(kv, LAYOUT, chunk)
+        assert set(bytes(region.aligned_view(slot))[region.slot_bytes :]) == {0xAB}
+
+
+def test_a_strided_batch_stores_like_a_contiguous_one() -> None:
+    region = HostRegion(4, LAYOUT.chunk_bytes, pin=False)
+    engine = TransferEngine(LAYOUT, region, "cpu")
+    kv = random_kv(LAYOUT, 4 * LAYOUT.tokens_per_chunk, seed=4)
+    every_other = pack_chunks(kv, LAYOUT, 0, 4)[::2]
+    assert not every_other.is_contiguous()
+    engine.wait(engine.submit_store(every_other, [0, 1]))
+    assert bytes(region.view(0)) == reference_slot_bytes(kv, LAYOUT, 0)
+    assert bytes(region.view(1)) == reference_slot_bytes(kv, LAYOUT, 2)

@@ -84,6 +84,17 @@ class HostRegion:
         start = self._check(slot)
         return self._array[start : start + self.slot_bytes]
 
+    def rows(self) -> Any:
+        """Every slot at once: a ``(num_slots, slot_bytes)`` uint8 torch tensor sharing the
+        region's memory, row ``i`` being slot ``i`` (for batched copies)."""
+        import torch
+
+        whole = torch.from_numpy(self._array)
+        if self._owner is not None:
+            base = self._array.ctypes.data - self._owner.data_ptr()
+            whole = self._owner[base : base + self.nbytes]
+        return whole.view(self.num_slots, self.stride)[:, : self.slot_bytes]
+
     def tensor(self, slot: int) -> Any:
         """The slot as a uint8 torch tensor sharing the region's memory (pinned when CUDA is)."""
         import torch

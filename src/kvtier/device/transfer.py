@@ -15,7 +15,9 @@ never depend on ``tp_size``.
 Jobs: ``submit_store`` and ``submit_load`` return a job id at once; ``poll`` hands out finished
 jobs exactly once, ``wait`` blocks for one. On CUDA the copies run on a dedicated stream out of
 and into pinned host memory; an event marks each job's completion, and a store drops its device
-tensor as soon as its event has fired. On CPU the copies are done before ``submit_*`` returns.
+tensor as soon as its event has fired. On CPU the copies are done before ``submit_*`` returns,
+without tensor parallelism as one gather (or scatter) over every slot of the job: a copy per
+chunk cost more in calls than in bytes (25 chunks of 128 KiB: 0.35 ms against 0.09 ms).
 
 Thread safety: none; one engine thread submits and polls.
 """
@@ -105,6 +107,8 @@ class TransferEngine:
         self.dtype = chunk_dtype(self.local_layout)
         cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if cuda else None  # type: ignore[no-untyped-call]
+        batched = self.device.type == "cpu" and tp_size == 1
+        self._rows: torch.Tensor | None = region.rows() if batched else None
         self._ids = count()
         self._jobs: dict[int, _Job] = {}
 
@@ -113,8 +117,11 @@ class TransferEngine:
         self._check(chunks, slots)
         job = _Job(CopyResult(next(self._ids), "store", tuple(slots)))
         with self._on_stream():
-            for chunk, slot in zip(chunks, slots, strict=True):
-                self._copy(chunk, slot, to_slot=True)
+            if self._rows is not None and chunks.is_contiguous():
+                self._rows.index_copy_(0, _index(slots), _byte_rows(chunks))
+            else:
+                for chunk, slot in zip(chunks, slots, strict=True):
+                    self._copy(chunk, slot, to_slot=True)
             job.event, job.keep_alive = self._record(), chunks
         self._jobs[job.result.job_id] = job
         return job.result.job_id
@@ -125,8 +132,11 @@ class TransferEngine:
         out = torch.empty(shape, dtype=self.dtype, device=self.device)
         job = _Job(CopyResult(next(self._ids), "load", tuple(slots), out))
         with self._on_stream():
-            for index, slot in enumerate(slots):
-                self._copy(out[index], slot, to_slot=False)
+            if self._rows is not None:
+                torch.index_select(self._rows, 0, _index(slots), out=_byte_rows(out))
+            else:
+                for index, slot in enumerate(slots):
+                    self._copy(out[index], slot, to_slot=False)
             job.event = self._record()
         self._jobs[job.result.job_id] = job
         return job.result.job_id
@@ -185,6 +195,15 @@ class TransferEngine:
 
     def _take(self, job_id: int) -> CopyResult:
         return self._jobs.pop(job_id).result
+
+
+def _index(slots: Sequence[int]) -> torch.Tensor:
+    return torch.tensor(slots, dtype=torch.long)
+
+
+def _byte_rows(chunks: torch.Tensor) -> torch.Tensor:
+    """A contiguous chunk batch as ``(chunks, chunk bytes)`` uint8, sharing its memory."""
+    return chunks.view(len(chunks), -1).view(torch.uint8)
 
 
 class _NoStream:
