@@ -20,7 +20,10 @@ a fresh directory: *store* every chunk, *load hot* (right after the store), then
 after dropping the page cache (``/proc/sys/vm/drop_caches`` when allowed, else ``sync`` and
 ``posix_fadvise(DONTNEED)`` on every file). Before each load the region is zeroed and after it
 every byte is compared with the original (untimed), so no side can skip work; ``sync`` runs
-before each phase, so no side pays for the writeback of another. Figures are the median of
+before each phase, so no side pays for the writeback of another. The directories are deleted
+only after every round of a size, and each size starts ``--settle-s`` seconds after that
+(``settle``): no side's stores pay for the deletions of another (without a journal, ext4 makes
+an inode allocation skip every inode deleted in the last minute). Figures are the median of
 ``--rounds`` rounds, the sides interleaved (each round starting with the next side); GB/s
 counts payload bytes (GB = 1e9). Ratios: kvtier (and each extra kvtier column) over vLLM and
 over raw. ``cpu_us_per_chunk``: the process's CPU time (user + system, all threads) per chunk,
@@ -230,9 +233,15 @@ class RawSide(Side):
 
 
 # -- one round of one side ---------------------------------------------------------------------
+Times = dict[str, tuple[float, float]]  # phase -> (wall seconds, CPU seconds)
+
+
 def one_round(make: Callable[[Path], Side], region: HostRegion, original: np.ndarray,
-              args: argparse.Namespace) -> dict[str, tuple[float, float]]:  # fmt: skip
+              args: argparse.Namespace, roots: list[Path]) -> Times:  # fmt: skip
+    """One side's store, hot load and cold load in a fresh directory, added to ``roots`` (left
+    in place: deleting it here would slow the next side's stores, see ``settle``)."""
     root = Path(tempfile.mkdtemp(prefix="fs-vs-vllm-", dir=args.dir))
+    roots.append(root)
     side = make(root)
     flat = _flat(region)
     try:
@@ -249,7 +258,20 @@ def one_round(make: Callable[[Path], Side], region: HostRegion, original: np.nda
         return times
     finally:
         side.close()
+
+
+def settle(roots: list[Path], seconds: float) -> None:
+    """Delete ``roots``, then wait until ext4 may reuse their inodes.
+
+    Without a journal, ext4 skips inodes deleted in the last 60 s when it allocates one (after
+    ``sync``; longer while their table block is dirty), one inode-table lookup each: a store
+    right after thousands of deletions pays for them all, whichever side made them.
+    """
+    for root in roots:
         shutil.rmtree(root, ignore_errors=True)
+    roots.clear()
+    os.sync()
+    time.sleep(seconds)
 
 
 def _flat(region: HostRegion) -> np.ndarray:
@@ -268,13 +290,14 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure(size: int, args: argparse.Namespace, roots: list[Path]) -> dict[str, Any]:
     n_chunks = max(args.keys_per_job, (args.total_mib << 20) // size)
     region = HostRegion(n_chunks, size, pin=False)
     flat = _flat(region)
     flat[:] = np.random.default_rng(size).integers(0, 256, flat.size, dtype=np.uint8)
     original = flat.copy()
-    probe = VllmSide(region, Path(tempfile.mkdtemp(dir=args.dir)), args)
+    roots.append(Path(tempfile.mkdtemp(dir=args.dir)))
+    probe = VllmSide(region, roots[-1], args)
     direct = probe.o_direct
     probe.close()
     sides: dict[str, Callable[[Path], Side]] = {
@@ -290,11 +313,11 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
     if args.baseline_pkg:
         sides[args.baseline_pkg] = lambda root: KvtierSide(args.baseline_pkg, region, root,
                                                            args, {})  # fmt: skip
-    rounds: dict[str, list[dict[str, tuple[float, float]]]] = {name: [] for name in sides}
+    rounds: dict[str, list[Times]] = {name: [] for name in sides}
     order = list(sides)
     for index in range(args.rounds):  # each round starts with another side
         for name in order[index % len(order) :] + order[: index % len(order)]:
-            rounds[name].append(one_round(sides[name], region, original, args))
+            rounds[name].append(one_round(sides[name], region, original, args, roots))
     gbytes = n_chunks * size / 1e9
     gbps = {name: {p: round(gbytes / wall, 3) for p, wall in _medians(runs, 0).items()}
             for name, runs in rounds.items()}  # fmt: skip
@@ -304,7 +327,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
             "ratios": _ratios(gbps), "cpu_us_per_chunk": cpu}  # fmt: skip
 
 
-def _medians(runs: list[dict[str, tuple[float, float]]], index: int) -> dict[str, float]:
+def _medians(runs: list[Times], index: int) -> dict[str, float]:
     """Per phase, the median over rounds of wall seconds (``index`` 0) or CPU seconds (1)."""
     return {p: statistics.median(r[p][index] for r in runs) for p in PHASES}
 
@@ -327,13 +350,20 @@ def main() -> None:
     parser.add_argument("--keys-per-job", type=int, default=4)
     parser.add_argument("--total-mib", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settle-s", type=float, default=65.0,
+                        help="wait after deleting, before each size (0: none)")  # fmt: skip
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
     parser.add_argument("--extra-kvtier", action="append", default=[])
     parser.add_argument("--baseline-pkg", default=None)
     args = parser.parse_args()
     args.cache_drop = "none"
     load_before = [round(x, 2) for x in os.getloadavg()]
-    results = [measure(int(size), args) for size in args.sizes.split(",")]
+    roots: list[Path] = []
+    results = []
+    for size in args.sizes.split(","):
+        settle(roots, args.settle_s)
+        results.append(measure(int(size), args, roots))
+    settle(roots, 0)
     print(json.dumps({
         "benchmark": "fs_vs_vllm",
         "directory": args.dir or tempfile.gettempdir(),
