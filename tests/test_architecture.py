@@ -25,7 +25,7 @@ MANAGER_SIDE = ("kvtier.manager", "kvtier.promotion", "kvtier.slots", "kvtier.ti
 TORCH_ALLOWED = ("kvtier.device", "kvtier.integrations", "kvtier.bench")
 #: What a policy may import.
 POLICY_ALLOWED = ("kvtier.policies", "kvtier.keys", "kvtier.errors", "__future__", "collections",
-                  "typing", "dataclasses", "abc", "enum", "math", "itertools", "functools")  # fmt: skip
+                  "typing", "dataclasses", "abc", "enum", "math", "itertools", "functools", "heapq")  # fmt: skip
 
 
 def module_name(path: Path) -> str:
