@@ -8,6 +8,7 @@ is missing, the tier walks the levels as before, with the same answers.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +142,36 @@ def test_without_openat2_the_walk_gives_the_same_answers(tier, region, identity,
     monkeypatch.setattr(fs_paths.OPENAT2, "available", True)
     assert not _load(tier, keys[1:2], 4)
     assert tier.stats()["load_failed.not_regular"] == 2
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_page_cache_writes_take_turns(tier, region, identity, monkeypatch, direct):
+    """At most BUFFERED_WRITERS threads write through the page cache at once (more would only
+    queue for the GIL); O_DIRECT writes, which wait on the device, do not take turns."""
+    files = tier._files
+    monkeypatch.setattr(files, "_direct_write", lambda nbytes: direct)
+    keys = make_keys(identity, 8)
+    inside, most, lock, all_in = 0, 0, threading.Lock(), threading.Event()
+    write = files._write
+
+    def counting(key, reg, slot, is_direct):
+        nonlocal inside, most
+        with lock:
+            inside += 1
+            most = max(most, inside)
+            if inside == len(keys):
+                all_in.set()
+        all_in.wait(timeout=0.5 if not direct else 30)  # only a bound on the wait
+        with lock:
+            inside -= 1
+        return write(key, reg, slot, is_direct)
+
+    monkeypatch.setattr(files, "_write", counting)
+    threads = [threading.Thread(target=files.write, args=(key, region, slot))
+               for slot, key in enumerate(keys)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most == len(keys) if direct else 1 <= most <= fs_files.BUFFERED_WRITERS
+    assert all(files.size_of(key) == HEADER_BYTES + SLOT_BYTES for key in keys)

@@ -26,6 +26,7 @@ import hashlib
 import itertools
 import mmap
 import os
+import queue
 import re
 import secrets
 import socket
@@ -61,6 +62,9 @@ from kvtier.tiers.shared.codec import HEADER_BYTES, encode_header, verify
 #: A temporary file older than this is stale whoever wrote it (a write takes far less).
 STALE_TMP_S = 600.0
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+#: Page-cache writes at once. They are CPU work (a copy, inode and directory updates); more of
+#: them than CPUs only queue for the GIL, each of their calls a handoff (issue 17).
+BUFFERED_WRITERS = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2)
 _KEY_NAME = re.compile(r"[0-9a-f]{64}")
 _LEVEL_NAME = re.compile(r"[0-9a-f]{2}")
 _TMP_NAME = re.compile(r".*\.([0-9a-f]+)-(\d+)-([0-9a-f]+)-\d+\.tmp")
@@ -114,6 +118,9 @@ class ChunkFiles:
         #: "auto": page cache or O_DIRECT chunk by chunk (``cache_policy``).
         self.adaptive = o_direct == "auto" and self.o_direct and CACHESTAT.available
         self._policy = PageCachePolicy()
+        self._write_turns: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(BUFFERED_WRITERS):
+            self._write_turns.put(None)
         direct = O_DIRECT if self.o_direct and not self.adaptive else 0
         self._read_flags = os.O_RDONLY | direct
         self._write_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -123,13 +130,23 @@ class ChunkFiles:
         """Store ``slot`` as chunk ``key``, atomically; returns the file size.
 
         Replaces a link, FIFO or other non-directory entry at the chunk's path. Raises
-        ``OSError``: ``NotRegularError`` when a directory is in the way.
+        ``OSError``: ``NotRegularError`` when a directory is in the way. At most
+        ``BUFFERED_WRITERS`` threads write through the page cache at once; the others wait.
         """
+        if self._direct_write(HEADER_BYTES + region.slot_bytes):
+            return self._write(key, region, slot, True)
+        self._write_turns.get()
+        try:
+            return self._write(key, region, slot, False)
+        finally:
+            self._write_turns.put(None)
+
+    def _write(self, key: ChunkKey, region: HostRegion, slot: int, direct: bool) -> int:
         name = key.hex()
         tmp = f"{name}.{self._tag}-{next(self._seq)}.tmp"
         with self._chunk_dir(name, create=True) as directory:
             try:
-                size = self._write_tmp(directory, tmp, key, region, slot)
+                size = self._write_tmp(directory, tmp, key, region, slot, direct)
                 rename_into_place(directory, tmp, name)
             except BaseException:
                 with suppress(OSError):
@@ -145,10 +162,9 @@ class ChunkFiles:
         return not (self.adaptive and self._policy.write_buffered(nbytes))
 
     def _write_tmp(
-        self, directory: int, tmp: str, key: ChunkKey, region: HostRegion, slot: int
+        self, directory: int, tmp: str, key: ChunkKey, region: HostRegion, slot: int, direct: bool
     ) -> int:
         payload = region.view(slot)
-        direct = self._direct_write(HEADER_BYTES + len(payload))
         flags = self._write_flags | os.O_CLOEXEC | (O_DIRECT if direct else 0)
         fd = os.open(tmp, flags, 0o644, dir_fd=directory)
         try:
