@@ -60,9 +60,9 @@ def run(env: VllmEnv, workdir: Path, sc: dict[str, Any], label: str) -> dict[str
 
 
 #: vLLM's own warning when its shared host region is closed while a view of it is still
-#: exported. It happens at shutdown only, when the engine core is aborted (SIGTERM) before the
-#: tiering manager shut its secondary tiers down (so kvtier's tier never released its views);
-#: nothing is served after it. Known issue, in the closing note; any other traceback fails.
+#: exported. It happened at shutdown only, when vLLM killed the engine core 5 s after SIGTERM,
+#: before its tiering manager had shut the secondary tiers down; the runner now stops the engine
+#: with a longer timeout. Still tolerated (nothing is served after it); any other traceback fails.
 REGION_CLEANUP = "[shared_offload_region.py:"
 
 
@@ -198,9 +198,11 @@ def test_kvtier_obj_serves_from_s3_while_a_dead_endpoint_raises_nothing(
 ):
     again = by_name(kvtier_run)["A-again"]
     assert cached(again, "disk") == FULL_PREFIX
-    assert (
-        loaded(kvtier_run, "2:KvtierObj") == 7 and loaded(kvtier_run, "2:KvtierObj", "failed") == 0
-    )
+    # At least A's 7 chunks: with 12 host chunks, some pinned by the cascades still writing to
+    # the dead endpoint, vLLM may evict a promoted chunk before the prefix is ready and promote
+    # it again (its promotion_allocation_failures count this).
+    assert loaded(kvtier_run, "2:KvtierObj") >= 7
+    assert loaded(kvtier_run, "2:KvtierObj", "failed") == 0
     assert loaded(kvtier_run, "1:KvtierObj") == 0
     assert_same_answer(again, reference, "A")
     s3 = boto3.client("s3", endpoint_url=moto.endpoint, aws_access_key_id=ACCESS_KEY,

@@ -217,6 +217,9 @@ def main(path: str) -> None:
               "disk_bytes": disk, "total_seconds": time.perf_counter() - started}  # fmt: skip
     with open(scenario["output"], "w") as file:
         json.dump(report, file)
+    # A graceful stop: by default vLLM kills its engine core 5 s after SIGTERM, which can cut
+    # its teardown (the tiering manager's shutdown of the secondary tiers) short.
+    llm.llm_engine.engine_core.shutdown(timeout=60)
 
 
 if __name__ == "__main__":
