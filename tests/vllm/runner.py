@@ -29,20 +29,7 @@ import threading
 import time
 from typing import Any
 
-
-def counters(llm: Any) -> dict[str, float]:
-    """Every counter and gauge, keyed ``name{label=value,...}``."""
-    out: dict[str, float] = {}
-    for metric in llm.get_metrics():
-        value = getattr(metric, "value", None)
-        if isinstance(value, int | float):
-            labels = ",".join(f"{k}={v}" for k, v in sorted(metric.labels.items()))
-            out[f"{metric.name}{{{labels}}}"] = float(value)
-    return out
-
-
-def grown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+from kvtier.bench.vllm_runner import counters, grown, stop
 
 
 class EventSink:
@@ -159,9 +146,7 @@ def main(path: str) -> None:
     }  # fmt: skip
     with open(scenario["output"], "w") as file:
         json.dump(report, file)
-    # A graceful stop: by default vLLM kills its engine core 5 s after SIGTERM, which can cut
-    # its teardown (the tiering manager's shutdown of the secondary tiers) short.
-    llm.llm_engine.engine_core.shutdown(timeout=60)
+    stop(llm)
 
 
 if __name__ == "__main__":

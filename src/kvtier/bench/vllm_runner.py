@@ -67,6 +67,12 @@ def grown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
 
 
+def stop(llm: Any) -> None:
+    """Stop the engine, giving its teardown time: by default vLLM kills its engine core 5 s
+    after SIGTERM, which can cut the tiering manager's shutdown of the secondary tiers short."""
+    llm.llm_engine.engine_core.shutdown(timeout=60)
+
+
 def user_turn(phase: dict[str, Any], conversation: int, turn: int) -> list[int]:
     """A conversation's new user tokens (the first prompt at turn 0), fixed by the seed."""
     rng = random.Random(f"{phase['seed']}/{conversation}/{turn}")
@@ -217,9 +223,7 @@ def main(path: str) -> None:
               "disk_bytes": disk, "total_seconds": time.perf_counter() - started}  # fmt: skip
     with open(scenario["output"], "w") as file:
         json.dump(report, file)
-    # A graceful stop: by default vLLM kills its engine core 5 s after SIGTERM, which can cut
-    # its teardown (the tiering manager's shutdown of the secondary tiers) short.
-    llm.llm_engine.engine_core.shutdown(timeout=60)
+    stop(llm)
 
 
 if __name__ == "__main__":

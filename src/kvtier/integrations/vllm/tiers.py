@@ -66,6 +66,7 @@ warn = ThrottledLog(log)
 
 _ANSWERS = {kv.HIT: LookupResult.HIT, kv.MISS: LookupResult.MISS, kv.RETRY: LookupResult.RETRY}
 _DRAIN_POLL_S = 0.001
+_Row = tuple[bytes, ChunkKey, int]  # a job's chunk: vLLM's key, ours, its primary row
 
 
 @dataclass(frozen=True)
@@ -153,13 +154,14 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._submit(job_metadata, promotion=True)
 
     def _submit(self, job_metadata: Any, promotion: bool) -> None:
-        pairs = zip(job_metadata.keys, job_metadata.chunk_ids, strict=True)
-        rows = [(bytes(k), int(c)) for k, c in pairs]
+        offload = [bytes(k) for k in job_metadata.keys]
+        pairs = zip(offload, self._keys.chunk_keys(offload), job_metadata.chunk_ids, strict=True)
+        rows = [(key, chunk, int(slot)) for key, chunk, slot in pairs]
         if not promotion and self._admission.active:
             rows = self._admitted(rows, job_metadata.req_context)
-        offload_keys = tuple(k for k, _ in rows)
-        chunk_keys = tuple(self._keys.chunk_keys(offload_keys))
-        slots = tuple(c for _, c in rows)
+        offload_keys = tuple(row[0] for row in rows)
+        chunk_keys = tuple(row[1] for row in rows)
+        slots = tuple(row[2] for row in rows)
         job_id = int(job_metadata.job_id)
         self._jobs[job_id] = _Job(offload_keys, chunk_keys, promotion, job_metadata.submit_time)
         op: kv.Op = "load" if promotion else "store"
@@ -176,7 +178,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 kv.JobResult(job_id, op, frozenset(), frozenset(chunk_keys), str(exc))
             )
 
-    def _admitted(self, rows: list[tuple[bytes, int]], req_context: Any) -> list[tuple[bytes, int]]:
+    def _admitted(self, rows: list[_Row], req_context: Any) -> list[_Row]:
         """The rows the tier's admission keeps (the others counted by reason)."""
         retention_of = retention_by_key(req_context)
 
@@ -184,12 +186,11 @@ class KvtierSecondaryTier(SecondaryTierManager):
             retention = retention_of(key) if retention_of is not None else None
             return retention.priority if retention is not None else DEFAULT_PRIORITY
 
-        keys = [key for key, _ in rows]
-        ends = [req_context.get_offload_key_position(key) or 0 for key in keys]
+        ends = [req_context.get_offload_key_position(row[0]) or 0 for row in rows]
         prefix = -(-max(ends, default=0) // self._chunk_tokens)
-        reasons = self._admission.reasons(
-            self._keys.chunk_keys(keys), [priority(k) for k in keys], [prefix] * len(keys)
-        )
+        priorities = [priority(row[0]) for row in rows]
+        chunks = [row[1] for row in rows]
+        reasons = self._admission.reasons(chunks, priorities, [prefix] * len(rows))
         for reason in filter(None, reasons):
             self._count(f"admission_dropped_{reason}")
         return [row for row, reason in zip(rows, reasons, strict=True) if reason is None]
