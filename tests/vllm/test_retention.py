@@ -82,6 +82,7 @@ def test_a_range_covers_the_chunks_whose_last_token_lies_in_it():
         ({"duration_s": 10}, "duration_s"),
         ({"priority": 50, "retain": 1}, "retain"),
         ({"ranges": {"end": 5}}, "ranges"),
+        ({"ranges": [{"end": 9, "priority": 5}] * 65}, "ranges"),
         ({"ranges": [{"priority": 5}]}, "end"),
         ({"ranges": [{"start": 9, "end": 9, "priority": 5}]}, "end"),
         ({"ranges": [{"start": -1, "end": 9, "priority": 5}]}, "start"),

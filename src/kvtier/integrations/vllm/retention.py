@@ -7,11 +7,12 @@ A request asks for retention with ``kv_transfer_params={"kvtier_retention": {...
     {"priority": 80, "duration_s": 600,
      "ranges": [{"start": 0, "end": 1024, "priority": 95}]}
 
-Every key is optional. ``priority`` (0-100) and ``duration_s`` (> 0) apply to the request's
-chunks; a range gives its own to the chunks whose last token lies in ``[start, end)`` (token
-positions, as vLLM records them for each chunk). The semantics are kvtier's and TensorRT-LLM's:
-eviction takes lower priorities first, an expired duration drops the chunk back to the default
-priority (35), and a request without retention leaves the priority of the chunks it uses alone.
+Every key is optional (and ``MAX_RANGES`` ranges at most). ``priority`` (0-100) and
+``duration_s`` (> 0) apply to the request's chunks; a range gives its own to the chunks whose
+last token lies in ``[start, end)`` (token positions, as vLLM records them for each chunk). The
+semantics are kvtier's and TensorRT-LLM's: eviction takes lower priorities first, an expired
+duration drops the chunk back to the default priority (35), and a request without retention
+leaves the priority of the chunks it uses alone.
 
 ``request_retention`` parses once per request (kept in vLLM's per-request state). A malformed
 entry never fails the request: it is ignored, logged (throttled) and counted in
@@ -33,6 +34,8 @@ from kvtier.policies.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORIT
 RETENTION_KEY = "kvtier_retention"
 _FIELDS = {"priority", "duration_s", "ranges"}
 _RANGE_FIELDS = {"start", "end", "priority", "duration_s"}
+#: Ranges one request may give: each chunk's retention is a scan of them on vLLM's scheduler.
+MAX_RANGES = 64
 
 warn = ThrottledLog(logging.getLogger(__name__))
 
@@ -89,8 +92,9 @@ def parse_retention(params: Mapping[str, Any] | None) -> RequestRetention | None
     if "duration_s" in entry and default is None:
         raise InvalidArgumentError(f"{RETENTION_KEY}.duration_s: given without a priority")
     spans = entry.get("ranges", [])
-    if not isinstance(spans, list):
-        raise InvalidArgumentError(f"{RETENTION_KEY}.ranges: expected a list")
+    if not isinstance(spans, list) or len(spans) > MAX_RANGES:
+        limit = f"a list of {MAX_RANGES} at most"
+        raise InvalidArgumentError(f"{RETENTION_KEY}.ranges: expected {limit}")
     ranges = tuple(_range(span, f"{RETENTION_KEY}.ranges[{i}]") for i, span in enumerate(spans))
     return RequestRetention(default, ranges)
 
