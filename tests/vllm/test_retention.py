@@ -316,3 +316,11 @@ def test_a_policy_of_ones_own_is_loaded_by_module_path():
     entry = {"module_path": __name__, "type": "EvenOnly"}
     gate = TierAdmission(admission_config(entry, "KvtierFs"))
     assert gate.reasons(chunk_keys_of("a", "b", "c"), [35] * 3, [3] * 3) == [None, "odd", None]
+
+
+def test_a_removed_key_inserted_again_keeps_its_new_evictability():
+    cache: PriorityCache[str] = PriorityCache(8, "lru", Clock())
+    cache.insert(b"a", "c", evictable=True)
+    cache.remove(b"a")
+    cache.insert(b"a", "c", evictable=False)  # a transfer is in flight for the new chunk
+    assert cache.evict(1, set()) is None

@@ -60,11 +60,11 @@ class PriorityCache(Generic[C]):
         self.chunks[key] = chunk
         self._order.add(key, retention.priority)
         self._expire_at(key, retention)
-        if evictable:
-            self._evictable.add(key)
+        self.mark(key, evictable)
 
     def remove(self, key: Key) -> None:
         del self.chunks[key]
+        self._evictable.discard(key)
         self._expiries.forget(key)
         self._order.remove(key)
 
