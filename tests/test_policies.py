@@ -16,6 +16,7 @@ OPS = st.lists(
     st.one_of(
         st.tuples(st.just("add"), KEYS),
         st.tuples(st.just("touch"), KEYS),
+        st.tuples(st.just("refresh"), KEYS),
         st.tuples(st.just("remove"), KEYS),
         st.tuples(st.just("evict"), st.integers(0, 4), st.frozensets(KEYS, max_size=4)),
     ),
@@ -29,6 +30,7 @@ ACCESSES = st.lists(
         st.tuples(st.just("add"), FEW_KEYS),
         st.tuples(st.just("add"), FEW_KEYS),
         st.tuples(st.just("touch"), FEW_KEYS),
+        st.tuples(st.just("refresh"), FEW_KEYS),
         st.tuples(st.just("evict"), st.integers(0, 2), st.frozensets(FEW_KEYS, max_size=2)),
     ),
     min_size=10,
@@ -47,6 +49,8 @@ class ReferenceLRU:
         if k in self.order:
             self.order.remove(k)
             self.order.append(k)
+
+    refresh = touch
 
     def remove(self, k):
         if k in self.order:
@@ -93,6 +97,12 @@ class ReferenceARC:
         elif k in self.t2:
             self.t2.remove(k)
             self.t2.append(k)
+
+    def refresh(self, k):
+        for lst in (self.t1, self.t2):
+            if k in lst:
+                lst.remove(k)
+                lst.append(k)
 
     def remove(self, k):
         for lst in (self.t1, self.t2):

@@ -238,9 +238,11 @@ class HostTier:
         """Every key ``owner`` holds (once per hold), e.g. to release them all at once."""
         return [key for key, n in self._holds.get(owner, {}).items() for _ in range(n)]
 
-    def touch(self, keys: Iterable[ChunkKey]) -> None:
+    def touch(self, keys: Iterable[ChunkKey], use: bool = True) -> None:
+        """Recency for resident ``keys``, the last one most recent; without ``use`` it is not
+        counted as a use (ARC does not take a key seen once for a reused one)."""
         entries = self._entries
-        self._policy.touch_all([key for key in keys if key in entries])
+        self._policy.touch_all([key for key in keys if key in entries], use)
 
     # -- priority retention ----------------------------------------------------------------
     def set_priority(self, keys: Iterable[ChunkKey], priority: int, until: float | None) -> None:

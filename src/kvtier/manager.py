@@ -293,14 +293,15 @@ class TieringManager(Operations):
     ) -> None:
         """Recency for chunks the engine hit in its own accelerator cache (counted as such).
 
-        ``hit=False``: recency only, e.g. to order a sequence's chunks for eviction.
+        ``hit=False``: recency only, e.g. to order a sequence's chunks for eviction; under ARC
+        it is not a use, so chunks stored once stay in ARC's once-seen list.
         ``priority``/``duration_s``: a new retention priority for the chunks in host memory.
         """
         wanted, until = priorities(keys, priority), expiry(duration_s)
         if hit:
             self._provenance.count_accelerator_hits(len(keys))
             self._retention.used(keys)
-        self.host.touch(keys)
+        self.host.touch(keys, use=hit)
         if priority is not None:
             self._retention.retain_each(keys, wanted, until)
 

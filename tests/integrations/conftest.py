@@ -47,10 +47,11 @@ def tier_config(kind: str, root: Path) -> dict[str, Any]:
 
 
 def manager(
-    identity: CacheIdentity, host_slots: int, tiers: list[dict[str, Any]]
+    identity: CacheIdentity, host_slots: int, tiers: list[dict[str, Any]], policy: str = "lru"
 ) -> TieringManager:
     stride = round_up(identity.layout.chunk_bytes, ALIGNMENT)
-    config = {"cpu_bytes_to_use": host_slots * stride, "secondary_tiers": tiers}
+    config = {"cpu_bytes_to_use": host_slots * stride, "secondary_tiers": tiers,
+              "eviction_policy": policy}  # fmt: skip
     return TieringManager(TieringConfig.from_dict(config), identity)
 
 
@@ -58,8 +59,10 @@ def manager(
 def make_manager(identity: CacheIdentity) -> Iterator[Any]:
     built: list[TieringManager] = []
 
-    def make(host_slots: int, tiers: list[dict[str, Any]] | None = None) -> TieringManager:
-        built.append(manager(identity, host_slots, tiers or []))
+    def make(
+        host_slots: int, tiers: list[dict[str, Any]] | None = None, policy: str = "lru"
+    ) -> TieringManager:
+        built.append(manager(identity, host_slots, tiers or [], policy))
         return built[-1]
 
     yield make

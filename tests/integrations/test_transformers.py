@@ -113,6 +113,25 @@ def test_prefix_from_device_cache_and_host(
     assert_like_recompute(model, follow_up, result)
 
 
+@pytest.mark.parametrize(("policy", "kept"), [("arc", 24), ("lru", 0)])
+def test_arc_keeps_a_reused_conversation_through_one_shot_prompts(
+    model: Any, identity: CacheIdentity, make_manager: Any, policy: str, kept: int
+) -> None:
+    """6 host slots: a conversation's 3 chunks are reused once, then 6 chunks of one-shot
+    prompts pass through. ARC keeps the reused chunks (storing a sequence orders its chunks
+    without counting as a second use of the new ones); LRU loses them."""
+    tiered = TieredModel(model, identity, make_manager(host_slots=6, policy=policy))
+    conversation = prompt(24, seed=30)
+    serve(tiered, conversation)
+    assert serve(tiered, conversation + prompt(3, seed=31)).sources["host"] == 24
+    for seed in (32, 33):
+        serve(tiered, prompt(24, seed=seed))
+    follow_up = conversation + prompt(5, seed=34)
+    result = serve(tiered, follow_up)
+    assert result.sources.get("host", 0) == kept
+    assert_like_recompute(model, follow_up, result)
+
+
 def test_a_failing_tier_means_recompute(
     model: Any, identity: CacheIdentity, make_manager: Any, tmp_path: Path
 ) -> None:

@@ -25,6 +25,11 @@ class EvictionPolicy(Protocol[K]):
     def touch(self, key: K) -> None:
         """A resident key was used; unknown keys are ignored."""
 
+    def refresh(self, key: K) -> None:
+        """A resident key becomes the most recently used one without counting as a use (ARC
+        keeps it in the list it is in: ordering a sequence just stored must not make its new
+        chunks look reused); unknown keys are ignored."""
+
     def remove(self, key: K) -> None:
         """A resident key left for another reason; unknown keys are ignored."""
 

@@ -55,6 +55,12 @@ class ARCPolicy(Generic[K]):
         elif key in self.t2:
             self.t2.move_to_end(key)
 
+    def refresh(self, key: K) -> None:
+        if key in self.t1:
+            self.t1.move_to_end(key)
+        elif key in self.t2:
+            self.t2.move_to_end(key)
+
     def remove(self, key: K) -> None:
         self.t1.pop(key, None)
         self.t2.pop(key, None)

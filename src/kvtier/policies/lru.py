@@ -25,6 +25,8 @@ class LRUPolicy(Generic[K]):
         if key in self._order:
             self._order.move_to_end(key)
 
+    refresh = touch  # recency is all LRU knows of a use
+
     def remove(self, key: K) -> None:
         self._order.pop(key, None)
 

@@ -43,15 +43,20 @@ class PrioritizedPolicy(Generic[K]):
     def touch(self, key: K) -> None:
         self._levels[self._priority.get(key, DEFAULT_PRIORITY)].touch(key)
 
-    def touch_all(self, keys: Iterable[K]) -> None:
-        """``touch`` each key in turn."""
+    def refresh(self, key: K) -> None:
+        self._levels[self._priority.get(key, DEFAULT_PRIORITY)].refresh(key)
+
+    def touch_all(self, keys: Iterable[K], use: bool = True) -> None:
+        """``touch`` each key in turn (``refresh`` without ``use``)."""
         if self._priority:
+            each = self.touch if use else self.refresh
             for key in keys:
-                self.touch(key)
+                each(key)
             return
-        touch = self._levels[DEFAULT_PRIORITY].touch  # every key is at the default level
+        level = self._levels[DEFAULT_PRIORITY]  # every key is at the default level
+        each = level.touch if use else level.refresh
         for key in keys:
-            touch(key)
+            each(key)
 
     def remove(self, key: K) -> None:
         priority = self._priority.pop(key, DEFAULT_PRIORITY)

@@ -97,16 +97,15 @@ class PriorityCache(Generic[C]):
         fresh: Collection[Key] = (),
     ) -> None:
         """``keys`` (prefix order) were used: the head ends most recent. ``fresh`` ones were
-        only inserted by this use (ARC must not count that as a second use); every resident
-        key takes the retention ``retention_of`` gives it."""
+        only inserted by this use: they are reordered, not counted as a second use (ARC); every
+        resident key takes the retention ``retention_of`` gives it."""
         for key in reversed(keys):
             if key not in self.chunks:
                 continue
             retention = retention_of(key) if retention_of is not None else None
             if retention is not None:
                 self._retain(key, retention)
-            if key not in fresh:
-                self._order.touch(key)
+            (self._order.refresh if key in fresh else self._order.touch)(key)
 
     def _retain(self, key: Key, retention: Retention) -> None:
         self._order.set_priority(key, retention.priority)
