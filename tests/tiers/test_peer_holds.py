@@ -11,11 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
 
 from kvtier import CacheIdentity, KVLayout, TieringManager
+from kvtier.cli import main
 from kvtier.config import P2PTierConfig
 from kvtier.host import HostTier
 from kvtier.keys import ChunkKey
@@ -24,6 +26,7 @@ from kvtier.tiers.base import TransferJob
 from kvtier.tiers.peer import protocol as proto
 from kvtier.tiers.peer.server_holds import PeerHolds, owner_of
 from kvtier.tiers.peer.tier import PeerTier
+from kvtier.tiers.peer.transport import read_key
 from tests.conftest import collect, config, fill, holds, make_keys, wait_for
 from tests.tiers.s3_server import free_port
 
@@ -50,13 +53,21 @@ def held_slots(manager: TieringManager) -> int:
 
 
 class Hoarder:
-    """Repeats FETCH of every key until stopped; reads nothing after its handshake."""
+    """Repeats FETCH of every key until stopped; reads nothing after its handshake.
 
-    def __init__(self, port: int) -> None:
+    ``curve``: (its secret key file, the server's public key file) to connect with CURVE.
+    """
+
+    def __init__(self, port: int, curve: tuple[Path, Path] | None = None) -> None:
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.DEALER)
         for option, value in ((zmq.LINGER, 0), (zmq.RCVHWM, 1), (zmq.RCVBUF, 4096)):
             self._socket.setsockopt(option, value)
+        if curve is not None:
+            secret = read_key(curve[0], "secret")
+            self._socket.curve_secretkey = secret
+            self._socket.curve_publickey = zmq.curve_public(secret)
+            self._socket.curve_serverkey = read_key(curve[1], "server")
         self._socket.connect(f"tcp://127.0.0.1:{port}")
         self._socket.send(proto.hello(1, IDENTITY.digest))
         assert self._socket.poll(20_000), "no handshake reply"
@@ -157,3 +168,56 @@ def test_a_renewed_hold_keeps_its_first_deadline_and_owners_stay_apart():
     peer_holds.give_back(host, b"a", host.holds_of(owner_of(b"a")))
     peer_holds.give_back(host, b"b", host.holds_of(owner_of(b"b")))
     assert host.num_held == 0 and peer_holds.held == 0
+
+
+@pytest.fixture
+def curve_server(tmp_path: Path) -> Iterator[tuple[TieringManager, Path]]:
+    """A CURVE server allowing alice and bob, whose holds last (30 s) through the test."""
+    for name in ("server", "alice", "bob"):
+        assert main(["peer", "keygen", "--out", str(tmp_path), "--name", name]) == 0
+    (tmp_path / "clients").mkdir()
+    for name in ("alice", "bob"):
+        (tmp_path / "clients" / f"{name}.public").write_bytes(
+            (tmp_path / f"{name}.public").read_bytes()
+        )
+    serve = {"port": free_port(), "hold_timeout_s": 30.0,
+             "curve_secret_key_file": str(tmp_path / "server.secret"),
+             "curve_client_keys_dir": str(tmp_path / "clients")}  # fmt: skip
+    manager = TieringManager(config(SLOTS, LAYOUT, serve=serve), IDENTITY)
+    assert store(manager, KEYS)
+    yield manager, tmp_path
+    manager.close()
+
+
+def test_connections_with_one_curve_key_share_its_budget(curve_server):
+    """Budget 8 of 32 slots per client: three connections with alice's key hold 8 slots
+    together, not 8 each; bob's key has a budget of its own."""
+    server, keys = curve_server
+    assert server.peer_server is not None
+    port, public = server.peer_server.port, keys / "server.public"
+
+    def stat(name: str) -> int:
+        return int(server.peer_server.stats().get(name, 0))
+
+    hoarders = [Hoarder(port, (keys / "alice.secret", public)) for _ in range(3)]
+    try:
+        wait_for(lambda: min(h.sent for h in hoarders) > 10 and stat("fetched_chunks") > 30 * SLOTS,
+                 timeout=30, what="every alice connection being served")  # fmt: skip
+        assert stat("peer_held_slots") == 8, "connections of one key took more than its budget"
+        hoarders.append(Hoarder(port, (keys / "bob.secret", public)))
+        wait_for(lambda: stat("peer_held_slots") == 16, timeout=30, what="bob's own budget")
+    finally:
+        for hoarder in hoarders:
+            hoarder.stop()
+
+
+def test_connections_sharing_a_budget_name_share_its_slots_until_they_give_them_back():
+    host, keys = HostTier(16), make_keys(IDENTITY, 8)
+    host.allocate(keys)
+    host.complete_write(keys, success=True)
+    peer_holds = PeerHolds(16, hold_timeout_s=1.0)  # 4 per client, 8 for all
+    assert len(peer_holds.take(host, b"a1", keys, 10.0, b"alice").keys) == 4
+    assert peer_holds.take(host, b"a2", keys, 10.0, b"alice").keys == []
+    peer_holds.give_back(host, b"a1", keys[:3])
+    assert peer_holds.take(host, b"a2", keys, 10.0, b"alice").keys == keys[:3]
+    assert peer_holds.held == 4 and host.holds_of(owner_of(b"a1")) == [keys[3]]

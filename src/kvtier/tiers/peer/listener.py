@@ -71,8 +71,9 @@ class ZmqListener:
             log.debug("peer server: reply dropped (%s)", exc)
         return _Tracked(zmq.MessageTracker(*[p for p in parts if isinstance(p, zmq.Frame)]))
 
-    def recv(self) -> tuple[bytes, list[memoryview]] | None:
-        """The next message within the limits, or ``None`` when none waits (never blocks)."""
+    def recv(self) -> tuple[bytes, list[memoryview], bytes | None] | None:
+        """The next message within the limits as (routing id, frames, the sender's CURVE key
+        in z85 or ``None`` without CURVE), or ``None`` when none waits (never blocks)."""
         while True:
             try:
                 first = self.socket.recv(flags=zmq.NOBLOCK, copy=False)
@@ -82,7 +83,7 @@ class ZmqListener:
             if message is not None:
                 return message
 
-    def _rest(self, first: zmq.Frame) -> tuple[bytes, list[memoryview]] | None:
+    def _rest(self, first: zmq.Frame) -> tuple[bytes, list[memoryview], bytes | None] | None:
         """The frames after the routing id ``first``; ``None`` if they broke the limits."""
         frames: list[memoryview] = []
         size, fd, more = 0, -1, first.more
@@ -96,7 +97,7 @@ class ZmqListener:
                 break
         if not more and size <= self._limits.max_message_bytes:
             self._guard.delivered(fd)
-            return first.bytes, frames
+            return first.bytes, frames, _user_of(first)
         self._drop_rest(more)
         self._counters["messages_dropped_oversized"] += 1
         self._guard.drop(fd, "oversized")
@@ -120,6 +121,15 @@ class ZmqListener:
 
 def _nbytes(frame: Buffer) -> int:
     return frame.nbytes if isinstance(frame, memoryview) else len(frame)
+
+
+def _user_of(frame: zmq.Frame) -> bytes | None:
+    """The User-Id ZAP gave ``frame``'s connection (the client's CURVE key), else ``None``."""
+    try:
+        user = frame.get("User-Id")
+    except (zmq.ZMQError, AttributeError, UnicodeDecodeError):
+        return None
+    return str(user).encode() if user else None
 
 
 def _source_fd(frame: zmq.Frame) -> int:

@@ -17,10 +17,11 @@ chunk that only this instance's own storage tiers hold starts its promotion
 (``TieringManager.promote_for_peer``), and the client asks again. A fetch serves host-ready
 chunks only. While tier jobs are pending the driver polls every ``BUSY_POLL_S``, so promotions
 land while the engine is idle. Holds are per client and bounded (``serve_holds``): a budget per
-client and for all clients, and an absolute deadline (``hold_timeout_s``). A client too slow to
-drain its replies then gets its slot released while bytes may still be queued; the header's
-checksum was taken while the slot was held, so the client's verification turns any overwritten
-bytes into a miss. Such a client gets no more holds until those replies are gone.
+client (a CURVE key, or a connection without CURVE) and for all clients, and an absolute
+deadline (``hold_timeout_s``). A client too slow to drain its replies then gets its slot
+released while bytes may still be queued; the header's checksum was taken while the slot was
+held, so the client's verification turns any overwritten bytes into a miss. Such a client gets
+no more holds until those replies are gone.
 
 What a client may send is bounded before anything is buffered (``transport.MessageLimits``):
 single-frame requests only, unless this server accepts stores (then STOREs of at most
@@ -74,6 +75,7 @@ class _Work:
     req_id: int = 0
     payloads: list[memoryview | None] = field(default_factory=list)
     stalled: bool = False  # "release": the reply outlived its holds
+    client: bytes = b""  # "fetch": whom the hold budget counts (``PeerHolds``)
 
 
 class PeerServer:
@@ -92,7 +94,7 @@ class PeerServer:
         self._inbox: queue.SimpleQueue[_Work] = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._work_ready, self._stop = threading.Event(), threading.Event()
-        self._clients: OrderedDict[bytes, None] = OrderedDict()
+        self._clients: OrderedDict[bytes, bytes] = OrderedDict()  # peer id -> budget name
         self._replies = Replies()
         self._counters: Counter[str] = Counter()
         self._counters_lock = threading.Lock()
@@ -186,7 +188,7 @@ class PeerServer:
         client (it does not read its replies) is served nothing."""
         ready = [k for k in work.keys if host.is_ready(k)]
         host.touch(ready)
-        grant = self._holds.take(host, work.peer, ready, time.monotonic())
+        grant = self._holds.take(host, work.peer, ready, time.monotonic(), work.client)
         served = [] if grant.refused else ready
         slots = grant.slots + [host.slot_of(k) for k in served[len(grant.keys) :]]
         flags = [not grant.refused and host.is_ready(k) for k in work.keys]
@@ -255,7 +257,7 @@ class PeerServer:
             self._count("server_errors")
             log.exception("peer server: unexpected error (the server keeps running)")
 
-    def _receive(self, peer: bytes, frames: list[memoryview]) -> None:
+    def _receive(self, peer: bytes, frames: list[memoryview], user: bytes | None) -> None:
         try:
             message = proto.decode_request(frames, self._region.slot_bytes)
         except proto.ProtocolError as exc:
@@ -263,7 +265,7 @@ class PeerServer:
             log.debug("peer server: dropped a malformed message: %s", exc.reason)
             return
         if isinstance(message, proto.Hello):
-            self._handshake(peer, message)
+            self._handshake(peer, message, user)
         elif peer not in self._clients:
             self._count("refused_no_handshake")
             refusal = proto.encode(proto.REFUSED, message.req_id, "hello first")
@@ -272,9 +274,12 @@ class PeerServer:
             self._receive_store(peer, message)
         else:
             op = "lookup" if message.kind == proto.LOOKUP else "fetch"
-            self._submit(_Work(op, list(message.keys), peer, message.req_id))
+            client = self._clients[peer]
+            self._submit(_Work(op, list(message.keys), peer, message.req_id, client=client))
 
-    def _handshake(self, peer: bytes, hello: proto.Hello) -> None:
+    def _handshake(self, peer: bytes, hello: proto.Hello, user: bytes | None) -> None:
+        """Admit ``peer`` if its protocol and cache identity match; its holds count against
+        its CURVE key's budget (``user``), or its connection's without CURVE."""
         reason = ""
         if hello.version != proto.PROTOCOL_VERSION:
             reason = f"protocol version {hello.version}, this server's is {proto.PROTOCOL_VERSION}"
@@ -287,7 +292,7 @@ class PeerServer:
             self._count("refused_handshakes")
             log.warning("peer server: refused a peer: %s", reason)
         else:
-            self._clients[peer] = None
+            self._clients[peer] = b"key:" + user if user else b"connection:" + peer
             self._clients.move_to_end(peer)
             while len(self._clients) > MAX_CLIENTS:
                 self._clients.popitem(last=False)

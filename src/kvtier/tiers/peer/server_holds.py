@@ -1,12 +1,14 @@
 """PeerHolds: the host-slot holds a peer server takes for its clients, per client and bounded;
 ``Replies``: the fetch replies that carry the held bytes, until sent or past their deadline.
 
-A served chunk's slot is held (``HostTier.hold``) until its bytes are sent. Each client (one
-connection, named by its routing id) holds as its own owner, ``("peer", routing id)``, so its
-holds are counted, bounded and released apart from every other owner's:
+A served chunk's slot is held (``HostTier.hold``) until its bytes are sent. Each connection
+(named by its routing id) holds as its own owner, ``("peer", routing id)``, so its holds are
+counted, bounded and released apart from every other owner's:
 
 * **budget**: one client holds at most ``per_client`` slots at once and all clients together at
-  most ``total``. The chunks of a FETCH past the budget are sent unpinned, straight out of
+  most ``total``. A client is a CURVE key where the server uses CURVE (every connection made
+  with one key shares its budget, so opening more connections gains nothing), else one
+  connection. The chunks of a FETCH past the budget are sent unpinned, straight out of
   their slots (counted ``fetch_unpinned``): if the engine reuses such a slot before its bytes
   are sent, the client's verification turns that chunk into a miss. Budgets: a quarter of the
   host slots per client, half for all clients (at least one). The engine keeps the rest: no
@@ -45,6 +47,7 @@ def owner_of(peer: bytes) -> Hashable:
 
 @dataclass
 class _Client:
+    budget: bytes  # the name its holds count against (``per_client``)
     held: int = 0
     deadlines: dict[ChunkKey, tuple[float, int]] = field(default_factory=dict)  # key: (at, holds)
     stalled: int = 0  # replies whose holds expired before they were sent
@@ -72,16 +75,29 @@ class PeerHolds:
         self._timeout = hold_timeout_s
         self.counters: Counter[str] = Counter()  # read by other threads as ``dict(counters)``
         self._clients: dict[bytes, _Client] = {}
+        self._budgets: Counter[bytes] = Counter()  # slots held per budget name
         self.held = 0  # slots held by all clients together
 
-    def take(self, host: PeerHost, peer: bytes, ready: Sequence[ChunkKey], now: float) -> Grant:
-        """Hold as many of the ``ready`` keys (the first ones) as ``peer`` may hold now."""
-        client = self._clients.setdefault(peer, _Client())
+    def take(
+        self,
+        host: PeerHost,
+        peer: bytes,
+        ready: Sequence[ChunkKey],
+        now: float,
+        budget: bytes = b"",
+    ) -> Grant:
+        """Hold as many of the ``ready`` keys (the first ones) as ``peer`` may hold now.
+
+        ``budget`` names whom the holds count against (``peer`` itself if empty); a connection
+        keeps the budget it first took holds with until it holds nothing.
+        """
+        client = self._client(peer, budget or b"connection:" + peer)
         if client.stalled:
             self.counters["fetch_refused_stalled"] += 1
             self._forget_if_idle(peer, client)
             return Grant([], [], now, refused=True)
-        room = max(0, min(self.per_client - client.held, self.total - self.held))
+        used = self._budgets[client.budget]
+        room = max(0, min(self.per_client - used, self.total - self.held))
         keys = list(ready[:room])
         if len(keys) < len(ready):
             self.counters["fetch_unpinned"] += len(ready) - len(keys)
@@ -90,8 +106,7 @@ class PeerHolds:
             at, holds = client.deadlines.get(key, (now + self._timeout, 0))
             client.deadlines[key] = (at, holds + 1)
             deadline = min(deadline, at)
-        client.held += len(keys)
-        self.held += len(keys)
+        self._count(client, len(keys))
         slots = host.hold(keys, owner_of(peer))
         self._forget_if_idle(peer, client)
         return Grant(keys, slots, deadline)
@@ -111,13 +126,25 @@ class PeerHolds:
                 client.deadlines[key] = (at, holds - 1)
             else:
                 del client.deadlines[key]
-        client.held -= len(keys)
-        self.held -= len(keys)
+        self._count(client, -len(keys))
         self._forget_if_idle(peer, client)
+
+    def _client(self, peer: bytes, budget: bytes) -> _Client:
+        client = self._clients.get(peer)
+        if client is None:
+            client = self._clients[peer] = _Client(budget)
+        return client
+
+    def _count(self, client: _Client, n: int) -> None:
+        client.held += n
+        self.held += n
+        self._budgets[client.budget] += n
+        if not self._budgets[client.budget]:
+            del self._budgets[client.budget]
 
     def stall(self, peer: bytes, stalled: bool) -> None:
         """A reply of ``peer`` outlived its holds (``True``), or has now gone (``False``)."""
-        client = self._clients.setdefault(peer, _Client())
+        client = self._client(peer, b"connection:" + peer)
         client.stalled += 1 if stalled else -1
         self._forget_if_idle(peer, client)
 

@@ -100,8 +100,9 @@ class Listener(Protocol):
 
     def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt: ...
 
-    def recv(self) -> tuple[bytes, list[memoryview]] | None:
-        """The next message within the limits, or ``None`` when none waits (never blocks)."""
+    def recv(self) -> tuple[bytes, list[memoryview], bytes | None] | None:
+        """The next message within the limits, or ``None`` when none waits (never blocks):
+        (the peer's id, the frames, the name its credentials proved, ``None`` if none did)."""
         ...
 
     def stats(self) -> dict[str, int]:
