@@ -111,6 +111,42 @@ def test_chunks_below_secondary_min_priority_stay_in_host(identity, tmp_path):
     assert not list(tmp_path.rglob(keys[0].hex())) and list(tmp_path.rglob(keys[1].hex()))
 
 
+def test_a_chunk_retained_at_priority_0_is_below_any_secondary_min_priority(identity, tmp_path):
+    """Priority 0 is a priority, not "none given": it is below secondary_min_priority 10."""
+    keys = make_keys(identity, 2)
+    cfg = config(4, secondary_tiers=[fs(tmp_path)], secondary_min_priority=10)
+    with TieringManager(cfg, identity) as m:
+        offer(m, keys, priority=[0, 5])
+        assert m.wait_idle(10)
+        assert dropped(m, "fs", "priority") == 2
+    assert not [k for k in keys if list(tmp_path.rglob(k.hex()))]
+
+
+def test_a_prefix_counts_its_chunks_already_in_host(identity):
+    """A 4-chunk request whose first 3 chunks are in host stores its 4th: the prefix is 4
+    chunks long, however many of them had to be offered."""
+    keys = make_keys(identity, 4)
+    with TieringManager(config(8, admission=[{"min_prefix_chunks": 3}]), identity) as m:
+        assert offer(m, keys[:3]) == keys[:3]
+        assert offer(m, keys, first_chunk=0) == keys[3:]
+        assert dropped(m, "host", "min_prefix_chunks") == 0
+
+
+def test_min_prefix_chunks_0_is_accepted_as_documented(identity):
+    cfg = config(2, admission=[{"min_reuse": 2, "min_prefix_chunks": 0}])
+    assert cfg.admission[0].min_prefix_chunks == 0
+
+
+def test_a_tier_named_host_is_refused_while_admission_is_configured(identity, tmp_path):
+    """``level: host`` means host memory: a tier of that name would take host memory's rules
+    and skip secondary_min_priority."""
+    tiers = [fs(tmp_path, name="host")]
+    with pytest.raises(ConfigError, match="host"):
+        TieringManager(config(2, secondary_tiers=tiers, secondary_min_priority=50), identity)
+    with TieringManager(config(2, secondary_tiers=tiers), identity) as m:
+        assert m.tier_states() == (["host"], [])
+
+
 def test_a_policy_of_your_own_by_module_path(identity):
     keys = make_keys(identity, 16)
     plugin = {"module_path": "tests.plugins.admission_policy", "type": "EvenFirstByte",

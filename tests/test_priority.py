@@ -196,3 +196,19 @@ def test_bad_priorities_are_refused_at_the_call(identity, kwargs):
         with pytest.raises(KVTierError):
             m.touch(keys, **kwargs)
         assert m.stats()["host"]["used_slots"] == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"priority": 50.0}, {"priority": "80"}, {"priority": {1, 2}}, {"priority": [50, None]},
+     {"priority": 50, "duration_s": "5"}, {"first_chunk": -1}, {"first_chunk": "x"},
+     {"first_chunk": 1.5}, {"first_chunk": True}, {"first_chunk": None}],
+)  # fmt: skip
+def test_arguments_of_the_wrong_type_are_refused_before_anything_changes(identity, kwargs):
+    """With admission on, a bad argument is an InvalidArgumentError at the call, and no chunk
+    was counted as seen: offering the chunks again is still their first sighting."""
+    keys = make_keys(identity, 2)
+    with TieringManager(config(2, store_threshold=2), identity) as m:
+        with pytest.raises(InvalidArgumentError):
+            m.prepare_store(keys, **kwargs)
+        assert m.prepare_store(keys).keys == [], "seen once, not twice"

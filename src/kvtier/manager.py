@@ -44,7 +44,7 @@ from kvtier.progress import Progress
 from kvtier.promotion import Promoter
 from kvtier.provenance import Provenance
 from kvtier.region import HostRegion
-from kvtier.retention import Priority, Retention, expiry, priorities
+from kvtier.retention import Priority, Retention, expiry, prefix_length, priorities
 from kvtier.services import ManagerService, Services, close_all
 from kvtier.slo import SLOGuard
 from kvtier.slots import SlotAllocator
@@ -181,9 +181,9 @@ class TieringManager(Operations):
         prefix (for ``min_prefix_chunks``). Chunks admission drops are left out of the plan.
         """
         wanted = dict(zip(keys, priorities(keys, priority), strict=True))
-        until = expiry(duration_s)
+        until, prefix = expiry(duration_s), prefix_length(first_chunk, keys)
         offered = [k for k in wanted if k not in self.host]
-        new = self._retention.plan_store(offered, first_chunk, [wanted[k] for k in offered])
+        new = self._retention.plan_store(offered, prefix, [wanted[k] for k in offered])
         slots = self._slots.allocate(new, [k for k in keys if self.host.is_ready(k)])
         if slots is None:
             self.metrics.count("store_rejected")

@@ -14,8 +14,10 @@ Thread safety: none; the manager calls it under its lock.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Sequence
+from typing import TypeGuard
 
 from kvtier.admission import Offer
 from kvtier.admission.gate import HOST, Admission
@@ -29,27 +31,46 @@ Priority = int | Sequence[int] | None
 
 
 def priorities(keys: Sequence[ChunkKey], priority: Priority) -> list[int]:
-    """One priority per key from ``priority`` (one for all, one per key, or the default)."""
+    """One priority per key from ``priority`` (one for all, a sequence of one per key, or the
+    default); ``InvalidArgumentError`` for anything else."""
     if priority is None:
         return [DEFAULT_PRIORITY] * len(keys)
-    values = [priority] * len(keys) if isinstance(priority, int) else list(priority)
+    if _is_integer(priority):
+        values = [priority] * len(keys)
+    elif isinstance(priority, Sequence) and not isinstance(priority, str | bytes):
+        values = list(priority)
+    else:
+        raise InvalidArgumentError(f"priority: expected 0 to 100 or a list, got {priority!r}")
     if len(values) != len(keys):
         raise InvalidArgumentError(f"priority: {len(values)} values for {len(keys)} keys")
     for value in values:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not _is_integer(value):
             raise InvalidArgumentError(f"priority: expected an integer, got {value!r}")
         if not MIN_PRIORITY <= value <= MAX_PRIORITY:
             raise InvalidArgumentError(f"priority: expected 0 to 100, got {value}")
-    return values
+    return [int(value) for value in values]
 
 
 def expiry(duration_s: float | None) -> float | None:
     """When a priority given for ``duration_s`` seconds ends (monotonic clock)."""
     if duration_s is None:
         return None
-    if isinstance(duration_s, bool) or not (math.isfinite(duration_s) and duration_s > 0):
+    number = isinstance(duration_s, numbers.Real) and not isinstance(duration_s, bool)
+    if not (number and math.isfinite(duration_s) and duration_s > 0):
         raise InvalidArgumentError(f"duration_s: expected a finite number > 0, got {duration_s}")
     return time.monotonic() + duration_s
+
+
+def prefix_length(first_chunk: int, keys: Sequence[ChunkKey]) -> int:
+    """The length in chunks of a prefix whose chunks from ``first_chunk`` (>= 0) are ``keys``."""
+    if not _is_integer(first_chunk) or first_chunk < 0:
+        raise InvalidArgumentError(f"first_chunk: expected an integer >= 0, got {first_chunk!r}")
+    return int(first_chunk) + len(keys)
+
+
+def _is_integer(value: object) -> TypeGuard[int]:
+    """An int, or any other integral number (``numpy.int64``), but never a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class Retention:
@@ -60,13 +81,14 @@ class Retention:
         self._offer: Offer | None = None
 
     def plan_store(
-        self, new: list[ChunkKey], first_chunk: int, wanted: list[int]
+        self, new: list[ChunkKey], prefix_chunks: int, wanted: list[int]
     ) -> list[ChunkKey]:
-        """Which of the ``new`` chunks offered (with priorities ``wanted``) host memory keeps."""
+        """Which of the ``new`` chunks offered (with priorities ``wanted``) host memory keeps;
+        ``prefix_chunks``: the length of their request's prefix, chunks already in host too."""
         self._admission.seen(new)
         if not self._admission.active:
             return new
-        self._offer = self._admission.offer(new, first_chunk, wanted)
+        self._offer = self._admission.offer(new, prefix_chunks, wanted)
         kept = self._admission.admit(HOST, self._offer)
         self._provenance.admitted(kept)
         if len(kept) < len(new):
@@ -93,7 +115,7 @@ class Retention:
         """For each tier (by name, in order): the stored chunks it gets."""
         if not self._admission.active:
             return [own] * len(names)
-        wanted = [self._host.priority_of(key) or DEFAULT_PRIORITY for key in own]
+        wanted = [_or_default(self._host.priority_of(key)) for key in own]
         offer = self._admission.stored(own, wanted)
         chosen = [self._admission.admit(name, offer) for name in names]
         kept_somewhere = {key for keys in chosen for key in keys}
@@ -108,3 +130,8 @@ class Retention:
     def used(self, keys: Sequence[ChunkKey]) -> None:
         """The engine used these chunks (loaded from host, or hit in its own cache)."""
         self._admission.seen(keys)
+
+
+def _or_default(priority: int | None) -> int:
+    """``priority``, or the default for a key that has none (0 is a priority, not none)."""
+    return DEFAULT_PRIORITY if priority is None else priority

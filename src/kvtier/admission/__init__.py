@@ -22,12 +22,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
+from kvtier.config_checks import Bounds
 from kvtier.errors import ConfigError
 from kvtier.keys import ChunkKey
 
 MAX_COUNT = 255  # sketch counters saturate here
+MAX_CHUNKS = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class AdmissionConfig:
     min_reuse: int = 1
     min_frequency: int = 1
     frequency_window: int = 100_000
-    min_prefix_chunks: int = 0
+    min_prefix_chunks: Annotated[int, Bounds(0, MAX_CHUNKS, "an integer from 0 to 2**40")] = 0
     module_path: str | None = None
     type: str | None = None
     options: Any = field(default_factory=dict)  # keyword arguments of the policy's class
@@ -46,8 +48,8 @@ class AdmissionConfig:
     def __post_init__(self) -> None:
         for name in ("min_reuse", "min_frequency"):
             _check_int(name, getattr(self, name), 1, MAX_COUNT)
-        _check_int("frequency_window", self.frequency_window, 1, 1 << 40)
-        _check_int("min_prefix_chunks", self.min_prefix_chunks, 0, 1 << 40)
+        _check_int("frequency_window", self.frequency_window, 1, MAX_CHUNKS)
+        _check_int("min_prefix_chunks", self.min_prefix_chunks, 0, MAX_CHUNKS)
         if (self.module_path is None) != (self.type is None):
             raise ConfigError("module_path, type: a policy of your own needs both")
         if not isinstance(self.options, Mapping) or not all(

@@ -23,7 +23,11 @@ HOST = "host"
 
 
 class Admission:
-    """Per level (``host`` or a tier name): the policies that decide what it keeps."""
+    """Per level (``host`` or a tier name): the policies that decide what it keeps.
+
+    ``ConfigError`` for a level that names no tier, and for a tier named ``host`` while
+    anything is configured (host memory's level would be taken for it).
+    """
 
     def __init__(
         self,
@@ -43,6 +47,9 @@ class Admission:
             self._policies.setdefault(config.level, []).append(self._policy(config))
         self._prefix: dict[ChunkKey, int] = {}  # keys being stored -> their prefix's chunks
         self.active = bool(configs) or secondary_min_priority > 0
+        if self.active and HOST in levels:  # its level would be host memory's
+            raise ConfigError("secondary_tiers: a tier named 'host' needs another name when "
+                              "admission or secondary_min_priority is set")  # fmt: skip
 
     def _policy(self, config: AdmissionConfig) -> AdmissionPolicy:
         if config.module_path is not None:
@@ -60,9 +67,9 @@ class Admission:
             for sketch in self._windows.values():
                 sketch.record(keys)
 
-    def offer(self, keys: list[ChunkKey], first_chunk: int, priorities: Sequence[int]) -> Offer:
-        """An offer of new chunks, numbered in their prefix from ``first_chunk``."""
-        prefix = [first_chunk + len(keys)] * len(keys)
+    def offer(self, keys: list[ChunkKey], prefix_chunks: int, priorities: Sequence[int]) -> Offer:
+        """An offer of new chunks of a prefix ``prefix_chunks`` long (its chunks in host too)."""
+        prefix = [prefix_chunks] * len(keys)
         seen = self._reuse.estimate(keys).tolist() if self._reuse is not None else [0] * len(keys)
         return Offer(keys, seen, prefix, priorities)
 
