@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kvtier import RETRY, KVTierError, TieringManager
+from kvtier import RETRY, ConfigError, KVTierError, TieringManager
 from kvtier.config import FsTierConfig, MemoryTierConfig
 from kvtier.slo import SLOGuard, SLOGuardConfig
 from kvtier.tiers.fault import FaultInjectingTier
@@ -191,6 +191,53 @@ def test_a_tier_disabled_by_hand_is_never_switched_on_by_the_guard():
     g, clock = guard(promotion_p99_s=0.1)
     clock.now += 1000.0
     assert g.decide([], ["fs"]) == []
+
+
+def test_a_request_budget_trips_one_tier_for_one_breach():
+    """TTFT slow for 30 s, fine from the moment the newest tier is off: the samples from before
+    that switch do not go on to trip the next tier (they say nothing about it)."""
+    g, clock = guard(ttft_p99_s=1.0, window_s=60.0, sustain_s=30.0, cooldown_s=120.0,
+                     min_samples=20)  # fmt: skip
+    enabled, switches = ["fs", "obj"], []
+    for second in range(120):
+        clock.now = 1000.0 + second
+        g.observe_request(ttft_s=2.0 if "obj" in enabled else 0.1)
+        for decision in g.decide(enabled, [t for t in ("fs", "obj") if t not in enabled]):
+            switches.append((decision.tier, decision.enable))
+            if not decision.enable:
+                enabled.remove(decision.tier)
+    assert switches == [("obj", False)]
+
+
+def test_a_tier_the_guard_tripped_is_in_the_operators_hands_once_switched_by_hand(identity):
+    """The guard switched the tier off; the operator switched it back on, then off again: the
+    guard's old cool-down does not switch it on behind the operator's back."""
+    slo = {"ttft_p99_s": 1.0, "window_s": 0.05, "sustain_s": 0.01, "cooldown_s": 0.05,
+           "min_samples": 1}  # fmt: skip
+    with TieringManager(config(2, slo_guard=slo), identity, tiers=[slow_memory]) as m:
+        m.report_request(ttft_s=5.0)
+        wait_for(lambda: (m.poll(), m.tier_states()[1] == ["slow"])[1], what="tripped")
+        assert m.enable_tier("slow") and m.disable_tier("slow")
+        time.sleep(0.2)  # past the cool-down, and the slow sample has left the window
+        m.poll()
+        assert m.tier_states() == ([], ["slow"])
+        reasons = [(s.enabled, s.reason) for s in m.take_tier_switches()]
+    assert reasons == [(False, "ttft_p99"), (True, "manual"), (False, "manual")]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [({"ttft_p99_s": 1.0, "cooldown_s": 1e18}, r"^slo_guard\.cooldown_s: .*86400"),
+     ({"ttft_p99_s": 1.0, "window_s": 1e9}, r"^slo_guard\.window_s: "),
+     ({"ttft_p99_s": 1e9}, r"^slo_guard\.ttft_p99_s: "),
+     ({"ttft_p99_s": 1.0, "sustain_s": 0}, r"^slo_guard\.sustain_s: "),
+     ({"ttft_p99_s": 1.0, "recover_ratio": 0}, r"^slo_guard\.recover_ratio: "),
+     ({"ttft_p99_s": 1.0, "min_samples": 5000}, r"^slo_guard\.min_samples: "),
+     ({}, r"^slo_guard\.promotion_p99_s, ttft_p99_s, itl_p99_s: ")],
+)  # fmt: skip
+def test_guard_settings_in_a_config_are_bounded_and_named_once(bad, message):
+    with pytest.raises(ConfigError, match=message):
+        config(2, slo_guard=bad)
 
 
 @pytest.mark.parametrize(

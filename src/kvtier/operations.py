@@ -40,13 +40,14 @@ class Operations:
         """Switch tier ``name`` off: no lookups, promotions or writes until ``enable_tier``.
 
         Its jobs in flight still finish (or fail) safely. Returns whether anything changed.
+        A tier switched by hand is never switched back on by the SLO guard.
         """
-        return self._control.switch(name, False, reason)
+        return self._control.switch_by_hand(name, False, reason)
 
     @serialized
     def enable_tier(self, name: str) -> bool:
         """Switch tier ``name`` back on; returns whether anything changed."""
-        return self._control.switch(name, True, "manual")
+        return self._control.switch_by_hand(name, True, "manual")
 
     @serialized
     def tier_states(self) -> tuple[list[str], list[str]]:

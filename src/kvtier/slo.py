@@ -12,7 +12,10 @@ disables the tier that breaks it, a request budget the newest enabled tier (the 
 config). A disabled tier comes back after its cool-down; a request budget must also have
 recovered below ``recover_ratio`` of itself (hysteresis). Each trip of the same tier within
 ``window_s`` of its return doubles its next cool-down (up to 16 times ``cooldown_s``), so a tier
-that stays slow is tried less and less often and the guard never flaps.
+that stays slow is tried less and less often and the guard never flaps. After a request budget
+trips a tier, only samples taken since count towards its next trip (the older ones blamed the
+tier already switched off), while its recovery is judged on the whole window. A tier switched
+by hand (``switched_by_hand``) is the operator's: the guard does not switch it back on.
 
 Thread safety: none; the manager calls it under its lock. ``clock`` is injectable for tests.
 """
@@ -24,38 +27,40 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Annotated
 
+from kvtier.config_checks import Bounds, Timeout, check_fields
 from kvtier.errors import ConfigError
 
 MAX_SAMPLES = 4096  # per series: the p99 of a window never sorts more than this
 MAX_BACKOFF = 16
 
 
+Ratio = Annotated[float, Bounds(0, 1, "a number in (0, 1]", integer=False, open_low=True)]
+Samples = Annotated[int, Bounds(1, MAX_SAMPLES, f"an integer from 1 to {MAX_SAMPLES}")]
+
+
 @dataclass(frozen=True)
 class SLOGuardConfig:
-    """``slo_guard``: latency budgets (seconds, p99) and how the guard reacts to them."""
+    """``slo_guard``: latency budgets (seconds, p99) and how the guard reacts to them.
 
-    promotion_p99_s: float | None = None
-    ttft_p99_s: float | None = None
-    itl_p99_s: float | None = None
-    window_s: float = 60.0
-    sustain_s: float = 30.0
-    cooldown_s: float = 120.0
-    min_samples: int = 20
-    recover_ratio: float = 0.8
+    Every duration is above 0 and at most a day; ``ConfigError`` names a bad key.
+    """
+
+    promotion_p99_s: Timeout | None = None
+    ttft_p99_s: Timeout | None = None
+    itl_p99_s: Timeout | None = None
+    window_s: Timeout = 60.0
+    sustain_s: Timeout = 30.0
+    cooldown_s: Timeout = 120.0
+    min_samples: Samples = 20
+    recover_ratio: Ratio = 0.8
 
     def __post_init__(self) -> None:
+        check_fields(self)
         budgets = ("promotion_p99_s", "ttft_p99_s", "itl_p99_s")
-        for name in (*budgets, "window_s", "sustain_s", "cooldown_s"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"slo_guard.{name}: expected a finite number > 0, got {value}")
         if all(getattr(self, name) is None for name in budgets):
-            raise ConfigError(f"slo_guard: give at least one budget ({', '.join(budgets)})")
-        if isinstance(self.min_samples, bool) or not 1 <= self.min_samples <= MAX_SAMPLES:
-            raise ConfigError(f"slo_guard.min_samples: expected 1 to {MAX_SAMPLES}")
-        if not 0 < self.recover_ratio <= 1:
-            raise ConfigError("slo_guard.recover_ratio: expected a number in (0, 1]")
+            raise ConfigError(f"{', '.join(budgets)}: give at least one budget")
 
 
 @dataclass(frozen=True)
@@ -77,13 +82,14 @@ class Window:
     def add(self, now: float, value: float) -> None:
         self._samples.append((now, value))
 
-    def p99(self, now: float, min_samples: int) -> float | None:
-        """The window's p99, or ``None`` with fewer than ``min_samples`` samples."""
+    def p99(self, now: float, min_samples: int, after: float | None = None) -> float | None:
+        """The p99 of the window's samples (only those taken after ``after``, if given), or
+        ``None`` with fewer than ``min_samples`` of them."""
         while self._samples and self._samples[0][0] < now - self.seconds:
             self._samples.popleft()
-        if len(self._samples) < min_samples:
+        values = sorted(v for t, v in self._samples if after is None or t > after)
+        if len(values) < min_samples:
             return None
-        values = sorted(value for _, value in self._samples)
         return values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)]
 
 
@@ -107,6 +113,7 @@ class SLOGuard:
     _requests: dict[str, Window] = field(default_factory=dict)
     _broken_since: dict[str, float] = field(default_factory=dict)
     _trips: dict[str, _Trip] = field(default_factory=dict)
+    _tripped_at: dict[str, float] = field(default_factory=dict)  # request series -> last trip
 
     # -- samples -----------------------------------------------------------------------------
     def observe_promotion(self, tier: str, seconds: float) -> None:
@@ -147,18 +154,21 @@ class SLOGuard:
         for tier in enabled:
             if self._over(self._promotions.get(tier), self.config.promotion_p99_s, now):
                 broken.append((f"promotion_p99:{tier}", tier))
-        for name in ("ttft", "itl"):
-            if enabled and self._over(self._requests.get(name), self._budget(name), now):
+        for name in ("ttft", "itl"):  # judged on the samples since its last trip only
+            window, since = self._requests.get(name), self._tripped_at.get(name)
+            if enabled and self._over(window, self._budget(name), now, since):
                 broken.append((f"{name}_p99", enabled[-1]))
         seen = {budget for budget, _ in broken}
         for budget in [b for b in self._broken_since if b not in seen]:
             del self._broken_since[budget]
         return broken
 
-    def _over(self, window: Window | None, budget: float | None, now: float) -> bool:
+    def _over(
+        self, window: Window | None, budget: float | None, now: float, after: float | None = None
+    ) -> bool:
         if window is None or budget is None:
             return False
-        p99 = window.p99(now, self.config.min_samples)
+        p99 = window.p99(now, self.config.min_samples, after)
         return p99 is not None and p99 > budget
 
     def _budget(self, name: str) -> float | None:
@@ -173,7 +183,17 @@ class SLOGuard:
         until = now + self.config.cooldown_s * backoff
         self._trips[tier] = _Trip(reason, until, backoff)
         self._promotions.pop(tier, None)
+        if reason in ("ttft_p99", "itl_p99"):  # its samples so far cannot blame another tier
+            self._tripped_at[reason.removesuffix("_p99")] = now
         return Decision(tier, enable=False, reason=reason)
+
+    def switched_by_hand(self, tier: str) -> None:
+        """An operator switched ``tier`` (on or off): a cool-down pending for it is over, so
+        the guard never switches it back on behind the operator; a new trip soon after still
+        lengthens the next cool-down."""
+        trip = self._trips.get(tier)
+        if trip is not None and trip.returned_at is None:
+            trip.returned_at = self.clock()
 
     def _returns(self, now: float, disabled: Sequence[str]) -> list[Decision]:
         decisions = []

@@ -48,6 +48,13 @@ class TierControl:
         self._switches.append(TierSwitch(name, enable, reason, time.time()))
         return True
 
+    def switch_by_hand(self, name: str, enable: bool, reason: str) -> bool:
+        """``switch`` for an operator: the guard then leaves the tier as the operator set it."""
+        changed = self.switch(name, enable, reason)
+        if self.guard is not None:
+            self.guard.switched_by_hand(name)
+        return changed
+
     def observe(self, finished: Finished) -> None:
         """A tier job reported: promotion latencies feed the guard."""
         if self.guard is not None and finished.job.op == "load":
