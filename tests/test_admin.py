@@ -83,3 +83,24 @@ def test_a_client_that_is_not_loopback_is_refused(served):
                "REMOTE_ADDR": "10.1.2.3"}  # fmt: skip
     app(environ, lambda status, headers: statuses.append(status))  # type: ignore[arg-type]
     assert statuses == ["403 Forbidden"] and m.stats()["disabled_tiers"] == []
+
+
+def test_a_tier_named_beyond_ascii_is_switched_by_its_utf8_path(identity):
+    port = free_port()
+    tiers = [{"type": "memory", "name": "cach\u00e9"}]
+    with TieringManager(config(2, secondary_tiers=tiers, metrics_port=port,
+                               metrics_admin=True), identity) as m:  # fmt: skip
+        status, body = call(port, "/admin/tiers/cach%C3%A9/disable", "POST")
+        assert (status, body["tier"]) == (200, "cach\u00e9")
+        assert m.tier_states() == ([], ["cach\u00e9"])
+        assert call(port, "/admin/tiers/cach%E9/disable", "POST")[0] == 404, "not UTF-8"
+
+
+def test_a_closed_manager_answers_503_and_switches_nothing(served):
+    m, _ = served
+    m.close()
+    statuses = []
+    environ = {"PATH_INFO": "/admin/tiers/fs/disable", "REQUEST_METHOD": "POST",
+               "REMOTE_ADDR": "127.0.0.1"}  # fmt: skip
+    admin_app(m)(environ, lambda status, headers: statuses.append(status))  # type: ignore[arg-type]
+    assert statuses == ["503 Service Unavailable"] and m.tier_states() == (["fs"], [])

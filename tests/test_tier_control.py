@@ -14,6 +14,7 @@ import pytest
 
 from kvtier import RETRY, ConfigError, KVTierError, TieringManager
 from kvtier.config import FsTierConfig, MemoryTierConfig
+from kvtier.errors import ClosedError
 from kvtier.slo import SLOGuard, SLOGuardConfig
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.fs.tier import FilesystemTier
@@ -63,6 +64,18 @@ def test_switching_an_unknown_tier_names_the_tiers(identity, tmp_path):
     m = TieringManager(config(2), identity, tiers=[fs_factory(tmp_path)])
     with m, pytest.raises(KVTierError, match="fs"):
         m.disable_tier("nope")
+
+
+def test_tiers_of_a_closed_manager_are_not_switched(identity, tmp_path):
+    """Its tiers are closed: switching one on would report a tier serving that cannot."""
+    m = TieringManager(config(2), identity, tiers=[fs_factory(tmp_path)])
+    m.disable_tier("fs")
+    m.take_tier_switches()
+    m.close()
+    for switch in (m.enable_tier, m.disable_tier):
+        with pytest.raises(ClosedError):
+            switch("fs")
+    assert m.tier_states() == ([], ["fs"]) and m.take_tier_switches() == []
 
 
 def test_a_store_in_flight_when_the_tier_is_disabled_finishes_and_frees_its_slots(identity):

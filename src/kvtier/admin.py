@@ -5,7 +5,8 @@ a metrics address beyond loopback, and every request from a peer that is not loo
 
 * ``GET /admin/tiers``: ``{"enabled": [...], "disabled": [...]}``;
 * ``POST /admin/tiers/<name>/disable`` and ``POST /admin/tiers/<name>/enable``:
-  ``{"tier": name, "enabled": bool, "changed": bool}``; 404 for a tier that does not exist.
+  ``{"tier": name, "enabled": bool, "changed": bool}``; 404 for a tier that does not exist,
+  503 once the manager is closed. ``<name>`` is the tier's name, percent-encoded as UTF-8.
 
 Runs on a metrics server thread; the manager's methods take its lock.
 """
@@ -18,7 +19,7 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvtier.errors import KVTierError
+from kvtier.errors import ClosedError, KVTierError
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
@@ -50,7 +51,7 @@ def admin_app(manager: Operations) -> WSGIApplication:
 def _answer(manager: Operations, environ: WSGIEnvironment) -> tuple[str, Any]:
     if not is_loopback(str(environ.get("REMOTE_ADDR", ""))):
         return "403 Forbidden", {"error": "the admin endpoint answers loopback clients only"}
-    path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "")
+    path, method = _path(environ), environ.get("REQUEST_METHOD", "")
     if path == "/admin/tiers":
         if method != "GET":
             return "405 Method Not Allowed", {"error": "GET /admin/tiers"}
@@ -64,9 +65,21 @@ def _answer(manager: Operations, environ: WSGIEnvironment) -> tuple[str, Any]:
     return _switch(manager, match["name"], match["action"] == "enable")
 
 
+def _path(environ: WSGIEnvironment) -> str:
+    """The request's path as its UTF-8 (WSGI hands it over decoded as latin-1); a path that
+    is not UTF-8 names no tier, so its undecodable bytes are replaced."""
+    raw = str(environ.get("PATH_INFO", ""))
+    try:
+        return raw.encode("latin-1").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # not from a WSGI server: already text
+        return raw
+
+
 def _switch(manager: Operations, name: str, enable: bool) -> tuple[str, Any]:
     try:
         changed = manager.enable_tier(name) if enable else manager.disable_tier(name, "admin")
+    except ClosedError as exc:
+        return "503 Service Unavailable", {"error": str(exc)}
     except KVTierError as exc:
         return "404 Not Found", {"error": str(exc)}
     return "200 OK", {"tier": name, "enabled": enable, "changed": changed}

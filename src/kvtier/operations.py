@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from kvtier.errors import ClosedError
 from kvtier.events import EventLog, KVEvent
 from kvtier.guards import serialized, under_lock
 from kvtier.host import HostTier
@@ -40,14 +41,21 @@ class Operations:
         """Switch tier ``name`` off: no lookups, promotions or writes until ``enable_tier``.
 
         Its jobs in flight still finish (or fail) safely. Returns whether anything changed.
-        A tier switched by hand is never switched back on by the SLO guard.
+        A tier switched by hand is never switched back on by the SLO guard. ``ClosedError``
+        once the manager is closed (its tiers are).
         """
-        return self._control.switch_by_hand(name, False, reason)
+        return self._switch_by_hand(name, False, reason)
 
     @serialized
     def enable_tier(self, name: str) -> bool:
-        """Switch tier ``name`` back on; returns whether anything changed."""
-        return self._control.switch_by_hand(name, True, "manual")
+        """Switch tier ``name`` back on; returns whether anything changed (``ClosedError``
+        once the manager is closed)."""
+        return self._switch_by_hand(name, True, "manual")
+
+    def _switch_by_hand(self, name: str, enable: bool, reason: str) -> bool:
+        if self._closed:
+            raise ClosedError(f"{'enable' if enable else 'disable'}_tier: the manager is closed")
+        return self._control.switch_by_hand(name, enable, reason)
 
     @serialized
     def tier_states(self) -> tuple[list[str], list[str]]:
