@@ -228,10 +228,15 @@ def test_a_tier_the_guard_tripped_is_in_the_operators_hands_once_switched_by_han
     slo = {"ttft_p99_s": 1.0, "window_s": 0.05, "sustain_s": 0.01, "cooldown_s": 0.05,
            "min_samples": 1}  # fmt: skip
     with TieringManager(config(2, slo_guard=slo), identity, tiers=[slow_memory]) as m:
-        m.report_request(ttft_s=5.0)
-        wait_for(lambda: (m.poll(), m.tier_states()[1] == ["slow"])[1], what="tripped")
+
+        def tripped() -> bool:  # a fresh slow sample each time: never out of the window
+            m.report_request(ttft_s=5.0)
+            m.poll()
+            return m.tier_states()[1] == ["slow"]
+
+        wait_for(tripped, what="tripped")
         assert m.enable_tier("slow") and m.disable_tier("slow")
-        time.sleep(0.2)  # past the cool-down, and the slow sample has left the window
+        time.sleep(0.1)  # past the cool-down, and the slow samples have left the window
         m.poll()
         assert m.tier_states() == ([], ["slow"])
         reasons = [(s.enabled, s.reason) for s in m.take_tier_switches()]
