@@ -98,3 +98,13 @@ def test_a_metrics_port_in_use_is_a_usage_error(tmp_path, capsys):
         port = holder.getsockname()[1]
         code, err = bench(["--metrics-port", str(port)], tmp_path, capsys)
     assert_usage_error(code, err, f"argument --metrics-port: cannot listen on 127.0.0.1:{port}")
+
+
+def test_the_vllm_bench_turns_the_order_of_strategies_at_each_n():
+    from kvtier.bench.vllm_bench import rotated
+
+    names = ["vllm-fs", "kvtier-fs", "ceiling"]
+    orders = [rotated(names, turn) for turn in range(3)]
+    assert [order[0] for order in orders] == names  # each strategy runs first once
+    assert all(sorted(order) == sorted(names) for order in orders)
+    assert rotated(names, 3) == names and rotated([], 5) == []

@@ -130,7 +130,8 @@ class VllmBench:
 
         All engines start together and stay up; then each N is served by one engine after the
         other, so the strategies' figures at one N are measured minutes apart at most, under
-        the same load of a shared machine.
+        the same load of a shared machine. The order turns by one strategy at each N, so no
+        strategy is always the first (or the last) to run.
         """
         engines: dict[str, Engine] = {}
         try:
@@ -141,14 +142,20 @@ class VllmBench:
                 engine.ask(None, "READY")
                 print(f"engine {strategy}: up", file=sys.stderr, flush=True)
             for index, n in enumerate(self.options.conversations):
-                for strategy, engine in engines.items():
-                    engine.ask(str(index), "DONE")
+                for strategy in rotated(list(engines), index):
+                    engines[strategy].ask(str(index), "DONE")
                     print(f"N={n} {strategy}: done", file=sys.stderr, flush=True)
             reports = {strategy: engine.finish() for strategy, engine in engines.items()}
         finally:
             for engine in engines.values():
                 engine.stop()
         return reports
+
+
+def rotated(names: list[str], turn: int) -> list[str]:
+    """``names`` turned left by ``turn`` places: N number ``turn`` runs them in this order."""
+    turn %= max(1, len(names))
+    return names[turn:] + names[:turn]
 
 
 class Engine:
