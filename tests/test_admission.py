@@ -157,6 +157,27 @@ def test_a_policy_of_your_own_by_module_path(identity):
         assert dropped(m, "host", "odd_byte") == 16 - len(kept)
 
 
+@pytest.mark.parametrize("mode", ["raise", "short", "bad"])
+def test_a_broken_policy_drops_its_offers_and_never_fails_the_engine(identity, tmp_path, mode):
+    """Host memory's policy and the fs tier's both broken: every chunk is recomputed, counted
+    as the policy's error, and the manager keeps serving (no hold or write left behind)."""
+    keys = make_keys(identity, 4)
+    broken = {"module_path": "tests.plugins.admission_policy", "type": "Broken",
+              "options": {"mode": mode}}  # fmt: skip
+    cfg = config(4, secondary_tiers=[fs(tmp_path)], admission=[broken, broken | {"level": "fs"}])
+    with TieringManager(cfg, identity) as m:
+        assert offer(m, keys) == []
+        assert dropped(m, "host", "policy_error") == 4
+        assert settle(m, keys) == 0 and recomputed(m, "not_admitted") == 4
+        assert m.stats()["host"]["held_slots"] == 0
+    cfg = config(4, secondary_tiers=[fs(tmp_path)], admission=[broken | {"level": "fs"}])
+    with TieringManager(cfg, identity) as m:
+        assert offer(m, keys) == keys  # host memory keeps them; the fs tier gets none
+        assert m.wait_idle(10) and dropped(m, "fs", "policy_error") == 4
+        assert m.lookup(keys) == 4 and read(m, keys)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and len(p.name) == 64]
+
+
 @pytest.mark.parametrize(
     ("admission", "match"),
     [([{"level": "nope"}], r"admission\[0\]\.level"),

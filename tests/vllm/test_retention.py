@@ -318,6 +318,15 @@ def test_a_policy_of_ones_own_is_loaded_by_module_path():
     assert gate.reasons(chunk_keys_of("a", "b", "c"), [35] * 3, [3] * 3) == [None, "odd", None]
 
 
+@pytest.mark.parametrize("mode", ["raise", "short", "bad"])
+def test_a_broken_policy_drops_the_offer_instead_of_failing_vllms_scheduler(mode):
+    entry = {"module_path": "tests.plugins.admission_policy", "type": "Broken",
+             "options": {"mode": mode}}  # fmt: skip
+    gate = TierAdmission(admission_config(entry, "KvtierFs"), min_priority=50)
+    reasons = gate.reasons(chunk_keys_of("a", "b"), [35, 90], [2, 2])
+    assert reasons == ["priority", "policy_error"]
+
+
 def test_a_removed_key_inserted_again_keeps_its_new_evictability():
     cache: PriorityCache[str] = PriorityCache(8, "lru", Clock())
     cache.insert(b"a", "c", evictable=True)

@@ -3,7 +3,8 @@
 ``seen`` records a sighting of chunks (offered, loaded, hit); ``admit`` splits a level's offer
 into the chunks it keeps and those it drops, counting the dropped ones by reason. For secondary
 tiers it also applies ``secondary_min_priority``: chunks retained below it never leave host
-memory (reason ``priority``). With nothing configured, every method returns at once.
+memory (reason ``priority``). A broken policy drops its offers (``policies.verdicts``). With
+nothing configured, every method returns at once.
 
 Thread safety: none; the manager calls it under its lock.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvtier.admission import AdmissionConfig, AdmissionPolicy, Offer
-from kvtier.admission.policies import Rules, load_policy
+from kvtier.admission.policies import Rules, load_policy, verdicts
 from kvtier.admission.sketch import FrequencySketch
 from kvtier.errors import ConfigError
 from kvtier.keys import ChunkKey
@@ -79,8 +80,8 @@ class Admission:
             return list(offer.keys)
         reasons = [None if level == HOST else self._priority_reason(p) for p in offer.priorities]
         for policy in self._policies.get(level, ()):
-            verdicts = policy.admit(offer)
-            reasons = [old or new for old, new in zip(reasons, verdicts, strict=True)]
+            answer = verdicts(policy, offer)
+            reasons = [old or new for old, new in zip(reasons, answer, strict=True)]
         for reason in filter(None, set(reasons)):
             self._metrics.count("admission_dropped", reasons.count(reason), tier=level,
                                 reason=reason)  # fmt: skip

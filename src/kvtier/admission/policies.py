@@ -1,13 +1,19 @@
-"""The built-in admission rules, and loading a policy of your own by ``module_path``."""
+"""The built-in admission rules, loading a policy of your own by ``module_path``, and asking a
+policy for its verdicts (``verdicts``)."""
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Sequence
 
 from kvtier.admission import AdmissionConfig, AdmissionPolicy, Offer
 from kvtier.admission.sketch import FrequencySketch
 from kvtier.errors import ConfigError
+from kvtier.logs import ThrottledLog
+
+POLICY_ERROR = "policy_error"
+_log = ThrottledLog(logging.getLogger(__name__))
 
 
 class Rules:
@@ -47,3 +53,24 @@ def load_policy(config: AdmissionConfig) -> AdmissionPolicy:
     if not callable(getattr(policy, "admit", None)):
         raise ConfigError(f"{where}.type: {config.type} has no admit(offer) method")
     return policy  # type: ignore[no-any-return]
+
+
+def verdicts(policy: AdmissionPolicy, offer: Offer) -> Sequence[str | None]:
+    """``policy``'s verdicts on ``offer``: one per key, ``None`` or a non-empty reason; all
+    ``POLICY_ERROR`` (logged) when it raises or answers anything else, so a broken policy of a
+    user's own costs recomputes, never a failed engine call."""
+    name = type(policy).__name__
+    try:
+        answer = list(policy.admit(offer))
+    except Exception as exc:
+        _log.warning(f"raised:{name}", "admission policy %s raised %r: its offer is dropped",
+                     name, exc)  # fmt: skip
+        return [POLICY_ERROR] * len(offer.keys)
+    if len(answer) != len(offer.keys) or not all(
+        v is None or (isinstance(v, str) and v) for v in answer
+    ):
+        _log.warning(f"answer:{name}", "admission policy %s answered %d verdicts (None or a "
+                     "reason each) for %d chunks: its offer is dropped", name, len(answer),
+                     len(offer.keys))  # fmt: skip
+        return [POLICY_ERROR] * len(offer.keys)
+    return answer

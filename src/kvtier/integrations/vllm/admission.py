@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvtier.admission import AdmissionConfig, AdmissionPolicy, Offer
-from kvtier.admission.policies import Rules, load_policy
+from kvtier.admission.policies import Rules, load_policy, verdicts
 from kvtier.admission.sketch import FrequencySketch
 from kvtier.errors import ConfigError
 from kvtier.keys import ChunkKey
@@ -76,5 +76,5 @@ class TierAdmission:
             if sketch is not None:
                 sketch.record(keys)
         offer = Offer(keys, self._sightings.estimate(keys).tolist(), prefix_chunks, priorities)
-        verdicts = self._policy.admit(offer)
-        return [old or new for old, new in zip(reasons, verdicts, strict=True)]
+        answer = verdicts(self._policy, offer)
+        return [old or new for old, new in zip(reasons, answer, strict=True)]
