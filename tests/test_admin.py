@@ -53,7 +53,8 @@ def test_tiers_are_switched_off_and_on_over_http(served):
 @pytest.mark.parametrize(
     ("path", "method", "status"),
     [("/admin/tiers/nope/disable", "POST", 404), ("/admin/tiers/fs/disable", "GET", 405),
-     ("/admin/tiers", "POST", 405), ("/admin/other", "GET", 404)],
+     ("/admin/tiers", "POST", 405), ("/admin/other", "GET", 404),
+     ("/admin/tiers/fs/disable%0A", "POST", 404)],
 )  # fmt: skip
 def test_bad_admin_requests_change_nothing(served, path, method, status):
     m, port = served
@@ -73,6 +74,11 @@ def test_the_admin_endpoint_refuses_a_metrics_address_beyond_loopback():
             {"cpu_bytes_to_use": 1 << 20, "metrics_port": 9464, "metrics_host": "0.0.0.0",
              "metrics_admin": True}
         )  # fmt: skip
+
+
+def test_the_admin_endpoint_without_a_metrics_port_is_refused():
+    with pytest.raises(ConfigError, match=r"metrics_admin.*metrics_port"):
+        TieringConfig.from_dict({"cpu_bytes_to_use": 1 << 20, "metrics_admin": True})
 
 
 def test_a_client_that_is_not_loopback_is_refused(served):

@@ -10,11 +10,12 @@ import itertools
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from kvtier import RETRY, ConfigError, KVTierError, TieringManager
 from kvtier.config import FsTierConfig, MemoryTierConfig
-from kvtier.errors import ClosedError
+from kvtier.errors import ClosedError, InvalidArgumentError
 from kvtier.slo import SLOGuard, SLOGuardConfig
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.fs.tier import FilesystemTier
@@ -295,3 +296,14 @@ def test_a_tier_turning_slow_is_switched_off_then_back_on_when_healthy(identity)
         assert counter(m, "kvtier_tier_disabled_total{reason=promotion_p99,tier=slow}") >= 1
         reasons = [(s.enabled, s.reason) for s in m.take_tier_switches()]
     assert (False, "promotion_p99") in reasons and (True, "cooled_down") in reasons
+
+
+@pytest.mark.parametrize("value", ["5", True, float("nan"), float("inf"), -0.1, [1.0], b"1"])
+def test_request_latencies_that_are_not_seconds_are_refused(identity, value):
+    slo = {"ttft_p99_s": 1.0, "min_samples": 1}
+    with TieringManager(config(2, slo_guard=slo), identity, tiers=[slow_memory]) as m:
+        for name in ("ttft_s", "itl_s"):
+            with pytest.raises(InvalidArgumentError, match=name):
+                m.report_request(**{name: value})
+        m.report_request(ttft_s=0.5, itl_s=None)  # numbers of any kind are fine
+        m.report_request(ttft_s=np.float32(0.5), itl_s=1)

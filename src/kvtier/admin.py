@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from kvtier.operations import Operations
 
 PREFIX = "/admin/"
-_SWITCH = re.compile(r"^/admin/tiers/(?P<name>[^/]+)/(?P<action>enable|disable)$")
+_SWITCH = re.compile(r"/admin/tiers/(?P<name>[^/]+)/(?P<action>enable|disable)")
 
 
 def is_loopback(address: str) -> bool:
@@ -57,7 +57,7 @@ def _answer(manager: Operations, environ: WSGIEnvironment) -> tuple[str, Any]:
             return "405 Method Not Allowed", {"error": "GET /admin/tiers"}
         enabled, disabled = manager.tier_states()
         return "200 OK", {"enabled": enabled, "disabled": disabled}
-    match = _SWITCH.match(path)
+    match = _SWITCH.fullmatch(path)  # "$" would also match before a trailing newline
     if match is None:
         return "404 Not Found", {"error": f"no admin path {path}"}
     if method != "POST":

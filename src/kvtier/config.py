@@ -283,6 +283,8 @@ class TieringConfig:
 
     def __post_init__(self) -> None:
         _check_retention(self)
+        if self.metrics_admin and self.metrics_port is None:
+            raise ConfigError("metrics_admin: the admin endpoint is served on metrics_port; set it")
         if self.metrics_admin and not is_loopback(self.metrics_host):
             raise ConfigError("metrics_admin: only with a loopback metrics_host (127.0.0.1, ::1)")
         check_fields(self)

@@ -17,6 +17,7 @@ from kvtier.guards import serialized, under_lock
 from kvtier.host import HostTier
 from kvtier.metrics import ManagerMetrics, TelemetryCollector, state_gauges
 from kvtier.region import HostRegion
+from kvtier.slo import latency
 from kvtier.tier_control import TierControl, TierSwitch
 from kvtier.tier_set import TierSet
 from kvtier.tiers.base import SecondaryTier
@@ -64,8 +65,9 @@ class Operations:
 
     @serialized
     def report_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
-        """A finished request's time to first token and inter-token latency, for the SLO guard."""
-        self._control.report_request(ttft_s, itl_s)
+        """A finished request's time to first token and inter-token latency, for the SLO guard;
+        ``InvalidArgumentError`` unless each is ``None`` or a finite number >= 0."""
+        self._control.report_request(latency("ttft_s", ttft_s), latency("itl_s", itl_s))
 
     @serialized
     def take_tier_switches(self) -> list[TierSwitch]:

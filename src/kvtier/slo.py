@@ -23,6 +23,7 @@ Thread safety: none; the manager calls it under its lock. ``clock`` is injectabl
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from kvtier.config_checks import Bounds, Timeout, check_fields
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, InvalidArgumentError
 
 MAX_SAMPLES = 4096  # per series: the p99 of a window never sorts more than this
 MAX_BACKOFF = 16
@@ -38,6 +39,19 @@ MAX_BACKOFF = 16
 
 Ratio = Annotated[float, Bounds(0, 1, "a number in (0, 1]", integer=False, open_low=True)]
 Samples = Annotated[int, Bounds(1, MAX_SAMPLES, f"an integer from 1 to {MAX_SAMPLES}")]
+
+
+def latency(name: str, value: object) -> float | None:
+    """``value`` as a latency in seconds (``None`` stays ``None``); ``InvalidArgumentError``
+    naming ``name`` for anything but a finite number >= 0 (a bool, a string, NaN, inf...)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidArgumentError(f"{name}: expected seconds (a number >= 0), got {value!r}")
+    seconds = float(value)
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise InvalidArgumentError(f"{name}: expected a finite number >= 0, got {value}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -121,10 +135,12 @@ class SLOGuard:
             self._window(self._promotions, tier).add(self.clock(), seconds)
 
     def observe_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
-        """Latencies of one finished request, as the engine measured them (either may be None)."""
+        """Latencies of one finished request, as the engine measured them (either may be None;
+        each checked by ``latency``)."""
         for name, value in (("ttft", ttft_s), ("itl", itl_s)):
-            if value is not None and math.isfinite(value) and value >= 0:
-                self._window(self._requests, name).add(self.clock(), value)
+            seconds = latency(f"{name}_s", value)
+            if seconds is not None:
+                self._window(self._requests, name).add(self.clock(), seconds)
 
     def _window(self, windows: dict[str, Window], name: str) -> Window:
         return windows.setdefault(name, Window(self.config.window_s))
