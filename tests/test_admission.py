@@ -101,25 +101,21 @@ def test_short_prefixes_are_not_persisted(identity, tmp_path):
     assert [bool(list(tmp_path.rglob(k.hex()))) for k in keys] == [False, False, True, True]
 
 
-def test_chunks_below_secondary_min_priority_stay_in_host(identity, tmp_path):
+@pytest.mark.parametrize(
+    ("min_priority", "priorities", "written"),
+    [(50, [10, 60], [False, True]),
+     (10, [0, 5], [False, False])],  # 0 is a priority, not "none given" (35)
+)  # fmt: skip
+def test_chunks_below_secondary_min_priority_stay_in_host(
+    identity, tmp_path, min_priority, priorities, written
+):
     keys = make_keys(identity, 2)
-    cfg = config(4, secondary_tiers=[fs(tmp_path)], secondary_min_priority=50)
+    cfg = config(4, secondary_tiers=[fs(tmp_path)], secondary_min_priority=min_priority)
     with TieringManager(cfg, identity) as m:
-        offer(m, keys, priority=[10, 60])
+        offer(m, keys, priority=priorities)
         assert m.wait_idle(10)
-        assert dropped(m, "fs", "priority") == 1
-    assert not list(tmp_path.rglob(keys[0].hex())) and list(tmp_path.rglob(keys[1].hex()))
-
-
-def test_a_chunk_retained_at_priority_0_is_below_any_secondary_min_priority(identity, tmp_path):
-    """Priority 0 is a priority, not "none given": it is below secondary_min_priority 10."""
-    keys = make_keys(identity, 2)
-    cfg = config(4, secondary_tiers=[fs(tmp_path)], secondary_min_priority=10)
-    with TieringManager(cfg, identity) as m:
-        offer(m, keys, priority=[0, 5])
-        assert m.wait_idle(10)
-        assert dropped(m, "fs", "priority") == 2
-    assert not [k for k in keys if list(tmp_path.rglob(k.hex()))]
+        assert dropped(m, "fs", "priority") == written.count(False)
+    assert [bool(list(tmp_path.rglob(k.hex()))) for k in keys] == written
 
 
 def test_a_prefix_counts_its_chunks_already_in_host(identity):
