@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from prometheus_client import generate_latest
 
 from kvtier import RETRY, ConfigError, KVTierError, TieringManager
 from kvtier.config import FsTierConfig, MemoryTierConfig
@@ -65,6 +66,26 @@ def test_switching_an_unknown_tier_names_the_tiers(identity, tmp_path):
     m = TieringManager(config(2), identity, tiers=[fs_factory(tmp_path)])
     with m, pytest.raises(KVTierError, match="fs"):
         m.disable_tier("nope")
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [((None,), "name"), ((5,), "name"), ((b"fs",), "name"), (("fs", None), "reason"),
+     (("fs", 5), "reason"), (("fs", ""), "reason"), (("fs", "x" * 1000), "reason")],
+)  # fmt: skip
+def test_a_switch_with_a_bad_name_or_reason_is_refused_and_changes_nothing(
+    identity, tmp_path, args, match
+):
+    """The reason is a label of kvtier_tier_disabled_total: one that is not a string broke
+    every later scrape of /metrics."""
+    with TieringManager(config(2), identity, tiers=[fs_factory(tmp_path)]) as m:
+        with pytest.raises(InvalidArgumentError, match=match):
+            m.disable_tier(*args)
+        with pytest.raises(InvalidArgumentError, match="name"):
+            m.enable_tier(["fs"])
+        assert m.tier_states() == (["fs"], []) and m.take_tier_switches() == []
+        assert m.disable_tier("fs", "maintenance")
+        assert b'reason="maintenance"' in generate_latest(m.prometheus_registry())
 
 
 def test_tiers_of_a_closed_manager_are_not_switched(identity, tmp_path):

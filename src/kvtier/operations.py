@@ -18,7 +18,7 @@ from kvtier.host import HostTier
 from kvtier.metrics import ManagerMetrics, TelemetryCollector, state_gauges
 from kvtier.region import HostRegion
 from kvtier.slo import latency
-from kvtier.tier_control import TierControl, TierSwitch
+from kvtier.tier_control import TierControl, TierSwitch, check_switch
 from kvtier.tier_set import TierSet
 from kvtier.tiers.base import SecondaryTier
 
@@ -43,7 +43,9 @@ class Operations:
 
         Its jobs in flight still finish (or fail) safely. Returns whether anything changed.
         A tier switched by hand is never switched back on by the SLO guard. ``ClosedError``
-        once the manager is closed (its tiers are).
+        once the manager is closed (its tiers are); ``InvalidArgumentError`` for a ``name``
+        that is not a string or a ``reason`` that is not a string of 1 to 64 characters (it
+        labels ``kvtier_tier_disabled_total``); ``KVTierError`` for no such tier.
         """
         return self._switch_by_hand(name, False, reason)
 
@@ -54,6 +56,7 @@ class Operations:
         return self._switch_by_hand(name, True, "manual")
 
     def _switch_by_hand(self, name: str, enable: bool, reason: str) -> bool:
+        check_switch(name, reason)
         if self._closed:
             raise ClosedError(f"{'enable' if enable else 'disable'}_tier: the manager is closed")
         return self._control.switch_by_hand(name, enable, reason)

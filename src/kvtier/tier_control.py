@@ -15,12 +15,14 @@ import time
 from collections import deque
 from typing import NamedTuple
 
+from kvtier.errors import InvalidArgumentError
 from kvtier.slo import SLOGuard
 from kvtier.tier_set import Finished, TierSet
 
 log = logging.getLogger(__name__)
 
 MAX_SWITCHES = 1024
+MAX_REASON = 64  # characters of a switch's reason (a label of kvtier_tier_disabled_total)
 
 
 class TierSwitch(NamedTuple):
@@ -30,6 +32,18 @@ class TierSwitch(NamedTuple):
     enabled: bool
     reason: str
     at: float
+
+
+def check_switch(name: object, reason: object) -> None:
+    """``InvalidArgumentError`` unless ``name`` is a string and ``reason`` a non-empty string
+    of at most ``MAX_REASON`` characters: the reason becomes a metric label, and one of
+    another type would break every later scrape."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"name: expected a tier's name (a string), got {name!r}")
+    if not isinstance(reason, str) or not 0 < len(reason) <= MAX_REASON:
+        raise InvalidArgumentError(
+            f"reason: expected a string of 1 to {MAX_REASON} characters, got {reason!r:.80}"
+        )
 
 
 class TierControl:
