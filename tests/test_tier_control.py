@@ -244,6 +244,26 @@ def test_a_request_budget_trips_one_tier_for_one_breach():
     assert switches == [("obj", False)]
 
 
+@pytest.mark.parametrize("second", ["itl", "promotion"])
+def test_two_budgets_broken_by_one_tier_switch_off_that_tier_only(second):
+    """TTFT and a second budget slow while the newest tier serves, both fine once it is off:
+    the second budget's samples from before that switch do not go on to trip the next tier."""
+    g, clock = guard(ttft_p99_s=1.0, itl_p99_s=0.1, promotion_p99_s=0.1, window_s=60.0,
+                     sustain_s=30.0, cooldown_s=120.0, min_samples=20)  # fmt: skip
+    enabled, switches = ["fs", "obj"], []
+    for tick in range(120):
+        clock.now = 1000.0 + tick
+        slow = "obj" in enabled
+        g.observe_request(ttft_s=2.0 if slow else 0.1, itl_s=0.5 if slow and second == "itl" else 0)
+        if slow and second == "promotion":
+            g.observe_promotion("obj", 0.5)
+        for decision in g.decide(enabled, [t for t in ("fs", "obj") if t not in enabled]):
+            switches.append((decision.tier, decision.enable))
+            if not decision.enable:
+                enabled.remove(decision.tier)
+    assert switches == [("obj", False)]
+
+
 def test_a_tier_the_guard_tripped_is_in_the_operators_hands_once_switched_by_hand(identity):
     """The guard switched the tier off; the operator switched it back on, then off again: the
     guard's old cool-down does not switch it on behind the operator's back."""

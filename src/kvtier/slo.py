@@ -12,9 +12,10 @@ disables the tier that breaks it, a request budget the newest enabled tier (the 
 config). A disabled tier comes back after its cool-down; a request budget must also have
 recovered below ``recover_ratio`` of itself (hysteresis). Each trip of the same tier within
 ``window_s`` of its return doubles its next cool-down (up to 16 times ``cooldown_s``), so a tier
-that stays slow is tried less and less often and the guard never flaps. After a request budget
-trips a tier, only samples taken since count towards its next trip (the older ones blamed the
-tier already switched off), while its recovery is judged on the whole window. A tier switched
+that stays slow is tried less and less often and the guard never flaps. After any trip (by any
+budget: a slow tier often breaks several at once), only request samples taken since count
+towards a request budget's next trip (the older ones blamed the tier already switched off),
+while a recovery is judged on the whole window. A tier switched
 by hand (``switched_by_hand``) is the operator's: the guard does not switch it back on.
 
 Thread safety: none; the manager calls it under its lock. ``clock`` is injectable for tests.
@@ -127,7 +128,7 @@ class SLOGuard:
     _requests: dict[str, Window] = field(default_factory=dict)
     _broken_since: dict[str, float] = field(default_factory=dict)
     _trips: dict[str, _Trip] = field(default_factory=dict)
-    _tripped_at: dict[str, float] = field(default_factory=dict)  # request series -> last trip
+    _tripped_at: dict[str, float] = field(default_factory=dict)  # "ttft", "itl" -> the last trip
 
     # -- samples -----------------------------------------------------------------------------
     def observe_promotion(self, tier: str, seconds: float) -> None:
@@ -199,8 +200,8 @@ class SLOGuard:
         until = now + self.config.cooldown_s * backoff
         self._trips[tier] = _Trip(reason, until, backoff)
         self._promotions.pop(tier, None)
-        if reason in ("ttft_p99", "itl_p99"):  # its samples so far cannot blame another tier
-            self._tripped_at[reason.removesuffix("_p99")] = now
+        for name in ("ttft", "itl"):  # samples so far were taken with this tier on: whichever
+            self._tripped_at[name] = now  # budget tripped it, they cannot blame another tier
         return Decision(tier, enable=False, reason=reason)
 
     def switched_by_hand(self, tier: str) -> None:
