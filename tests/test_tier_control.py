@@ -112,6 +112,25 @@ def test_a_store_in_flight_when_the_tier_is_disabled_finishes_and_frees_its_slot
         assert counter(m, "kvtier_tier_chunks_total{op=store,outcome=ok,tier=slow}") == 2
 
 
+def test_lookups_stop_waiting_on_promotions_in_flight_from_a_tier_switched_off(identity):
+    """A slow tier switched off while it promotes a prefix: the next lookup recomputes that
+    prefix (tier_disabled) instead of answering RETRY until the tier reports. The promotion
+    still lands safely, and its chunks then serve with their own bytes."""
+    keys = make_keys(identity, 2)
+    with TieringManager(config(4), identity, tiers=[slow_memory]) as m:
+        store(m, keys)
+        push_out(m, identity, 4)
+        m.tiers[0].delay_s = 0.5
+        assert m.lookup(keys) is RETRY
+        m.disable_tier("slow")
+        assert m.lookup(keys) == 0
+        assert counter(m, "kvtier_recomputed_chunks_total{reason=tier_disabled}") == 2
+        plan = m.prepare_store(keys)  # the engine recomputed them: nothing to store twice
+        assert plan is not None and plan.keys == []
+        assert m.wait_idle(10) and m.stats()["host"]["held_slots"] == 0
+        assert m.lookup(keys) == 2 and read(m, keys)
+
+
 def test_disable_and_enable_under_load_serve_no_wrong_bytes_and_never_stall(identity, tmp_path):
     """An engine thread stores, looks up and loads while another thread flips the fs tier."""
     prefixes = [make_keys(identity, 3, seed=s) for s in range(12)]

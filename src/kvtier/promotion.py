@@ -159,8 +159,8 @@ class Promoter:
         for index, key in enumerate(keys):
             state = self.host.state_of(key)
             if state is not None:
-                if state == WRITING and self.host.writer_of(key) == ENGINE:
-                    walk.stop_reason, walk.stopped_at = "store_in_flight", index
+                if state == WRITING and (stop := self._not_awaited(key)) is not None:
+                    walk.stop_reason, walk.stopped_at = stop, index
                     return walk
                 walk.waiting = walk.waiting or state == WRITING
                 continue
@@ -178,6 +178,18 @@ class Promoter:
             if unknown >= max(PROBE_AHEAD, index + 1 - unknown):
                 return walk
         return walk
+
+    def _not_awaited(self, key: ChunkKey) -> str | None:
+        """Why a lookup must not wait for ``key``, being written into host: the engine writes
+        it (``store_in_flight``), or a tier switched off promotes it (``tier_disabled``: requests
+        stop waiting on that tier; its job still lands, or frees the slot, when it reports).
+        ``None`` for a promotion a lookup waits for."""
+        writer = self.host.writer_of(key)
+        if writer == ENGINE:
+            return "store_in_flight"
+        if isinstance(writer, Promotion) and self.tiers.switched_off(writer.tier):
+            return "tier_disabled"
+        return None
 
     def _find_holder(
         self, key: ChunkKey, ask_peers: bool = True

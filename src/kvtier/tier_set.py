@@ -143,6 +143,10 @@ class TierSet:
     def enabled(self, index: int) -> bool:
         return index not in self._disabled
 
+    def switched_off(self, name: str) -> bool:
+        """Whether the tier called ``name`` is switched off (``KVTierError`` if none is)."""
+        return not self.enabled(self.index_of(name))
+
     def index_of(self, name: str) -> int:
         """The index of the tier called ``name``; ``KVTierError`` naming the tiers if none is."""
         for index, tier in enumerate(self.tiers):
