@@ -39,13 +39,14 @@ class Rules:
 
 
 def load_policy(config: AdmissionConfig) -> AdmissionPolicy:
-    """The class ``config.type`` of module ``config.module_path``, built with its options."""
+    """The class ``config.type`` of module ``config.module_path``, built with its options;
+    ``ConfigError`` for whatever goes wrong (a module that fails as it is imported included)."""
     where = f"admission[{config.level}]"
     assert config.module_path is not None and config.type is not None
-    try:
+    try:  # a relative name raises TypeError, a broken module anything at all
         cls = getattr(importlib.import_module(config.module_path), config.type)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{where}.module_path: cannot load {config.type}: {exc}") from exc
+    except Exception as exc:
+        raise ConfigError(f"{where}.module_path: cannot load {config.type}: {exc!r}") from exc
     try:
         policy = cls(**config.options)
     except Exception as exc:
