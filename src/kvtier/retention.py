@@ -51,6 +51,16 @@ def priorities(keys: Sequence[ChunkKey], priority: Priority) -> list[int]:
     return [int(value) for value in values]
 
 
+def request_priority(priority: int | None) -> int | None:
+    """One priority for all of a request's chunks (``None``: none given), as an integration's
+    argument; ``InvalidArgumentError`` for anything else (a list of them included)."""
+    if priority is None:
+        return None
+    if not (_is_integer(priority) and MIN_PRIORITY <= priority <= MAX_PRIORITY):
+        raise InvalidArgumentError(f"priority: expected an integer from 0 to 100, got {priority!r}")
+    return int(priority)
+
+
 def expiry(duration_s: float | None) -> float | None:
     """When a priority given for ``duration_s`` seconds ends (monotonic clock)."""
     if duration_s is None:

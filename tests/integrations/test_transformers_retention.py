@@ -76,7 +76,8 @@ def test_an_expired_priority_falls_back_to_the_default(model: Any, identity: Cac
     assert sources == {"accelerator": 0, "recomputed": 37}
 
 
-@pytest.mark.parametrize("retention", [{"priority": 101}, {"priority": -1},
+@pytest.mark.parametrize("retention", [{"priority": 101}, {"priority": -1}, {"priority": [90]},
+                                       {"priority": True}, {"priority": 50.0},
                                        {"duration_s": 0.0}, {"duration_s": float("nan")}])  # fmt: skip
 def test_bad_retention_is_refused_before_any_work(
     model: Any, identity: CacheIdentity, retention: dict[str, Any]

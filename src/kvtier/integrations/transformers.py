@@ -57,7 +57,7 @@ from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.layout import KVLayout
 from kvtier.manager import TieringManager
 from kvtier.plan.recorder import open_recorder
-from kvtier.retention import expiry, priorities
+from kvtier.retention import expiry, request_priority
 from kvtier.tiers.base import RETRY
 
 __all__ = ["DeviceChunkCache", "Generation", "TieredModel", "identity_for", "layout_for"]
@@ -218,8 +218,7 @@ class TieredModel:
         """
         if not token_ids or max_new_tokens < 1:
             raise ValueError("generate needs a non-empty prompt and max_new_tokens >= 1")
-        if priority is not None:  # checked before any work (InvalidArgumentError)
-            priorities([ChunkKey(bytes(32))], priority)
+        request_priority(priority)  # both checked before any work (InvalidArgumentError)
         expiry(duration_s)
         retention = {"priority": priority, "duration_s": duration_s}
         started = time.perf_counter()
