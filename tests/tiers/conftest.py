@@ -15,6 +15,7 @@ from kvtier.identity import CacheIdentity
 from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier
 from kvtier.tiers.fault import FaultInjectingTier
+from kvtier.tiers.fs import native
 from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.memory import MemoryTier
 from tests.tiers.peer_node import PeerNode
@@ -23,6 +24,17 @@ from tests.tiers.s3_server import MotoServer, s3_server  # noqa: F401 (s3_server
 TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
 
 CONFORMING_TIERS = ["memory", "fault", "obj", "fs", "p2p"]
+
+
+@pytest.fixture(params=["native", "os"])
+def fs_io(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test twice: chunk files through the compiled ``_fastio`` (the default where it
+    is built), and through the ``os``-module path every platform has."""
+    if request.param == "native" and not native.AVAILABLE:
+        pytest.skip("kvtier.tiers.fs._fastio is not built here")
+    if request.param == "os":
+        monkeypatch.setattr(native, "_fastio", None)
+    return str(request.param)
 
 
 @pytest.fixture

@@ -17,10 +17,13 @@ from kvtier.config import FsTierConfig
 from kvtier.errors import ConfigError, TierError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, RETRY, TransferJob
-from kvtier.tiers.fs.files import HOST_TAG, STALE_TMP_S
+from kvtier.tiers.fs.scan import HOST_TAG, STALE_TMP_S
 from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, fill, holds, make_keys, settle_lookup, wait_for
+
+#: Every test runs with the compiled chunk-file I/O and with the os-module path.
+pytestmark = pytest.mark.usefixtures("fs_io")
 
 MakeTier = Callable[..., FilesystemTier]
 

@@ -34,6 +34,9 @@ from kvtier.tiers.registry import build_tier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, config, fill, holds, make_keys, settle, store
 
+#: Every test runs with the compiled chunk-file I/O and with the os-module path.
+pytestmark = pytest.mark.usefixtures("fs_io")
+
 DEADLINE_S = 20.0
 
 

@@ -20,6 +20,9 @@ from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, config, fill, holds, make_keys, settle, store
 
+#: Every test runs with the compiled chunk-file I/O and with the os-module path.
+pytestmark = pytest.mark.usefixtures("fs_io")
+
 
 def chunk_path(root: Path, identity: CacheIdentity, key: ChunkKey) -> Path:
     name = key.hex()

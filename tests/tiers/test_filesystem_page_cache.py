@@ -25,6 +25,9 @@ from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, fill, holds, make_keys
 
+#: Every test runs with the compiled chunk-file I/O and with the os-module path.
+pytestmark = pytest.mark.usefixtures("fs_io")
+
 SLOT_BYTES = 64 << 10
 
 

@@ -16,7 +16,7 @@ from kvtier.config import FsTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
-from kvtier.tiers.fs.files import HOST_TAG
+from kvtier.tiers.fs.scan import HOST_TAG
 from kvtier.tiers.fs.tier import FilesystemTier
 from tests.conftest import chunk_pattern, collect
 from tests.tiers.fs_worker import identity_for

@@ -15,6 +15,11 @@ Every entry is reached through ``fs_paths``: no link below the namespace is foll
 ``open`` can block; an entry that is not a regular file raises ``NotRegularError``. The
 namespace, and whether it may be written (read-only on a full disk), is ``fs_namespace``'s.
 
+A chunk file is written or read in one call of ``fs_native`` (the compiled ``_fastio``: the
+GIL released once per file) where it is built; whatever it hands back, and every platform
+without it, takes the ``os``-module path (``_write_walk``, ``_read_walk``) under the same
+rules. The start-up scan is ``fs_scan``'s.
+
 Thread safety: every method may be called from any thread; per-thread scratch buffers live in
 a ``threading.local``.
 """
@@ -22,34 +27,27 @@ a ``threading.local``.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import itertools
 import mmap
 import os
 import queue
-import re
 import secrets
-import socket
-import stat
 import threading
-import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 
 from kvtier.errors import IntegrityError, TierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
+from kvtier.tiers.fs import native
 from kvtier.tiers.fs.cache_policy import CACHESTAT, PageCachePolicy
-from kvtier.tiers.fs.io import payload_checksum, pwrite_all, read_chunk
+from kvtier.tiers.fs.io import payload_checksum, pread_all, pwrite_all
 from kvtier.tiers.fs.namespace import Namespace
 from kvtier.tiers.fs.paths import (
-    NotRegularError,
     check_regular,
     chunk_dir,
-    failure_reason,
+    level_path,
     open_beneath,
     open_level_beneath,
     open_regular,
@@ -57,32 +55,13 @@ from kvtier.tiers.fs.paths import (
     rename_into_place,
     unlink_if_same,
 )
+from kvtier.tiers.fs.scan import HOST_TAG, ScanResult, scan_namespace
 from kvtier.tiers.shared.codec import HEADER_BYTES, encode_header, verify
 
-#: A temporary file older than this is stale whoever wrote it (a write takes far less).
-STALE_TMP_S = 600.0
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 #: Page-cache writes at once. They are CPU work (a copy, inode and directory updates); more of
 #: them than CPUs only queue for the GIL, each of their calls a handoff (issue 17).
 BUFFERED_WRITERS = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2)
-_KEY_NAME = re.compile(r"[0-9a-f]{64}")
-_LEVEL_NAME = re.compile(r"[0-9a-f]{2}")
-_TMP_NAME = re.compile(r".*\.([0-9a-f]+)-(\d+)-([0-9a-f]+)-\d+\.tmp")
-#: Names this host in temporary files (a dead writer on this host is recognised by its pid).
-HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-
-
-@dataclass
-class ScanResult:
-    """What ``scan`` found: chunk files as (mtime, key, size), stale temporaries removed, and
-    entries skipped by reason (``not_regular``, or the errno name of what failed on them)."""
-
-    chunks: list[tuple[float, ChunkKey, int]] = field(default_factory=list)
-    stale_removed: int = 0
-    skipped: Counter[str] = field(default_factory=Counter)
-
-    def skip(self, exc: OSError) -> None:
-        self.skipped[failure_reason(exc)] += 1
 
 
 class ChunkFiles:
@@ -123,7 +102,7 @@ class ChunkFiles:
             self._write_turns.put(None)
         direct = O_DIRECT if self.o_direct and not self.adaptive else 0
         self._read_flags = os.O_RDONLY | direct
-        self._write_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        self._write_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, key: ChunkKey, region: HostRegion, slot: int) -> int:
@@ -144,9 +123,53 @@ class ChunkFiles:
     def _write(self, key: ChunkKey, region: HostRegion, slot: int, direct: bool) -> int:
         name = key.hex()
         tmp = f"{name}.{self._tag}-{next(self._seq)}.tmp"
+        buffers, truncate_to = self._file_buffers(key, region, slot, direct)
+        flags = O_DIRECT if direct else 0
+        level = level_path(self._real, name)
+        if not native.store(level, tmp, name, buffers, truncate_to, flags, self._fsync):
+            self._write_walk(name, tmp, buffers, truncate_to, flags)
+        return HEADER_BYTES + region.slot_bytes
+
+    def _direct_write(self, nbytes: int) -> bool:
+        if not self.o_direct:
+            return False
+        return not (self.adaptive and self._policy.write_buffered(nbytes))
+
+    def _file_buffers(
+        self, key: ChunkKey, region: HostRegion, slot: int, direct: bool
+    ) -> tuple[tuple[memoryview | bytes, memoryview], int]:
+        """[header block, payload] of ``slot``'s chunk file, and the size to truncate to (-1:
+        none). O_DIRECT writes aligned memory: a scratch header, the slot with its padding."""
+        payload = region.view(slot)
+        header = encode_header(self._digest, key, payload, payload_checksum(payload))
+        if not direct:
+            return (header, payload), -1
+        scratch, aligned = self._scratch(), region.aligned_view(slot)
+        scratch[:] = header
+        padded = len(aligned) != len(payload)
+        return (scratch, aligned), HEADER_BYTES + len(payload) if padded else -1
+
+    def _write_walk(
+        self,
+        name: str,
+        tmp: str,
+        buffers: tuple[memoryview | bytes, memoryview],
+        truncate_to: int,
+        flags: int,
+    ) -> None:
+        """``native.store`` through the ``os`` module: creates missing level directories and
+        names every failure (``OSError``: ``NotRegularError`` when a directory is in the way)."""
         with self._chunk_dir(name, create=True) as directory:
             try:
-                size = self._write_tmp(directory, tmp, key, region, slot, direct)
+                fd = os.open(tmp, self._write_flags | flags, 0o644, dir_fd=directory)
+                try:
+                    pwrite_all(fd, buffers)
+                    if truncate_to >= 0:
+                        os.ftruncate(fd, truncate_to)
+                    if self._fsync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
                 rename_into_place(directory, tmp, name)
             except BaseException:
                 with suppress(OSError):
@@ -154,36 +177,6 @@ class ChunkFiles:
                 raise
             if self._fsync:
                 os.fsync(directory)
-        return size
-
-    def _direct_write(self, nbytes: int) -> bool:
-        if not self.o_direct:
-            return False
-        return not (self.adaptive and self._policy.write_buffered(nbytes))
-
-    def _write_tmp(
-        self, directory: int, tmp: str, key: ChunkKey, region: HostRegion, slot: int, direct: bool
-    ) -> int:
-        payload = region.view(slot)
-        flags = self._write_flags | os.O_CLOEXEC | (O_DIRECT if direct else 0)
-        fd = os.open(tmp, flags, 0o644, dir_fd=directory)
-        try:
-            if direct:
-                scratch = self._scratch()
-                digest = payload_checksum(payload)
-                scratch[:] = encode_header(self._digest, key, payload, digest)
-                aligned = region.aligned_view(slot)
-                pwrite_all(fd, [scratch, aligned])
-                if len(aligned) != len(payload):
-                    os.ftruncate(fd, HEADER_BYTES + len(payload))  # drop the slot's padding
-            else:
-                header = encode_header(self._digest, key, payload, payload_checksum(payload))
-                pwrite_all(fd, [header, payload])
-            if self._fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        return HEADER_BYTES + len(payload)
 
     # -- reading ----------------------------------------------------------------------------
     def read(self, key: ChunkKey, region: HostRegion, slot: int) -> int:
@@ -195,43 +188,41 @@ class ChunkFiles:
         another writer replaced it meanwhile).
         """
         name = key.hex()
-        fd = open_beneath(self._real, name, self._read_flags)
+        header, payload = self._scratch(), region.view(slot)
+        path = f"{level_path(self._real, name)}/{name}"
+        args = (header, payload, region.aligned_view(slot), self._read_flags)
+        loaded = native.load(path, *args, self.adaptive, O_DIRECT) or self._read_walk(name, *args)
+        size, got, device, inode, _ = loaded
+        digest = payload_checksum(payload[: max(0, got - HEADER_BYTES)])
+        try:
+            self._verify(key, header, payload, got, size, digest)
+        except IntegrityError:
+            with suppress(OSError), chunk_dir(self.namespace, name) as directory:
+                unlink_if_same(directory, name, (device, inode))
+            raise
+        return size
+
+    def _read_walk(
+        self, name: str, header: memoryview, plain: memoryview, aligned: memoryview, flags: int
+    ) -> native.Loaded:
+        """``native.load`` through the ``os`` module; raises what ``read`` documents."""
+        fd = open_beneath(self._real, name, flags)
         if fd is None:  # no openat2, or a failure the walk names exactly
             with chunk_dir(self.namespace, name) as directory:
-                fd, found = open_regular(directory, name, self._read_flags)
-                return self._read_open(fd, found, key, region, slot)
-        return self._read_open(fd, check_regular(fd, name), key, region, slot)
-
-    def _read_open(
-        self, fd: int, found: os.stat_result, key: ChunkKey, region: HostRegion, slot: int
-    ) -> int:
-        """Read and verify the open chunk file ``fd`` (``found``: its fstat), then close it."""
+                fd, found = open_regular(directory, name, flags)
+        else:
+            found = check_regular(fd, name)
         try:
-            header, payload = self._scratch(), region.view(slot)
-            got, digest = self._read_bytes(fd, header, region, slot, found.st_size)
-            try:
-                self._verify(key, header, payload, got, found.st_size, digest)
-            except IntegrityError:
-                name = key.hex()
-                with suppress(OSError), chunk_dir(self.namespace, name) as directory:
-                    unlink_if_same(directory, name, found)
-                raise
+            direct = self.o_direct
+            if self.adaptive:
+                direct = not CACHESTAT.is_cached(fd, found.st_size)
+                if direct:
+                    fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK | O_DIRECT)
+            # O_DIRECT reads whole aligned pages: the slot's padding takes the rounding.
+            got = pread_all(fd, [header, aligned if direct else plain], 0, found.st_size)
         finally:
             os.close(fd)
-        return found.st_size
-
-    def _read_bytes(
-        self, fd: int, header: memoryview, region: HostRegion, slot: int, size: int
-    ) -> tuple[int, bytes]:
-        """Bytes read and payload checksum; "auto" tries the page cache, then O_DIRECT."""
-        direct = self.o_direct
-        if self.adaptive:
-            direct = not CACHESTAT.is_cached(fd, size)
-            if direct:
-                fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK | O_DIRECT)
-        # O_DIRECT reads whole aligned pages: the slot's padding takes the rounding.
-        target = region.aligned_view(slot) if direct else region.view(slot)
-        return read_chunk(fd, header, target, size)
+        return found.st_size, got, found.st_dev, found.st_ino, direct
 
     def _verify(
         self,
@@ -296,42 +287,8 @@ class ChunkFiles:
 
     # -- start-up ---------------------------------------------------------------------------
     def scan(self, stop: threading.Event) -> ScanResult:
-        """Every chunk file in the namespace; removes stale temporary files on the way.
-
-        Follows no link. An entry that cannot be listed, stat'ed or removed, or is not what the
-        layout expects there, is skipped and counted (``ScanResult.skipped``); the rest goes on.
-        """
-        result = ScanResult()
-        for entries in _listings(self.namespace, result):
-            if stop.is_set():
-                break
-            for entry in entries:
-                self._scan_entry(entry, result)
-        return result
-
-    def _scan_entry(self, entry: os.DirEntry[str], result: ScanResult) -> None:
-        try:
-            if _KEY_NAME.fullmatch(entry.name):
-                found = entry.stat(follow_symlinks=False)
-                if not stat.S_ISREG(found.st_mode):
-                    raise NotRegularError(entry.path)
-                key = ChunkKey(bytes.fromhex(entry.name))
-                result.chunks.append((found.st_mtime, key, found.st_size))
-            elif entry.name.endswith(".tmp") and self._is_stale(entry):
-                os.unlink(entry.path)
-                result.stale_removed += 1
-        except FileNotFoundError:
-            pass  # removed meanwhile (evicted or renamed by another instance)
-        except OSError as exc:
-            result.skip(exc)
-
-    def _is_stale(self, entry: os.DirEntry[str]) -> bool:
-        match = _TMP_NAME.fullmatch(entry.name)
-        if match is not None and match.group(3) == self._token:
-            return False
-        if time.time() - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
-            return True
-        return match is not None and match.group(1) == HOST_TAG and not _pid_alive(int(match[2]))
+        """Every chunk file in the namespace, stale temporary files removed (``fs_scan``)."""
+        return scan_namespace(self.namespace, self._token, stop)
 
     def _direct_io_works(self) -> bool:
         if not O_DIRECT:
@@ -349,51 +306,3 @@ class ChunkFiles:
         finally:
             with suppress(OSError):
                 os.unlink(path)
-
-
-def _listings(namespace: str, result: ScanResult) -> Iterator[list[os.DirEntry[str]]]:
-    """The entries of the namespace, then of each level-2 directory (real directories only)."""
-    top = _entries(namespace, result)
-    yield top
-    for level1 in _level_dirs(top, result):
-        for level2 in _level_dirs(_entries(level1, result), result):
-            yield _entries(level2, result)
-
-
-def _level_dirs(entries: list[os.DirEntry[str]], result: ScanResult) -> Iterator[str]:
-    for entry in entries:
-        if _LEVEL_NAME.fullmatch(entry.name) and _is_real_dir(entry, result):
-            yield entry.path
-
-
-def _is_real_dir(entry: os.DirEntry[str], result: ScanResult) -> bool:
-    """Whether ``entry`` is a directory, not a link to one; anything else is counted."""
-    try:
-        if entry.is_dir(follow_symlinks=False):
-            return True
-        result.skip(NotRegularError(entry.path))
-    except OSError as exc:
-        result.skip(exc)
-    return False
-
-
-def _entries(directory: str, result: ScanResult) -> list[os.DirEntry[str]]:
-    """The entries of ``directory``; none (counted) when it cannot be listed."""
-    try:
-        with os.scandir(directory) as it:
-            return list(it)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        result.skip(exc)
-        return []
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

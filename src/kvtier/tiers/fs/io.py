@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from kvtier.tiers.shared.codec import HEADER_BYTES, checksum_stream
+from kvtier.tiers.shared.codec import checksum_stream
 
 
 def payload_checksum(payload: memoryview) -> bytes:
@@ -23,15 +23,6 @@ def payload_checksum(payload: memoryview) -> bytes:
     hasher.update(payload)
     digest: bytes = hasher.digest()
     return digest
-
-
-def read_chunk(fd: int, header: memoryview, payload: memoryview, size: int) -> tuple[int, bytes]:
-    """Read the header block and up to ``len(payload)`` payload bytes of a ``size``-byte file.
-
-    Returns the bytes read (header included) and the checksum of the payload bytes read.
-    """
-    got = pread_all(fd, [header, payload], 0, size)
-    return got, payload_checksum(payload[: max(0, got - HEADER_BYTES)])
 
 
 def pwrite_all(fd: int, buffers: Sequence[bytes | memoryview], offset: int = 0) -> None:

@@ -229,9 +229,10 @@ def rename_into_place(dir_fd: int, tmp: str, name: str) -> None:
         raise NotRegularError(name) from exc
 
 
-def unlink_if_same(dir_fd: int, name: str, seen: os.stat_result) -> None:
-    """Delete ``name`` unless another writer replaced it since ``seen``; never raises."""
+def unlink_if_same(dir_fd: int, name: str, seen: tuple[int, int]) -> None:
+    """Delete ``name`` unless another writer replaced it since it was ``seen`` (its st_dev,
+    st_ino); never raises."""
     with suppress(OSError):
         now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if (now.st_dev, now.st_ino) == (seen.st_dev, seen.st_ino):
+        if (now.st_dev, now.st_ino) == seen:
             os.unlink(name, dir_fd=dir_fd)

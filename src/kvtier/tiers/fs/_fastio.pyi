@@ -1,0 +1,21 @@
+def store(
+    directory: bytes,
+    tmp: bytes,
+    name: bytes,
+    header: bytes | memoryview,
+    payload: bytes | memoryview,
+    truncate_to: int,
+    flags: int,
+    fsync: bool,
+    /,
+) -> None: ...
+def load(
+    path: bytes,
+    header: bytes | memoryview,
+    plain: bytes | memoryview,
+    aligned: bytes | memoryview,
+    flags: int,
+    adaptive: bool,
+    o_direct: int,
+    /,
+) -> tuple[int, int, int, int, bool] | None: ...

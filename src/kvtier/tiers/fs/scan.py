@@ -1,0 +1,137 @@
+"""The fs tier's start-up scan: which chunk files a namespace holds, and stale temporaries.
+
+A temporary file (``<key>.<host>-<pid>-<token>-<n>.tmp``, see ``fs_files``) is stale when it
+is older than ``STALE_TMP_S`` whoever wrote it, or when its writer was a process of this host
+that is gone; a running writer's are left alone. Nothing below the namespace is followed: a
+level that is a link, or an entry that is not what the layout expects there, is skipped and
+counted by reason, as is anything that cannot be listed or stat'ed; the scan goes on.
+
+Thread safety: plain functions over the directory; the fs tier runs them on its scan thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import stat
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from kvtier.keys import ChunkKey
+from kvtier.tiers.fs.paths import NotRegularError, failure_reason
+
+#: A temporary file older than this is stale whoever wrote it (a write takes far less).
+STALE_TMP_S = 600.0
+_KEY_NAME = re.compile(r"[0-9a-f]{64}")
+_LEVEL_NAME = re.compile(r"[0-9a-f]{2}")
+_TMP_NAME = re.compile(r".*\.([0-9a-f]+)-(\d+)-([0-9a-f]+)-\d+\.tmp")
+#: Names this host in temporary files (a dead writer on this host is recognised by its pid).
+HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+@dataclass
+class ScanResult:
+    """What ``scan`` found: chunk files as (mtime, key, size), stale temporaries removed, and
+    entries skipped by reason (``not_regular``, or the errno name of what failed on them)."""
+
+    chunks: list[tuple[float, ChunkKey, int]] = field(default_factory=list)
+    stale_removed: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    def skip(self, exc: OSError) -> None:
+        self.skipped[failure_reason(exc)] += 1
+
+
+def scan_namespace(namespace: str, own_token: str, stop: threading.Event) -> ScanResult:
+    """Every chunk file under ``namespace``; removes stale temporary files on the way (never
+    those of the writer whose tag holds ``own_token``). Stops early once ``stop`` is set.
+
+    Follows no link. An entry that cannot be listed, stat'ed or removed, or is not what the
+    layout expects there, is skipped and counted (``ScanResult.skipped``); the rest goes on.
+    """
+    result = ScanResult()
+    for entries in _listings(namespace, result):
+        if stop.is_set():
+            break
+        for entry in entries:
+            _scan_entry(entry, own_token, result)
+    return result
+
+
+def _scan_entry(entry: os.DirEntry[str], own_token: str, result: ScanResult) -> None:
+    try:
+        if _KEY_NAME.fullmatch(entry.name):
+            found = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(found.st_mode):
+                raise NotRegularError(entry.path)
+            key = ChunkKey(bytes.fromhex(entry.name))
+            result.chunks.append((found.st_mtime, key, found.st_size))
+        elif entry.name.endswith(".tmp") and _is_stale(entry, own_token):
+            os.unlink(entry.path)
+            result.stale_removed += 1
+    except FileNotFoundError:
+        pass  # removed meanwhile (evicted or renamed by another instance)
+    except OSError as exc:
+        result.skip(exc)
+
+
+def _is_stale(entry: os.DirEntry[str], own_token: str) -> bool:
+    match = _TMP_NAME.fullmatch(entry.name)
+    if match is not None and match.group(3) == own_token:
+        return False
+    if time.time() - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
+        return True
+    return match is not None and match.group(1) == HOST_TAG and not _pid_alive(int(match[2]))
+
+
+def _listings(namespace: str, result: ScanResult) -> Iterator[list[os.DirEntry[str]]]:
+    """The entries of the namespace, then of each level-2 directory (real directories only)."""
+    top = _entries(namespace, result)
+    yield top
+    for level1 in _level_dirs(top, result):
+        for level2 in _level_dirs(_entries(level1, result), result):
+            yield _entries(level2, result)
+
+
+def _level_dirs(entries: list[os.DirEntry[str]], result: ScanResult) -> Iterator[str]:
+    for entry in entries:
+        if _LEVEL_NAME.fullmatch(entry.name) and _is_real_dir(entry, result):
+            yield entry.path
+
+
+def _is_real_dir(entry: os.DirEntry[str], result: ScanResult) -> bool:
+    """Whether ``entry`` is a directory, not a link to one; anything else is counted."""
+    try:
+        if entry.is_dir(follow_symlinks=False):
+            return True
+        result.skip(NotRegularError(entry.path))
+    except OSError as exc:
+        result.skip(exc)
+    return False
+
+
+def _entries(directory: str, result: ScanResult) -> list[os.DirEntry[str]]:
+    """The entries of ``directory``; none (counted) when it cannot be listed."""
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        result.skip(exc)
+        return []
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
