@@ -216,3 +216,18 @@ def test_the_sketch_has_a_fixed_size_whatever_it_sees():
         sketch.record([ChunkKey(os.urandom(32)) for _ in range(512)])
     assert sketch._counts.nbytes == size == 4 << 10
     assert sketch.estimate([ChunkKey(os.urandom(32))])[0] <= 255
+
+
+def test_counts_are_halved_once_per_window_even_within_one_call():
+    """frequency_window 8: a key seen 6 times, then 18 sightings of other keys in one call
+    (3 windows' worth): halved 3 times, as 18 separate sightings would have."""
+    key = ChunkKey(bytes(range(32)))
+    others = [ChunkKey(np.random.default_rng(i).bytes(32)) for i in range(18)]
+    burst, steady = FrequencySketch(decay_every=8), FrequencySketch(decay_every=8)
+    for sketch in (burst, steady):
+        for _ in range(6):
+            sketch.record([key])
+    burst.record(others)
+    for other in others:
+        steady.record([other])
+    assert burst.estimate([key])[0] == steady.estimate([key])[0] == 0

@@ -3,7 +3,8 @@
 A count-min sketch (``depth`` rows of ``width`` saturating 8-bit counters) indexed by slices of
 the chunk key itself (keys are uniform sha256 digests, so no extra hashing). An estimate is
 never below the true count and over it only through collisions. Every ``decay_every`` recorded
-sightings all counters are halved, so old popularity fades (TinyLFU's aging): memory is
+sightings all counters are halved (once per ``decay_every`` even when one call records more), so
+old popularity fades (TinyLFU's aging): memory is
 ``depth * width`` bytes whatever the number of keys. Within one ``record`` call a counter moves
 by one at most (vectorised; two keys of one call colliding in every row would count once).
 
@@ -44,9 +45,9 @@ class FrequencySketch:
         seen = counts[index]
         counts[index] = np.where(seen < 255, seen + 1, seen)
         self._since_decay += len(keys)
-        if self._since_decay >= self._decay_every:
-            self._counts >>= 1
-            self._since_decay = 0
+        halvings, self._since_decay = divmod(self._since_decay, self._decay_every)
+        if halvings:  # once per window crossed, even by one call; 8 halvings empty a counter
+            self._counts >>= min(halvings, 8)
 
     def estimate(self, keys: Sequence[ChunkKey]) -> np.ndarray:
         """Estimated sightings of each key (never below the true count since the last decay)."""
