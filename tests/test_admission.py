@@ -153,6 +153,18 @@ def test_a_policy_of_your_own_by_module_path(identity):
         assert dropped(m, "host", "odd_byte") == 16 - len(kept)
 
 
+def test_an_entry_with_a_policy_of_your_own_and_rules_applies_both(identity):
+    """One entry with module_path and min_reuse 2: its min_reuse was silently ignored."""
+    keys = make_keys(identity, 16)
+    entry = {"module_path": "tests.plugins.admission_policy", "type": "EvenFirstByte",
+             "options": {"parity": 1}, "min_reuse": 2}  # fmt: skip
+    with TieringManager(config(16, admission=[entry]), identity) as m:
+        assert offer(m, keys) == []
+        assert dropped(m, "host", "min_reuse") == 16
+        assert offer(m, keys) == [k for k in keys if k[0] % 2 == 1]
+        assert dropped(m, "host", "odd_byte") == 16 - len([k for k in keys if k[0] % 2 == 1])
+
+
 @pytest.mark.parametrize("mode", ["raise", "short", "bad"])
 def test_a_broken_policy_drops_its_offers_and_never_fails_the_engine(identity, tmp_path, mode):
     """Host memory's policy and the fs tier's both broken: every chunk is recomputed, counted

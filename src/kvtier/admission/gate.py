@@ -45,21 +45,22 @@ class Admission:
             if config.level not in (HOST, *levels):
                 known = ", ".join((HOST, *levels))
                 raise ConfigError(f"admission[{index}].level: expected one of {known}")
-            self._policies.setdefault(config.level, []).append(self._policy(config))
+            self._policies.setdefault(config.level, []).extend(self._policies_of(config))
         self._prefix: dict[ChunkKey, int] = {}  # keys being stored -> their prefix's chunks
         self.active = bool(configs) or secondary_min_priority > 0
         if self.active and HOST in levels:  # its level would be host memory's
             raise ConfigError("secondary_tiers: a tier named 'host' needs another name when "
                               "admission or secondary_min_priority is set")  # fmt: skip
 
-    def _policy(self, config: AdmissionConfig) -> AdmissionPolicy:
-        if config.module_path is not None:
-            return load_policy(config)
+    def _policies_of(self, config: AdmissionConfig) -> list[AdmissionPolicy]:
+        """The entry's built-in rules, then its policy of your own (if any): a chunk must pass
+        both, so rules given beside a ``module_path`` are never silently ignored."""
         frequency = None
         if config.min_frequency > 1:
             window = config.frequency_window
             frequency = self._windows.setdefault(window, FrequencySketch(decay_every=window))
-        return Rules(config, frequency)
+        rules: list[AdmissionPolicy] = [Rules(config, frequency)]
+        return rules if config.module_path is None else [*rules, load_policy(config)]
 
     def seen(self, keys: Sequence[ChunkKey]) -> None:
         """One sighting of each key (offered by the engine, loaded, or hit)."""
