@@ -241,6 +241,25 @@ def test_a_tier_that_trips_again_soon_waits_twice_as_long():
     assert [d.enable for d in g.decide([], ["fs"])] == [True]
 
 
+def test_a_tier_back_from_its_cool_down_is_judged_on_its_promotions_since():
+    """Jobs in flight when the tier tripped report their slow promotions after it: back and
+    healthy, the tier is not switched off again by them."""
+    g, clock = guard(promotion_p99_s=0.1)
+    for _ in range(3):
+        g.observe_promotion("fs", 0.5)
+    g.decide(["fs"], [])
+    clock.now += 2.0
+    assert [d.enable for d in g.decide(["fs"], [])] == [False]
+    for _ in range(3):
+        g.observe_promotion("fs", 0.5)  # late reports of the jobs in flight at the trip
+    clock.now += 5.0
+    assert [d.enable for d in g.decide([], ["fs"])] == [True]
+    for _ in range(8):
+        g.observe_promotion("fs", 0.01)
+        clock.now += 1.0
+        assert g.decide(["fs"], []) == []
+
+
 def test_a_tier_disabled_by_hand_is_never_switched_on_by_the_guard():
     g, clock = guard(promotion_p99_s=0.1)
     clock.now += 1000.0

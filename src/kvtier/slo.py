@@ -15,8 +15,9 @@ recovered below ``recover_ratio`` of itself (hysteresis). Each trip of the same 
 that stays slow is tried less and less often and the guard never flaps. After any trip (by any
 budget: a slow tier often breaks several at once), only request samples taken since count
 towards a request budget's next trip (the older ones blamed the tier already switched off),
-while a recovery is judged on the whole window. A tier switched
-by hand (``switched_by_hand``) is the operator's: the guard does not switch it back on.
+while a recovery is judged on the whole window. A tier back from its cool-down is judged on the
+promotions it serves from then on (jobs in flight at its trip report theirs late). A tier
+switched by hand (``switched_by_hand``) is the operator's: the guard does not switch it back on.
 
 Thread safety: none; the manager calls it under its lock. ``clock`` is injectable for tests.
 """
@@ -221,6 +222,7 @@ class SLOGuard:
             if trip.reason in ("ttft_p99", "itl_p99") and not self._recovered(now, trip.reason):
                 continue
             trip.returned_at = now
+            self._promotions.pop(tier, None)  # late reports of jobs in flight at the trip
             decisions.append(Decision(tier, enable=True, reason="cooled_down"))
         return decisions
 
