@@ -89,10 +89,11 @@ def _build_fault(
 
 
 def load_tier_class(module_path: str, class_name: str) -> Callable[..., SecondaryTier]:
-    """Import ``module_path`` and return its ``class_name``, which must be a SecondaryTier."""
-    try:
+    """Import ``module_path`` and return its ``class_name``, which must be a SecondaryTier;
+    ``ConfigError`` otherwise, a module that fails as it is imported included."""
+    try:  # a relative name raises TypeError, a broken module anything at all
         module = importlib.import_module(module_path)
-    except ImportError as exc:
+    except Exception as exc:
         raise ConfigError(f"module_path: cannot import {module_path!r} ({exc})") from exc
     cls = getattr(module, class_name, None)
     if cls is None:
