@@ -20,8 +20,12 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def call(port: int, path: str, method: str = "GET") -> tuple[int, dict]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, data=b"")
+def call(
+    port: int, path: str, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", method=method, data=b"", headers=headers or {}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, json.loads(answer.read())
@@ -110,3 +114,20 @@ def test_a_closed_manager_answers_503_and_switches_nothing(served):
                "REMOTE_ADDR": "127.0.0.1"}  # fmt: skip
     admin_app(m)(environ, lambda status, headers: statuses.append(status))  # type: ignore[arg-type]
     assert statuses == ["503 Service Unavailable"] and m.tier_states() == (["fs"], [])
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"Origin": "http://evil.example"}, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"},
+     {"Host": "evil.example:80"}, {"Host": "rebound.example"}],
+)  # fmt: skip
+def test_requests_a_browser_sends_for_a_web_page_are_refused(served, headers):
+    """A page in a local browser reaches loopback too: a form POST (no preflight) or a
+    DNS-rebound name must not switch a tier."""
+    m, port = served
+    status, body = call(port, "/admin/tiers/fs/disable", "POST", headers)
+    assert status == 403 and "web pages" in body["error"]
+    assert call(port, "/admin/tiers", headers=headers)[0] == 403
+    assert m.stats()["disabled_tiers"] == []
+    for host in (f"localhost:{port}", f"[::1]:{port}", f"127.0.0.1:{port}"):
+        assert call(port, "/admin/tiers", headers={"Host": host})[0] == 200

@@ -2,6 +2,11 @@
 
 Off by default (``metrics_admin: true`` turns it on) and loopback-only: the config refuses it on
 a metrics address beyond loopback, and every request from a peer that is not loopback gets 403.
+A web page open in a local browser is a loopback client too, so requests a browser sends on a
+page's behalf are refused as well (403): any with an ``Origin`` or ``Sec-Fetch-Site`` header
+(browsers add them to every cross-site request and every POST), and any whose ``Host`` is not
+a loopback address or ``localhost`` (a DNS-rebound name). curl, scripts and Prometheus send
+neither.
 
 * ``GET /admin/tiers``: ``{"enabled": [...], "disabled": [...]}``;
 * ``POST /admin/tiers/<name>/disable`` and ``POST /admin/tiers/<name>/enable``:
@@ -51,6 +56,8 @@ def admin_app(manager: Operations) -> WSGIApplication:
 def _answer(manager: Operations, environ: WSGIEnvironment) -> tuple[str, Any]:
     if not is_loopback(str(environ.get("REMOTE_ADDR", ""))):
         return "403 Forbidden", {"error": "the admin endpoint answers loopback clients only"}
+    if _from_a_web_page(environ):
+        return "403 Forbidden", {"error": "the admin endpoint refuses requests from web pages"}
     path, method = _path(environ), environ.get("REQUEST_METHOD", "")
     if path == "/admin/tiers":
         if method != "GET":
@@ -63,6 +70,15 @@ def _answer(manager: Operations, environ: WSGIEnvironment) -> tuple[str, Any]:
     if method != "POST":
         return "405 Method Not Allowed", {"error": "POST to switch a tier"}
     return _switch(manager, match["name"], match["action"] == "enable")
+
+
+def _from_a_web_page(environ: WSGIEnvironment) -> bool:
+    """Whether a browser sent this for a page (cross-site request forgery, DNS rebinding)."""
+    if "HTTP_ORIGIN" in environ or environ.get("HTTP_SEC_FETCH_SITE", "none") != "none":
+        return True
+    host = str(environ.get("HTTP_HOST", "localhost"))
+    name = host[1 : host.find("]")] if host.startswith("[") else host.rsplit(":", 1)[0]
+    return not is_loopback(name)
 
 
 def _path(environ: WSGIEnvironment) -> str:
