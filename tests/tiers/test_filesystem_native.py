@@ -138,6 +138,7 @@ def test_the_tier_takes_the_compiled_path(tmp_path, identity: CacheIdentity, mon
     assert collect(tier, [3])[3].ok
     assert holds(region, 2, first) and holds(region, 3, second)
     assert walked == []
+    assert tier.stats()["native_io"] == 1
     tier.close()
 
 

@@ -47,6 +47,7 @@ from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, RETRY, JobOutcome, Lookup, TransferJob
+from kvtier.tiers.fs import native
 from kvtier.tiers.fs.files import ChunkFiles
 from kvtier.tiers.fs.index import ChunkIndex, RecentMisses
 from kvtier.tiers.fs.namespace import SpaceGuard
@@ -170,6 +171,7 @@ class FilesystemTier(PooledTier):
             "index_chunks": len(self._index),
             "index_bytes": self._index.used_bytes,
             "o_direct": int(self.o_direct),
+            "native_io": int(native.usable()),
             "read_only": int(self._files.directory.read_only),
             "scan_done": int(self._scanned.is_set()),
         }
