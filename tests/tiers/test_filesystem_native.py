@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kvtier import CacheIdentity, ChunkKey
+from kvtier import CacheIdentity
 from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
@@ -40,32 +40,43 @@ def test_the_compiled_io_is_built_on_linux():
     assert native.AVAILABLE and native.usable()
 
 
+NAME = "abcd" + "0" * 60
+
+
 @needs_native
 def test_store_writes_renames_and_truncates(tmp_path: Path):
     header, payload = b"h" * 4096, aligned(8192)
     payload[:] = b"p" * 8192
-    assert native.store(str(tmp_path), "x.tmp", "x", (header, payload), 4096 + 5000, 0, False)
-    assert (tmp_path / "x").read_bytes() == b"h" * 4096 + b"p" * 5000
-    assert not (tmp_path / "x.tmp").exists()
+    assert native.store(str(tmp_path), NAME, "x.tmp", (header, payload), 4096 + 5000, 0, False)
+    level = tmp_path / "ab" / "cd"  # made where missing
+    assert sorted(p.name for p in level.iterdir()) == [NAME]
+    assert (level / NAME).read_bytes() == b"h" * 4096 + b"p" * 5000
     header_block = aligned(4096)  # O_DIRECT writes from page-aligned memory
     header_block[:] = header
-    assert native.store(str(tmp_path), "y.tmp", "y", (header_block, payload), -1, O_DIRECT, True)
-    assert (tmp_path / "y").stat().st_size == 4096 + 8192
+    other = "abce" + "0" * 60
+    assert native.store(str(tmp_path), other, "y.tmp", (header_block, payload), -1, O_DIRECT, True)
+    assert (tmp_path / "ab" / "ce" / other).stat().st_size == 4096 + 8192
 
 
 @needs_native
 def test_store_hands_back_what_it_cannot_do(tmp_path: Path):
     header, payload = b"h" * 4096, aligned(4096)
-    missing = tmp_path / "ab" / "cd"
-    assert not native.store(str(missing), "x.tmp", "x", (header, payload), -1, 0, False)
-    assert not missing.exists()  # directories are the os-module walk's to create
-    (tmp_path / "real").mkdir()
-    (tmp_path / "link").symlink_to(tmp_path / "real")
-    assert not native.store(str(tmp_path / "link"), "x.tmp", "x", (header, payload), -1, 0, False)
-    assert list((tmp_path / "real").iterdir()) == []  # never written through a link
-    (tmp_path / "x").mkdir()  # a directory where the chunk belongs: rename fails, tmp removed
-    assert not native.store(str(tmp_path), "x.tmp", "x", (header, payload), -1, 0, False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real", "x"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    namespace = tmp_path / "ns"
+    namespace.mkdir()
+    (namespace / "ab").symlink_to(outside)  # a linked level: never followed, not even to mkdir
+    assert not native.store(str(namespace), NAME, "x.tmp", (header, payload), -1, 0, False)
+    (namespace / "12").write_bytes(b"")  # a file where a level directory belongs
+    assert not native.store(
+        str(namespace), "12" + NAME[2:], "x.tmp", (header, payload), -1, 0, False
+    )
+    (namespace / "34" / "56" / ("3456" + NAME[4:])).mkdir(parents=True)  # a directory there
+    assert not native.store(
+        str(namespace), "3456" + NAME[4:], "x.tmp", (header, payload), -1, 0, False
+    )
+    assert list(outside.iterdir()) == []
+    assert not [p for p in namespace.rglob("*.tmp")]  # no temporary file left behind
 
 
 def _load(path: Path, flags: int = os.O_RDONLY, adaptive: bool = False) -> native.Loaded | None:
@@ -118,25 +129,22 @@ def _direct_refused(path: Path) -> bool:
 
 @needs_native
 def test_the_tier_takes_the_compiled_path(tmp_path, identity: CacheIdentity, monkeypatch):
-    """Once a chunk's directories exist, stores and loads never take the os-module path."""
+    """Stores (their directories made on the way) and loads never take the os-module path."""
     region = HostRegion(4, 64 << 10)
     tier = FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), region, identity)
     tier.wait_scanned()
-    first, second = make_keys(identity, 2)
-    second = ChunkKey(first[:4] + second[4:])  # the same level directories as the first
-    fill(region, 0, first)
-    tier.submit_store(TransferJob(1, (first,), (0,)))
-    assert collect(tier, [1])[1].ok
+    keys = make_keys(identity, 2)
     walked: list[str] = []
     for name in ("_write_walk", "_read_walk"):
         original = getattr(tier._files, name)
         monkeypatch.setattr(tier._files, name, _recording(walked, name, original))
-    fill(region, 1, second)
-    tier.submit_store(TransferJob(2, (second,), (1,)))
+    for slot, key in enumerate(keys):
+        fill(region, slot, key)
+    tier.submit_store(TransferJob(1, tuple(keys), (0, 1)))
+    assert collect(tier, [1])[1].ok
+    tier.submit_load(TransferJob(2, tuple(keys), (2, 3)))
     assert collect(tier, [2])[2].ok
-    tier.submit_load(TransferJob(3, (first, second), (2, 3)))
-    assert collect(tier, [3])[3].ok
-    assert holds(region, 2, first) and holds(region, 3, second)
+    assert holds(region, 2, keys[0]) and holds(region, 3, keys[1])
     assert walked == []
     assert tier.stats()["native_io"] == 1
     tier.close()

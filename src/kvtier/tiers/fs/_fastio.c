@@ -18,6 +18,8 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/stat.h>
@@ -110,18 +112,48 @@ static int all_cached(int fd, off_t size)
     return (long long)stat.nr_cache * PAGE_BYTES >= (long long)size;
 }
 
+#define DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
+
 struct store_args {
-    const char *dir, *tmp, *name;
+    const char *namespace, *levels[2], *tmp, *name;
     Py_buffer header, payload;
     Py_ssize_t truncate_to;
     int flags, sync;
 };
 
-/* Write tmp in dir, then rename it to name; tmp is removed on failure. 0 or an errno. */
+/* <namespace>/<level 1>/<level 2>, made where missing: one openat2 when it exists, else the
+ * walk from the namespace with mkdirat and O_NOFOLLOW opens (a link is never followed, even
+ * to make a directory). A descriptor, or -1 with errno. */
+static int open_levels(const struct store_args *a)
+{
+    char path[PATH_MAX];
+    int n = snprintf(path, sizeof path, "%s/%s/%s", a->namespace, a->levels[0], a->levels[1]);
+    if (n < 0 || (size_t)n >= sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    int dir = open_no_links(path, DIR_FLAGS);
+    if (dir >= 0 || errno != ENOENT)
+        return dir;
+    dir = open_no_links(a->namespace, DIR_FLAGS);
+    for (int i = 0; i < 2 && dir >= 0; i++) {
+        int child = -1;
+        if (mkdirat(dir, a->levels[i], 0777) == 0 || errno == EEXIST)
+            child = openat(dir, a->levels[i], DIR_FLAGS);
+        int saved = errno;
+        close(dir);
+        errno = saved;
+        dir = child;
+    }
+    return dir;
+}
+
+/* Write tmp in the chunk's directory, then rename it to name; tmp is removed on failure.
+ * 0 or an errno. */
 static int store_file(struct store_args *a, const char **failed)
 {
     int err = 0;
-    int dir = open_no_links(a->dir, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_NOFOLLOW);
+    int dir = open_levels(a);
     if (dir < 0)
         return errno;
     *failed = a->tmp;
@@ -153,10 +185,10 @@ static int store_file(struct store_args *a, const char **failed)
 static PyObject *fastio_store(PyObject *self, PyObject *args)
 {
     struct store_args a;
-    if (!PyArg_ParseTuple(args, "yyyy*y*nip", &a.dir, &a.tmp, &a.name, &a.header, &a.payload,
-                          &a.truncate_to, &a.flags, &a.sync))
+    if (!PyArg_ParseTuple(args, "yyyyyy*y*nip", &a.namespace, &a.levels[0], &a.levels[1], &a.tmp,
+                          &a.name, &a.header, &a.payload, &a.truncate_to, &a.flags, &a.sync))
         return NULL;
-    const char *failed = a.dir;
+    const char *failed = a.namespace;
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = store_file(&a, &failed);

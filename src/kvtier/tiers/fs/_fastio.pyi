@@ -1,5 +1,7 @@
 def store(
-    directory: bytes,
+    namespace: bytes,
+    level1: bytes,
+    level2: bytes,
     tmp: bytes,
     name: bytes,
     header: bytes | memoryview,

@@ -125,8 +125,7 @@ class ChunkFiles:
         tmp = f"{name}.{self._tag}-{next(self._seq)}.tmp"
         buffers, truncate_to = self._file_buffers(key, region, slot, direct)
         flags = O_DIRECT if direct else 0
-        level = level_path(self._real, name)
-        if not native.store(level, tmp, name, buffers, truncate_to, flags, self._fsync):
+        if not native.store(self._real, name, tmp, buffers, truncate_to, flags, self._fsync):
             self._write_walk(name, tmp, buffers, truncate_to, flags)
         return HEADER_BYTES + region.slot_bytes
 

@@ -43,15 +43,17 @@ def usable() -> bool:
 
 
 def store(
-    directory: str,
-    tmp: str,
+    namespace: str,
     name: str,
+    tmp: str,
     buffers: tuple[memoryview | bytes, memoryview],
     truncate_to: int,
     flags: int,
     fsync: bool,
 ) -> bool:
-    """Write ``buffers`` to ``directory/tmp`` (open ``flags`` added), then rename it to ``name``.
+    """Write chunk file ``name`` under ``namespace`` (a real path: no link in it) in its level
+    directories (``name[:2]/name[2:4]``, made where missing): ``buffers`` go to ``tmp`` (open
+    ``flags`` added), which is then renamed to ``name``.
 
     ``truncate_to`` >= 0 sets the final size (an O_DIRECT write of a padded slot). With
     ``fsync`` the file and the directory are synced. ``tmp`` is gone afterwards whatever
@@ -59,10 +61,12 @@ def store(
     """
     if _fastio is None or not OPENAT2.available:
         return False
+    levels = (name[:2].encode(), name[2:4].encode())
     try:
         _fastio.store(
-            directory.encode(), tmp.encode(), name.encode(), *buffers, truncate_to, flags, fsync
-        )
+            namespace.encode(), *levels, tmp.encode(), name.encode(), *buffers, truncate_to,
+            flags, fsync,
+        )  # fmt: skip
     except OSError:
         return False
     return True
