@@ -272,7 +272,7 @@ MISS_REASONS = (
     "host_full",  # a tier holds it but every host slot is held, nowhere to promote
     "store_in_flight",  # the engine is still writing it into host memory
     "tier_disabled",  # the tier that might hold it is switched off (by hand or the SLO guard)
-    "not_admitted",  # admission dropped it at host memory and at every tier
+    "not_admitted",  # host refused it, or every secondary tier did and host evicted it
 )
 
 
