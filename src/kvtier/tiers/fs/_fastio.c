@@ -78,7 +78,9 @@ static int write_all(int fd, struct iovec *iov, int n)
         ssize_t done = pwritev(fd, iov, n, offset);
         if (done < 0 && errno == EINTR)
             continue;
-        if (done < 0)
+        if (done == 0)
+            errno = EIO; /* no progress: fail rather than spin with the GIL released */
+        if (done <= 0)
             return -1;
         offset += done;
         iov = advance(iov, &n, (size_t)done);
