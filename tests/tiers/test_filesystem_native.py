@@ -22,6 +22,7 @@ from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.fs import files as fs_files
+from kvtier.tiers.fs import io as fs_io
 from kvtier.tiers.fs import native
 from kvtier.tiers.fs.tier import FilesystemTier
 from tests.conftest import collect, fill, holds, make_keys
@@ -156,3 +157,25 @@ def _recording(calls: list[str], name: str, method: Callable[..., Any]) -> Calla
         return method(*args)
 
     return recorded
+
+
+def test_the_os_path_resumes_short_writes_and_fails_on_no_progress(tmp_path: Path, monkeypatch):
+    real = os.pwritev
+    answers = iter([3, 0])  # a short write, then none at all
+
+    def stingy(fd: int, buffers: Any, offset: int) -> int:
+        wanted = next(answers, None)
+        if wanted is None:
+            return real(fd, buffers, offset)
+        return real(fd, [memoryview(b"".join(bytes(b) for b in buffers))[:wanted]], offset)
+
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        monkeypatch.setattr(fs_io.os, "pwritev", stingy)
+        with pytest.raises(OSError) as failed:
+            fs_io.pwrite_all(fd, [b"abcdef", b"ghij"])
+        assert failed.value.errno == errno.EIO
+        fs_io.pwrite_all(fd, [b"abcdef", b"ghij"])  # every byte, however it comes
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"abcdefghij"

@@ -11,6 +11,7 @@ done, or until end of file on reads.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Sequence
 
@@ -30,7 +31,10 @@ def pwrite_all(fd: int, buffers: Sequence[bytes | memoryview], offset: int = 0) 
     total = sum(len(b) for b in buffers)
     done = os.pwritev(fd, buffers, offset)
     while done < total:
-        done += os.pwritev(fd, _skip(buffers, done), offset + done)
+        wrote = os.pwritev(fd, _skip(buffers, done), offset + done)
+        if wrote == 0:  # no progress: fail rather than spin
+            raise OSError(errno.EIO, "a write made no progress")
+        done += wrote
 
 
 def pread_all(fd: int, buffers: Sequence[memoryview], offset: int, limit: int) -> int:
