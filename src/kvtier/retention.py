@@ -43,22 +43,22 @@ def priorities(keys: Sequence[ChunkKey], priority: Priority) -> list[int]:
         raise InvalidArgumentError(f"priority: expected 0 to 100 or a list, got {priority!r}")
     if len(values) != len(keys):
         raise InvalidArgumentError(f"priority: {len(values)} values for {len(keys)} keys")
-    for value in values:
-        if not _is_integer(value):
-            raise InvalidArgumentError(f"priority: expected an integer, got {value!r}")
-        if not MIN_PRIORITY <= value <= MAX_PRIORITY:
-            raise InvalidArgumentError(f"priority: expected 0 to 100, got {value}")
-    return [int(value) for value in values]
+    return [_checked(value) for value in values]
 
 
 def request_priority(priority: int | None) -> int | None:
     """One priority for all of a request's chunks (``None``: none given), as an integration's
     argument; ``InvalidArgumentError`` for anything else (a list of them included)."""
-    if priority is None:
-        return None
-    if not (_is_integer(priority) and MIN_PRIORITY <= priority <= MAX_PRIORITY):
-        raise InvalidArgumentError(f"priority: expected an integer from 0 to 100, got {priority!r}")
-    return int(priority)
+    return None if priority is None else _checked(priority)
+
+
+def _checked(value: object) -> int:
+    """``value`` as a priority: an integer from 0 to 100, else ``InvalidArgumentError``."""
+    if not _is_integer(value):
+        raise InvalidArgumentError(f"priority: expected an integer from 0 to 100, got {value!r}")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidArgumentError(f"priority: expected 0 to 100, got {value}")
+    return int(value)
 
 
 def expiry(duration_s: float | None) -> float | None:
