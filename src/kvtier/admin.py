@@ -22,14 +22,23 @@ import ipaddress
 import json
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtier.errors import ClosedError, KVTierError
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-    from kvtier.operations import Operations
+
+class Controls(Protocol):
+    """What the endpoint switches: a ``Runtime``, or a ``TieringManager`` (its runtime's)."""
+
+    def tier_states(self) -> tuple[list[str], list[str]]: ...
+
+    def disable_tier(self, name: str, reason: str = "manual") -> bool: ...
+
+    def enable_tier(self, name: str) -> bool: ...
+
 
 PREFIX = "/admin/"
 _SWITCH = re.compile(r"/admin/tiers/(?P<name>[^/]+)/(?P<action>enable|disable)")
@@ -42,7 +51,7 @@ def is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
-def admin_app(manager: Operations) -> WSGIApplication:
+def admin_app(manager: Controls) -> WSGIApplication:
     """The WSGI app answering ``/admin/...`` for ``manager``."""
 
     def serve(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -53,7 +62,7 @@ def admin_app(manager: Operations) -> WSGIApplication:
     return serve
 
 
-def _answer(manager: Operations, environ: WSGIEnvironment) -> tuple[str, Any]:
+def _answer(manager: Controls, environ: WSGIEnvironment) -> tuple[str, Any]:
     if not is_loopback(str(environ.get("REMOTE_ADDR", ""))):
         return "403 Forbidden", {"error": "the admin endpoint answers loopback clients only"}
     if _from_a_web_page(environ):
@@ -91,7 +100,7 @@ def _path(environ: WSGIEnvironment) -> str:
         return raw
 
 
-def _switch(manager: Operations, name: str, enable: bool) -> tuple[str, Any]:
+def _switch(manager: Controls, name: str, enable: bool) -> tuple[str, Any]:
     try:
         changed = manager.enable_tier(name) if enable else manager.disable_tier(name, "admin")
     except ClosedError as exc:

@@ -252,8 +252,44 @@ class KVEventsConfig:
 
 
 @dataclass(frozen=True)
-class TieringConfig:
-    """The whole kvtier configuration (vLLM's ``kv_connector_extra_config`` plus its wrapper)."""
+class RuntimeConfig:
+    """The settings of a kvtier runtime (``kvtier.runtime``): what it decides and serves.
+
+    The same keys, with the same checks, at the top of a ``TieringConfig`` and of vLLM's
+    ``kv_connector_extra_config`` (``kvtier.integrations.vllm.engine_config``).
+    """
+
+    metrics_port: Port | None = None
+    metrics_host: HostName = "127.0.0.1"
+    #: Serve ``/admin/...`` (switch tiers) beside ``/metrics``: loopback metrics_host only.
+    metrics_admin: bool = False
+    #: Switch a tier off while it breaks a latency budget (``kvtier.slo``); off when ``None``.
+    slo_guard: SLOGuardConfig | None = None
+    #: What each level keeps (``kvtier.admission``): ``level`` is ``host`` or a tier's name.
+    admission: tuple[AdmissionConfig, ...] = ()
+    #: Chunks retained below this priority (0-100) are never written to secondary tiers.
+    secondary_min_priority: Annotated[int, Bounds(0, 100, "an integer from 0 to 100")] = 0
+
+    def __post_init__(self) -> None:
+        _check_range("secondary_min_priority", self.secondary_min_priority, 0, 100)
+        if self.metrics_admin and self.metrics_port is None:
+            raise ConfigError("metrics_admin: the admin endpoint is served on metrics_port; set it")
+        if self.metrics_admin and not is_loopback(self.metrics_host):
+            raise ConfigError("metrics_admin: only with a loopback metrics_host (127.0.0.1, ::1)")
+        check_fields(self)
+
+
+#: The keys of ``RuntimeConfig``, as they appear at the top of a configuration.
+RUNTIME_KEYS = (
+    "metrics_port", "metrics_host", "metrics_admin", "slo_guard", "admission",
+    "secondary_min_priority",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class TieringConfig(RuntimeConfig):
+    """The whole kvtier configuration (vLLM's ``kv_connector_extra_config`` plus its wrapper):
+    the runtime's keys (``RuntimeConfig``), the host tier and the secondary tiers."""
 
     cpu_bytes_to_use: PositiveBytes
     block_size: Count | None = None
@@ -265,34 +301,25 @@ class TieringConfig:
     kv_connector: str | None = None
     kv_role: str | None = None
     serve: ServeConfig | None = None
-    metrics_port: Port | None = None
-    metrics_host: HostName = "127.0.0.1"
     kv_events: KVEventsConfig | None = None
     #: Record a request trace (``kvtier.plan.trace``) here, for ``kvtier plan``; off when ``None``.
     trace_path: str | None = None
-    #: Switch a tier off while it breaks a latency budget (``kvtier.slo``); off when ``None``.
-    slo_guard: SLOGuardConfig | None = None
-    #: What each level keeps (``kvtier.admission``): ``level`` is ``host`` or a tier's name.
-    admission: tuple[AdmissionConfig, ...] = ()
     #: vLLM's name for host memory's ``min_reuse`` (chunks seen fewer times are not stored).
     store_threshold: Annotated[int, Bounds(1, 255, "an integer from 1 to 255")] | None = None
-    #: Chunks retained below this priority (0-100) are never written to secondary tiers.
-    secondary_min_priority: Annotated[int, Bounds(0, 100, "an integer from 0 to 100")] = 0
-    #: Serve ``/admin/...`` (switch tiers) beside ``/metrics``: loopback metrics_host only.
-    metrics_admin: bool = False
 
     def __post_init__(self) -> None:
-        _check_retention(self)
-        if self.metrics_admin and self.metrics_port is None:
-            raise ConfigError("metrics_admin: the admin endpoint is served on metrics_port; set it")
-        if self.metrics_admin and not is_loopback(self.metrics_host):
-            raise ConfigError("metrics_admin: only with a loopback metrics_host (127.0.0.1, ::1)")
-        check_fields(self)
+        _check_range("store_threshold", self.store_threshold, 1, 255)
+        super().__post_init__()
         if self.block_size is not None and self.blocks_per_chunk is not None:
             raise ConfigError(
                 "block_size, blocks_per_chunk: give one or the other, not both "
                 "(block_size is tokens per chunk; blocks_per_chunk counts engine blocks)"
             )
+
+    def runtime_config(self) -> RuntimeConfig:
+        """The runtime's settings, with ``store_threshold`` as host memory's ``min_reuse``."""
+        fields = {key: getattr(self, key) for key in RUNTIME_KEYS}
+        return RuntimeConfig(**{**fields, "admission": self.admission_configs()})
 
     def admission_configs(self) -> tuple[AdmissionConfig, ...]:
         """``admission``, plus ``store_threshold`` as host memory's ``min_reuse``."""
@@ -372,12 +399,9 @@ class TieringConfig:
             )
 
 
-def _check_retention(config: TieringConfig) -> None:
-    for key, value, low, high in (
-        ("secondary_min_priority", config.secondary_min_priority, 0, 100),
-        ("store_threshold", config.store_threshold, 1, 255),
-    ):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ConfigError(f"{key}: expected an integer from {low} to {high}, got {value!r}")
+def _check_range(key: str, value: object, low: int, high: int) -> None:
+    """``ConfigError`` unless ``value`` is ``None`` or an integer from ``low`` to ``high``."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{key}: expected an integer from {low} to {high}, got {value!r}")

@@ -19,15 +19,12 @@ while the engine is idle; a call never waits on I/O, only, briefly, on that thre
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from kvtier.admin import admin_app
-from kvtier.admission.gate import Admission
 from kvtier.clock import TransferClock
 from kvtier.config import TieringConfig
 from kvtier.config_checks import key_path, listen_errors
@@ -37,7 +34,7 @@ from kvtier.guards import engine_call, serialized
 from kvtier.host import ENGINE, HostTier, WriteThrough
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
-from kvtier.metrics import ManagerMetrics, MetricsServer
+from kvtier.metrics import state_gauges
 from kvtier.operations import Operations
 from kvtier.peer_host import ManagerPeerHost
 from kvtier.progress import Progress
@@ -45,11 +42,10 @@ from kvtier.promotion import Promoter
 from kvtier.provenance import Provenance
 from kvtier.region import HostRegion
 from kvtier.retention import Priority, Retention, expiry, prefix_length, priorities
+from kvtier.runtime import Runtime
 from kvtier.services import ManagerService, Services, close_all
-from kvtier.slo import SLOGuard
 from kvtier.slots import SlotAllocator
-from kvtier.tier_control import TierControl
-from kvtier.tier_set import Finished, TierSet
+from kvtier.tier_set import Finished
 from kvtier.tiers.base import Lookup, SecondaryTier
 from kvtier.tiers.registry import build_tier
 
@@ -96,33 +92,30 @@ class TieringManager(Operations):
         if self.region.slot_bytes < self.chunk_bytes:
             raise ConfigError(f"region: slots of {self.region.slot_bytes} bytes < one chunk")
         self.host = HostTier(self.region.num_slots, config.eviction_policy)
-        self.metrics = ManagerMetrics()
+        self.runtime = Runtime(config.runtime_config(), self.chunk_bytes)
+        self.metrics = self.runtime.metrics
         self._events = EventLog(outbox=config.kv_events is not None, on_add=self._count_events)
         self._services = Services(self.metrics)
         self._peer_host = ManagerPeerHost(self)
         self._clock = TransferClock(self.metrics, self.chunk_bytes)
         self._publisher: EventPublisher | None = None
-        self._exporter: MetricsServer | None = None
         self.peer_server: PeerServer | None = None
-        self._lock = threading.RLock()
+        self._lock = self.runtime.lock
         self._closed = False
-        self._tiers = TierSet([], self.metrics, self.chunk_bytes)
+        self._tiers = self.runtime.tiers
         self.tiers = self._tiers.tiers
         self._progress = Progress(())
         tokens_per_chunk = identity.layout.tokens_per_chunk
         self._provenance = Provenance(self.metrics, self._tiers, tokens_per_chunk)
         self._slots = SlotAllocator(self.host, self._provenance, self.metrics, self._events)
-        guard = None if config.slo_guard is None else SLOGuard(config.slo_guard)
-        self._retention = Retention(self.host, Admission((), (), self.metrics), self._provenance)
-        self._control = TierControl(self._tiers, guard)
+        self._retention = Retention(self.host, self.runtime.admission, self._provenance)
+        self._control = self.runtime.control
         self._promoter = Promoter(
             self.host, self._tiers, self._slots, self._provenance, self.metrics, self._events
         )
         try:
             self._build(tiers)
-            admission = Admission(config.admission_configs(), self._tiers.names(), self.metrics,
-                                  config.secondary_min_priority)  # fmt: skip
-            self._retention = Retention(self.host, admission, self._provenance)
+            self._retention = Retention(self.host, self.runtime.admission, self._provenance)
             self._start_services()
         except BaseException:
             self.close(timeout=0)
@@ -133,13 +126,13 @@ class TieringManager(Operations):
         given = self.config.secondary_tiers if tiers is None else tiers
         for index, tier in enumerate(given):
             if isinstance(tier, SecondaryTier):
-                self.tiers.append(tier)
+                self.runtime.add_tier(tier)
             elif callable(tier):
-                self.tiers.append(tier(self.region, self.identity))
+                self.runtime.add_tier(tier(self.region, self.identity))
             else:
                 with key_path(f"secondary_tiers[{index}]"):
-                    self.tiers.append(build_tier(tier, self.region, self.identity))
-        self._tiers.bind()
+                    self.runtime.add_tier(build_tier(tier, self.region, self.identity))
+        self.runtime.bind()
         self._progress = Progress(self.tiers)
         events = self.config.kv_events
         if events is not None and events.enable_kv_cache_events:
@@ -148,12 +141,7 @@ class TieringManager(Operations):
 
     def _start_services(self) -> None:
         """Threads that read or drive the manager: started last, once it is fully built."""
-        if self.config.metrics_port is not None:
-            registry = self.prometheus_registry()
-            admin = admin_app(self) if self.config.metrics_admin else None
-            host, port = self.config.metrics_host, self.config.metrics_port
-            with listen_errors("metrics_host, metrics_port", f"{host}:{port}"):
-                self._exporter = MetricsServer(registry, port, host, admin=admin)
+        self.runtime.serve(state_gauges(self.host), admin_target=self)
         if self.config.serve is not None:
             from kvtier.tiers.peer.server import PeerServer  # lazy: pyzmq is needed only to serve
 
@@ -386,7 +374,8 @@ class TieringManager(Operations):
         close_all(services)  # outside the lock: a driver thread may be waiting for it
         if self.tiers and not self.wait_idle(timeout):
             log.warning("closing with %d tier jobs still pending", self._tiers.num_pending)
-        close_all([*self.tiers, self._publisher, self._exporter])
+        self.runtime.close()
+        close_all([self._publisher])
 
     def __enter__(self) -> TieringManager:
         return self

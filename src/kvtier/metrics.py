@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -196,26 +196,13 @@ class HostView(Protocol):
     def __len__(self) -> int: ...
 
 
-class TierView(Protocol):
-    name: str
-
-    def stats(self) -> dict[str, int]: ...
-
-
-def state_gauges(host: HostView, tiers: Sequence[TierView]) -> dict[str, tuple[str, GaugeSource]]:
-    """Gauges read at scrape time: host slots by state, host fill, and every tier's stats."""
+def state_gauges(host: HostView) -> dict[str, tuple[str, GaugeSource]]:
+    """Gauges of host memory read at scrape time: slots by state, and host fill."""
 
     def slots() -> dict[Labels, float]:
         held, used = host.num_held, len(host)
         states = {"free": host.num_free, "held": held, "evictable": used - held}
         return {(("state", state),): value for state, value in states.items()}
-
-    def tier_stats() -> dict[Labels, float]:
-        return {
-            (("stat", stat), ("tier", tier.name)): float(value)
-            for tier in tiers
-            for stat, value in tier.stats().items()
-        }
 
     return {
         "kvtier_host_slots": ("Host slots by state", slots),
@@ -223,7 +210,6 @@ def state_gauges(host: HostView, tiers: Sequence[TierView]) -> dict[str, tuple[s
             "Share of host slots holding a chunk",
             lambda: {(): len(host) / host.num_slots},
         ),
-        "kvtier_tier_stat": ("Each tier's own stats() values", tier_stats),
     }
 
 

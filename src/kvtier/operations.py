@@ -2,8 +2,9 @@
 
 Switching tiers off and on at run time (by hand; the SLO guard does it by itself), feeding the
 guard request latencies, and reading what happened: stats, Prometheus metrics, KV events and
-tier switches. Every method takes the manager's lock, so any thread may call it; Prometheus
-gauges are snapshots taken under it too.
+tier switches. The controls are the manager's ``Runtime``'s (``kvtier.runtime``), the same
+object the vLLM adapter uses; what this adds is host memory's view. Every method takes the
+manager's lock (the runtime's), so any thread may call it.
 """
 
 from __future__ import annotations
@@ -11,16 +12,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kvtier.errors import ClosedError
 from kvtier.events import EventLog, KVEvent
-from kvtier.guards import serialized, under_lock
+from kvtier.guards import serialized
 from kvtier.host import HostTier
-from kvtier.metrics import ManagerMetrics, TelemetryCollector, state_gauges
+from kvtier.metrics import TelemetryCollector, state_gauges
 from kvtier.region import HostRegion
-from kvtier.slo import latency
-from kvtier.tier_control import TierControl, TierSwitch, check_switch
-from kvtier.tier_set import TierSet
-from kvtier.tiers.base import SecondaryTier
+from kvtier.runtime import Runtime
+from kvtier.tier_control import TierSwitch
 
 
 class Operations:
@@ -28,54 +26,31 @@ class Operations:
 
     _lock: threading.RLock
     _closed: bool
-    _control: TierControl
     _events: EventLog
-    _tiers: TierSet
-    metrics: ManagerMetrics
+    runtime: Runtime
     host: HostTier
     region: HostRegion
-    tiers: list[SecondaryTier]
 
-    # -- tiers at run time ---------------------------------------------------------------
-    @serialized
+    # -- tiers at run time (``Runtime``'s controls) -------------------------------------------
     def disable_tier(self, name: str, reason: str = "manual") -> bool:
-        """Switch tier ``name`` off: no lookups, promotions or writes until ``enable_tier``.
+        """``Runtime.disable_tier``: switch tier ``name`` off until ``enable_tier``."""
+        return self.runtime.disable_tier(name, reason)
 
-        Its jobs in flight still finish (or fail) safely. Returns whether anything changed.
-        A tier switched by hand is never switched back on by the SLO guard. ``ClosedError``
-        once the manager is closed (its tiers are); ``InvalidArgumentError`` for a ``name``
-        that is not a string or a ``reason`` that is not a string of 1 to 64 characters (it
-        labels ``kvtier_tier_disabled_total``); ``KVTierError`` for no such tier.
-        """
-        return self._switch_by_hand(name, False, reason)
-
-    @serialized
     def enable_tier(self, name: str) -> bool:
-        """Switch tier ``name`` back on; returns whether anything changed (``ClosedError``
-        once the manager is closed)."""
-        return self._switch_by_hand(name, True, "manual")
+        """``Runtime.enable_tier``: switch tier ``name`` back on."""
+        return self.runtime.enable_tier(name)
 
-    def _switch_by_hand(self, name: str, enable: bool, reason: str) -> bool:
-        check_switch(name, reason)
-        if self._closed:
-            raise ClosedError(f"{'enable' if enable else 'disable'}_tier: the manager is closed")
-        return self._control.switch_by_hand(name, enable, reason)
-
-    @serialized
     def tier_states(self) -> tuple[list[str], list[str]]:
         """Names of the enabled and of the switched-off tiers, each in config order."""
-        return self._tiers.split_by_state()
+        return self.runtime.tier_states()
 
-    @serialized
     def report_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
-        """A finished request's time to first token and inter-token latency, for the SLO guard;
-        ``InvalidArgumentError`` unless each is ``None`` or a finite number >= 0."""
-        self._control.report_request(latency("ttft_s", ttft_s), latency("itl_s", itl_s))
+        """``Runtime.report_request``: a finished request's latencies, for the SLO guard."""
+        self.runtime.report_request(ttft_s, itl_s)
 
-    @serialized
     def take_tier_switches(self) -> list[TierSwitch]:
         """Tiers switched on or off since the last call (by hand or by the SLO guard)."""
-        return self._control.take_switches()
+        return self.runtime.take_tier_switches()
 
     # -- what happened ---------------------------------------------------------------------
     @serialized
@@ -86,22 +61,19 @@ class Operations:
     @serialized
     def stats(self) -> dict[str, Any]:
         """A snapshot: host occupancy, every counter (``name{labels}``), and each tier's stats."""
+        tiers = self.runtime.tiers
         return {
             "host": {**self.host.snapshot(), "slot_bytes": self.region.slot_bytes},
-            "counters": self.metrics.flat(),
-            "pending_jobs": self._tiers.num_pending,
+            "counters": self.runtime.metrics.flat(),
+            "pending_jobs": tiers.num_pending,
             "events_dropped": self._events.dropped,
-            "tiers": {tier.name: tier.stats() for tier in self.tiers},
-            "disabled_tiers": self._tiers.split_by_state()[1],
+            "tiers": {tier.name: tier.stats() for tier in tiers},
+            "disabled_tiers": tiers.split_by_state()[1],
         }
 
     def prometheus_registry(self) -> Any:
         """A new ``CollectorRegistry`` exporting this manager's metrics (prometheus-client)."""
-        from prometheus_client import CollectorRegistry
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self.prometheus_collector())
-        return registry
+        return self.runtime.registry(state_gauges(self.host))
 
     def prometheus_collector(self) -> TelemetryCollector:
         """The collector behind ``prometheus_registry``, to register on a registry of your own.
@@ -109,8 +81,4 @@ class Operations:
         Its gauges are snapshots taken under the manager's lock (a scrape runs on the HTTP
         server's thread, while the engine's thread changes the host tier).
         """
-        gauges = state_gauges(self.host, self.tiers)
-        gauges["kvtier_tier_enabled"] = ("1 while a tier serves, 0 while switched off",
-                                         self._control.enabled_gauge)  # fmt: skip
-        locked = {name: (doc, under_lock(self._lock, read)) for name, (doc, read) in gauges.items()}
-        return TelemetryCollector(self.metrics.telemetry, locked)
+        return self.runtime.collector(state_gauges(self.host))

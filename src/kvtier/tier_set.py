@@ -112,16 +112,22 @@ class TierSet:
         """Jobs that reported since the last poll, and the keys each tier removed."""
         finished: list[Finished] = []
         removed: list[tuple[int, list[ChunkKey]]] = []
-        for index, tier in enumerate(self.tiers):
-            try:
-                results, gone = tier.get_finished_jobs(), tier.take_removed()
-            except Exception as exc:
-                warn.warning(f"poll:{tier.name}", "tier %s failed to report: %s", tier.name, exc)
-                self._metrics.count("tier_errors", tier=tier.name, where="poll")
-                continue
-            finished += filter(None, (self._finish(index, r) for r in results))
+        for index in range(len(self.tiers)):
+            done, gone = self.poll_tier(index)
+            finished += done
             removed.append((index, gone))
         return finished, removed
+
+    def poll_tier(self, index: int) -> tuple[list[Finished], list[ChunkKey]]:
+        """Tier ``index``'s jobs that reported since its last poll, and the keys it removed."""
+        tier = self.tiers[index]
+        try:
+            results, gone = tier.get_finished_jobs(), tier.take_removed()
+        except Exception as exc:
+            warn.warning(f"poll:{tier.name}", "tier %s failed to report: %s", tier.name, exc)
+            self._metrics.count("tier_errors", tier=tier.name, where="poll")
+            return [], []
+        return list(filter(None, (self._finish(index, r) for r in results))), list(gone)
 
     def _finish(self, index: int, result: JobResult) -> Finished | None:
         pending = self._pending.get(result.job_id)

@@ -2,16 +2,17 @@
 
 ``seen`` records a sighting of chunks (offered, loaded, hit); ``admit`` splits a level's offer
 into the chunks it keeps and those it drops, counting the dropped ones by reason. For secondary
-tiers it also applies ``secondary_min_priority``: chunks retained below it never leave host
-memory (reason ``priority``). A broken policy drops its offers (``policies.verdicts``). With
-nothing configured, every method returns at once.
+tiers it also applies ``secondary_min_priority`` (one for every tier, or one per tier in
+``min_priority_of``): chunks retained below it never reach that tier (reason ``priority``). A
+broken policy drops its offers (``policies.verdicts``). With nothing configured, every method
+returns at once.
 
-Thread safety: none; the manager calls it under its lock.
+Thread safety: none; its runtime's engine path calls it under the runtime's lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kvtier.admission import AdmissionConfig, AdmissionPolicy, Offer
 from kvtier.admission.policies import Rules, load_policy, verdicts
@@ -36,8 +37,10 @@ class Admission:
         levels: Sequence[str],
         metrics: ManagerMetrics,
         secondary_min_priority: int = 0,
+        min_priority_of: Mapping[str, int] | None = None,
     ) -> None:
         self._metrics, self._min_priority = metrics, secondary_min_priority
+        self._min_priority_of = dict(min_priority_of or {})
         self._reuse = FrequencySketch() if configs else None
         self._windows: dict[int, FrequencySketch] = {}
         self._policies: dict[str, list[AdmissionPolicy]] = {}
@@ -47,7 +50,8 @@ class Admission:
                 raise ConfigError(f"admission[{index}].level: expected one of {known}")
             self._policies.setdefault(config.level, []).extend(self._policies_of(config))
         self._prefix: dict[ChunkKey, int] = {}  # keys being stored -> their prefix's chunks
-        self.active = bool(configs) or secondary_min_priority > 0
+        floors = (secondary_min_priority, *self._min_priority_of.values())
+        self.active = bool(configs) or max(floors) > 0
         if self.active and HOST in levels:  # its level would be host memory's
             raise ConfigError("secondary_tiers: a tier named 'host' needs another name when "
                               "admission or secondary_min_priority is set")  # fmt: skip
@@ -79,7 +83,8 @@ class Admission:
         """The keys of ``offer`` that ``level`` keeps; the others are counted as dropped."""
         if not self.active:
             return list(offer.keys)
-        reasons = [None if level == HOST else self._priority_reason(p) for p in offer.priorities]
+        floor = 0 if level == HOST else self._min_priority_of.get(level, self._min_priority)
+        reasons: list[str | None] = ["priority" if p < floor else None for p in offer.priorities]
         for policy in self._policies.get(level, ()):
             answer = verdicts(policy, offer)
             reasons = [old or new for old, new in zip(reasons, answer, strict=True)]
@@ -87,9 +92,6 @@ class Admission:
             self._metrics.count("admission_dropped", reasons.count(reason), tier=level,
                                 reason=reason)  # fmt: skip
         return [key for key, reason in zip(offer.keys, reasons, strict=True) if reason is None]
-
-    def _priority_reason(self, priority: int) -> str | None:
-        return "priority" if priority < self._min_priority else None
 
     # -- between prepare_store and complete_store ------------------------------------------
     def remember(self, offer: Offer, kept: Sequence[ChunkKey]) -> None:
