@@ -236,8 +236,6 @@ class Promoter:
         integrity = finished.result.integrity_failed
         for key in bad:
             self.provenance.failed(index, key, "integrity" if key in integrity else "io")
-        if integrity:
-            self.metrics.count("tier_integrity_failures", len(integrity), tier=tier.name)
 
 
 def _by_tier(wanted: list[tuple[int, ChunkKey]]) -> dict[int, list[ChunkKey]]:

@@ -84,6 +84,10 @@ class TierSet:
     def num_pending(self) -> int:
         return len(self._pending)
 
+    def num_pending_of(self, index: int) -> int:
+        """Jobs tier ``index`` has not reported yet."""
+        return sum(1 for job in self._pending.values() if job.tier == index)
+
     def bind(self) -> None:
         """Unique names, and each tier's own metrics bound to the manager's telemetry."""
         make_names_unique(self.tiers)
@@ -143,6 +147,9 @@ class TierSet:
         name = self.tiers[job.tier].name
         nbytes = ok * self._chunk_bytes
         self._metrics.job(name, job.op, ok, len(job.keys) - ok, nbytes, seconds)
+        if finished.result.integrity_failed:
+            integrity = len(finished.result.integrity_failed)
+            self._metrics.count("tier_integrity_failures", integrity, tier=name)
         return Finished(job, finished.result, seconds)
 
     # -- switching tiers on and off ------------------------------------------------------------
