@@ -9,9 +9,10 @@ a loopback address or ``localhost`` (a DNS-rebound name). curl, scripts and Prom
 neither.
 
 * ``GET /admin/tiers``: ``{"enabled": [...], "disabled": [...]}``;
-* ``POST /admin/tiers/<name>/disable`` and ``POST /admin/tiers/<name>/enable``:
+* ``POST /admin/tiers/<name>/disable[?reason=TEXT]`` and ``POST /admin/tiers/<name>/enable``:
   ``{"tier": name, "enabled": bool, "changed": bool}``; 404 for a tier that does not exist,
-  503 once the manager is closed. ``<name>`` is the tier's name, percent-encoded as UTF-8.
+  400 for a reason that is not 1 to 64 characters (default ``admin``), 503 once closed.
+  ``<name>`` is the tier's name, percent-encoded as UTF-8 (``kvtier admin`` sends these).
 
 Runs on a metrics server thread; the manager's methods take its lock.
 """
@@ -21,10 +22,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import urllib.parse
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvtier.errors import ClosedError, KVTierError
+from kvtier.errors import ClosedError, InvalidArgumentError, KVTierError
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
@@ -78,7 +80,11 @@ def _answer(manager: Controls, environ: WSGIEnvironment) -> tuple[str, Any]:
         return "404 Not Found", {"error": f"no admin path {path}"}
     if method != "POST":
         return "405 Method Not Allowed", {"error": "POST to switch a tier"}
-    return _switch(manager, match["name"], match["action"] == "enable")
+    try:
+        reason = _reason(environ)
+    except ValueError as exc:  # too many fields
+        return "400 Bad Request", {"error": f"query: {exc}"}
+    return _switch(manager, match["name"], match["action"] == "enable", reason)
 
 
 def _from_a_web_page(environ: WSGIEnvironment) -> bool:
@@ -100,11 +106,19 @@ def _path(environ: WSGIEnvironment) -> str:
         return raw
 
 
-def _switch(manager: Controls, name: str, enable: bool) -> tuple[str, Any]:
+def _reason(environ: WSGIEnvironment) -> str:
+    """The ``reason`` query parameter of a disable (``admin`` when absent)."""
+    query = urllib.parse.parse_qs(str(environ.get("QUERY_STRING", "")), max_num_fields=4)
+    return query.get("reason", ["admin"])[-1]
+
+
+def _switch(manager: Controls, name: str, enable: bool, reason: str) -> tuple[str, Any]:
     try:
-        changed = manager.enable_tier(name) if enable else manager.disable_tier(name, "admin")
+        changed = manager.enable_tier(name) if enable else manager.disable_tier(name, reason)
     except ClosedError as exc:
         return "503 Service Unavailable", {"error": str(exc)}
+    except InvalidArgumentError as exc:
+        return "400 Bad Request", {"error": str(exc)}
     except KVTierError as exc:
         return "404 Not Found", {"error": str(exc)}
     return "200 OK", {"tier": name, "enabled": enable, "changed": changed}

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
+from kvtier.cli_admin import add_admin_command
 from kvtier.cli_types import float_in as float_in  # re-exported for the bench CLI
 from kvtier.cli_types import int_in as int_in
 from kvtier.config import ExternalTierConfig, KVEventsConfig, ServeConfig, TierConfig, TieringConfig
@@ -259,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_events_command(commands)
     _add_bench_command(commands)
     _add_peer_commands(commands)
+    add_admin_command(commands)
     add_plan_commands(commands)
     return parser
 

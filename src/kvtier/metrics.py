@@ -246,6 +246,7 @@ MANAGER_FAMILIES = (
     ("kvtier_internal_errors_total", "counter", "Unexpected conditions survived, by kind"),
     ("kvtier_tier_disabled_total", "counter", "Tiers switched off at run time, by reason"),
     ("kvtier_admission_dropped_total", "counter", "Chunks a level did not admit, by reason"),
+    ("kvtier_retention_ignored_total", "counter", "Requests whose retention could not act, by why"),
 )  # fmt: skip
 
 #: Why a chunk was recomputed; each recomputed chunk is counted under exactly one.
@@ -287,6 +288,21 @@ class ManagerMetrics:
 
     def tier_for(self, tier: str) -> TierMetrics:
         return TierMetrics(self.telemetry, tier)
+
+    def counters_of(self, tier: str) -> dict[str, int]:
+        """Tier ``tier``'s series of every counter family, named ``family{labels}`` without
+        ``kvtier_``, ``_total`` and the tier label (e.g. ``tier_chunks{op=load,outcome=ok}``)."""
+        out = {}
+        families = self.telemetry.families
+        for name, series in self.telemetry.snapshot().items():
+            if families[name].kind != "counter":
+                continue
+            for labels, value in series.items():
+                rest = [f"{k}={v}" for k, v in labels if k != "tier"]
+                if (("tier", tier) in labels) and value:
+                    short = name.removeprefix("kvtier_").removesuffix("_total")
+                    out[f"{short}{{{','.join(rest)}}}" if rest else short] = int(value)
+        return out
 
     def flat(self) -> dict[str, float]:
         """Every non-zero series as ``name{label=value,...}``, for ``stats()`` and logs."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from kvtier.admin import admin_app
@@ -31,6 +31,7 @@ from kvtier.config import RuntimeConfig
 from kvtier.config_checks import listen_errors
 from kvtier.errors import ClosedError
 from kvtier.guards import serialized, under_lock
+from kvtier.keys import ChunkKey
 from kvtier.metrics import GaugeSource, ManagerMetrics, MetricsServer, TelemetryCollector
 from kvtier.slo import SLOGuard, latency
 from kvtier.tier_control import TierControl, TierSwitch, check_switch
@@ -62,6 +63,7 @@ class Runtime:
         self.admission = Admission((), (), self.metrics)
         self._tier_rules: dict[int, tuple[AdmissionConfig | None, int | None]] = {}
         self._exporter: MetricsServer | None = None
+        self._last_offer: tuple[Hashable, frozenset[ChunkKey]] = (None, frozenset())
 
     @property
     def lock(self) -> threading.RLock:
@@ -104,6 +106,17 @@ class Runtime:
                 floors[names[index]] = floor
         self.admission = Admission(configs, names, self.metrics,
                                    self.config.secondary_min_priority, floors)  # fmt: skip
+
+    # -- admission ----------------------------------------------------------------------------
+    @serialized
+    def note_offer(self, keys: Sequence[ChunkKey], offer_id: Hashable = None) -> None:
+        """An engine offered ``keys`` to a tier: one sighting each for admission. The engine's
+        ``offer_id`` (``None``: a new offer) names one store offered to several tiers in a row
+        (vLLM's cascade), which is one sighting."""
+        offer = (offer_id, frozenset(keys))
+        if offer_id is None or offer != self._last_offer:
+            self._last_offer = offer
+            self.admission.seen(keys)
 
     # -- jobs ----------------------------------------------------------------------------------
     @serialized

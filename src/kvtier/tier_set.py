@@ -26,7 +26,7 @@ from kvtier.errors import KVTierError
 from kvtier.keys import ChunkKey
 from kvtier.logs import ThrottledLog
 from kvtier.metrics import ManagerMetrics
-from kvtier.tiers.base import JobResult, Lookup, Op, SecondaryTier, TransferJob
+from kvtier.tiers.base import MISS, JobResult, Lookup, Op, SecondaryTier, TransferJob
 from kvtier.tiers.registry import make_names_unique
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,26 @@ class TierSet:
             self._metrics.count("tier_integrity_failures", integrity, tier=name)
         return Finished(job, finished.result, seconds)
 
+    def take_removed(self, index: int) -> list[ChunkKey]:
+        """Keys tier ``index`` removed since it last said (``[]`` if it raises, counted)."""
+        tier = self.tiers[index]
+        try:
+            return list(tier.take_removed())
+        except Exception as exc:
+            warn.warning(f"poll:{tier.name}", "tier %s failed to report: %s", tier.name, exc)
+            self._metrics.count("tier_errors", tier=tier.name, where="poll")
+            return []
+
+    def retire(self, index: int) -> SecondaryTier:
+        """Replace tier ``index`` (closed by its owner) with a ``Retired`` stand-in of the same
+        name, so that nothing here keeps it alive; returns the tier replaced. Its pending jobs
+        are forgotten (the owner reported them or never will)."""
+        tier = self.tiers[index]
+        self.tiers[index] = Retired(tier.name)
+        self._pending = {i: job for i, job in self._pending.items() if job.tier != index}
+        self._disabled[index] = "retired"
+        return tier
+
     # -- switching tiers on and off ------------------------------------------------------------
     def enabled(self, index: int) -> bool:
         return index not in self._disabled
@@ -201,3 +221,26 @@ class TierSet:
 
     def names(self) -> list[str]:
         return [tier.name for tier in self.tiers]
+
+
+class Retired(SecondaryTier):
+    """What stands for a tier its owner has closed: asked nothing (switched off), it misses
+    and refuses every job if asked anyway."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def lookup(self, key: ChunkKey) -> Lookup:
+        return MISS
+
+    def submit_store(self, job: TransferJob) -> None:
+        raise KVTierError(f"tier {self.name} is closed")
+
+    def submit_load(self, job: TransferJob) -> None:
+        raise KVTierError(f"tier {self.name} is closed")
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        return []
+
+    def close(self) -> None:
+        """Nothing to close."""

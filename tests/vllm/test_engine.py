@@ -97,7 +97,7 @@ def grown(result: dict[str, Any], name: str, **labels: str) -> float:
 def loaded(report: dict[str, Any], tier: str, outcome: str = "ok") -> float:
     """Chunks a tier loaded (``ok``) or failed to load over the engine's life (its counters)."""
     name = "vllm:kv_offload_tiering_kvtier_counter"
-    return metric(report["final"], name, tier=tier, counter=f"load_chunks_{outcome}")
+    return metric(report["final"], name, tier=tier, counter=f"tier_chunks{{op=load,outcome={outcome}}}")
 
 
 def cached(result: dict[str, Any], source: str) -> float:
@@ -265,7 +265,7 @@ def test_a_fresh_engine_reuses_the_files_and_recomputes_a_corrupted_chunk(
     assert cached(results["A"], "disk") < FULL_PREFIX
     assert results["A"]["token_ids"] == reference["A"]["token_ids"]
     counter = "vllm:kv_offload_tiering_kvtier_counter"
-    assert metric(fresh["final"], counter, counter="integrity_failed_chunks") >= 1
+    assert metric(fresh["final"], counter, counter="tier_integrity_failures") >= 1
 
 
 def test_retention_priority_and_admission_decide_what_host_memory_and_each_tier_keep(
@@ -300,11 +300,11 @@ def test_retention_priority_and_admission_decide_what_host_memory_and_each_tier_
     assert len(chunk_files(roots[1])) == 7  # B's only: the one prompt offered twice
     counter = "vllm:kv_offload_tiering_kvtier_counter"
     dropped = metric(
-        report["final"], counter, tier="1:KvtierFs", counter="admission_dropped_priority"
+        report["final"], counter, tier="1:KvtierFs", counter="admission_dropped{reason=priority}"
     )
     assert dropped == 4 * 7  # B, C, D, and B again
     dropped = metric(
-        report["final"], counter, tier="2:KvtierFs", counter="admission_dropped_min_reuse"
+        report["final"], counter, tier="2:KvtierFs", counter="admission_dropped{reason=min_reuse}"
     )
     assert dropped == 4 * 7  # A, B, C and D, each offered once
 

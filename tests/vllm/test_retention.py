@@ -11,17 +11,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvtier.config import RuntimeConfig
 from kvtier.errors import ConfigError, InvalidArgumentError
-from kvtier.integrations.vllm.admission import TierAdmission, admission_config
+from kvtier.integrations.vllm.options import admission_config
 from kvtier.integrations.vllm.priority_cache import PriorityCache
 from kvtier.integrations.vllm.retention import (
     RETENTION_KEY,
     Retention,
-    invalid_requests,
+    is_invalid,
     parse_retention,
     request_retention,
     retention_by_key,
 )
+from kvtier.runtime import Runtime
+from kvtier.tier_set import Retired
 from kvtier.policies.priority import DEFAULT_PRIORITY
 
 
@@ -94,12 +97,13 @@ def test_a_malformed_entry_is_refused_naming_the_key(entry, names):
         parse_retention(given_(entry))
 
 
-def test_a_request_with_a_malformed_entry_is_served_without_retention_and_counted():
-    before = invalid_requests.value
+def test_a_request_with_a_malformed_entry_is_served_without_retention_and_flagged():
     context = Context(given_({"priority": 500}))
     assert request_retention(context) is None and retention_by_key(context) is None
-    assert request_retention(context) is None  # parsed (and counted) once per request
-    assert invalid_requests.value == before + 1
+    assert is_invalid(context)
+    fine = Context(given_({"priority": 50}))
+    assert request_retention(fine) is not None and not is_invalid(fine)
+    assert not is_invalid(Context(None))
 
 
 def test_per_key_retention_uses_vllms_recorded_positions():
@@ -289,20 +293,81 @@ def test_a_tiers_admission_entry_is_checked_naming_the_key():
             admission_config(entry, "KvtierFs")
 
 
+class TierGate:
+    """The engine runtime's admission for one vLLM tier named KvtierFs, as the adapter uses it."""
+
+    def __init__(self, entry: Any, min_priority: int | None = None) -> None:
+        self.runtime = Runtime(RuntimeConfig(), 4096)
+        config = admission_config(entry, "KvtierFs")
+        self.runtime.add_tier(Retired("KvtierFs"), config, min_priority)
+        self.runtime.bind()
+
+    def reasons(self, keys: list[bytes], priorities: list[int], prefix: int) -> list[str | None]:
+        """Per key: None if admitted, else a reason counted for the offer (the gate counts
+        reasons per offer, so keys dropped for different reasons may come out in any order)."""
+        from kvtier.keys import ChunkKey
+
+        chunks = [ChunkKey(k) for k in keys]
+        before = self.dropped()
+        self.runtime.note_offer(chunks)
+        offer = self.runtime.admission.offer(chunks, prefix, priorities)
+        kept = set(self.runtime.admission.admit("KvtierFs", offer))
+        grown = {r: n - before.get(r, 0) for r, n in self.dropped().items() if n > before.get(r, 0)}
+        out: list[str | None] = []
+        for key in chunks:
+            reason = next((r for r, n in grown.items() if n), None) if key not in kept else None
+            if reason is not None:
+                grown[reason] -= 1
+            out.append(reason)
+        return out
+
+    def dropped(self) -> dict[str, int]:
+        series = self.runtime.metrics.telemetry.snapshot()["kvtier_admission_dropped_total"]
+        return {dict(labels)["reason"]: int(n) for labels, n in series.items()}
+
+
 def test_min_reuse_keeps_a_chunk_from_its_second_offer_and_priority_comes_first():
-    gate = TierAdmission(admission_config({"min_reuse": 2}, "KvtierFs"), min_priority=50)
+    gate = TierGate({"min_reuse": 2}, min_priority=50)
     keys = chunk_keys_of("a", "b")
-    assert gate.reasons(keys, [60, 60], [2, 2]) == ["min_reuse", "min_reuse"]
-    assert gate.reasons(keys, [60, 10], [2, 2]) == [None, "priority"]
+    assert gate.reasons(keys, [60, 60], 2) == ["min_reuse", "min_reuse"]
+    assert gate.reasons(keys, [60, 10], 2) == [None, "priority"]
+
+
+def test_one_store_offered_to_several_tiers_in_a_row_is_one_sighting():
+    from kvtier.keys import ChunkKey
+
+    gate = TierGate({"min_reuse": 2})
+    chunks = [ChunkKey(k) for k in chunk_keys_of("a")]
+    for _ in range(3):  # one store cascaded to three tiers
+        gate.runtime.note_offer(chunks, offer_id="store-1")
+    offer = gate.runtime.admission.offer(chunks, 1, [35])
+    assert gate.runtime.admission.admit("KvtierFs", offer) == []
+    gate.runtime.note_offer(chunks, offer_id="store-2")  # stored again, later
+    offer = gate.runtime.admission.offer(chunks, 1, [35])
+    assert gate.runtime.admission.admit("KvtierFs", offer) == chunks
 
 
 def test_short_prefixes_are_dropped_and_no_entry_admits_everything():
-    gate = TierAdmission(admission_config({"min_prefix_chunks": 4}, "KvtierFs"))
+    gate = TierGate({"min_prefix_chunks": 4})
     keys = chunk_keys_of("a", "b")
-    assert gate.reasons(keys, [35, 35], [3, 3]) == ["min_prefix_chunks"] * 2
-    assert gate.reasons(keys, [35, 35], [4, 4]) == [None, None]
-    open_gate = TierAdmission(None)
-    assert not open_gate.active and open_gate.reasons(keys, [0, 0], [1, 1]) == [None, None]
+    assert gate.reasons(keys, [35, 35], 3) == ["min_prefix_chunks"] * 2
+    assert gate.reasons(keys, [35, 35], 4) == [None, None]
+    open_gate = TierGate(None)
+    assert not open_gate.runtime.admission.active
+    assert open_gate.reasons(keys, [0, 0], 1) == [None, None]
+
+
+def test_a_tiers_own_floor_overrides_the_engines_and_none_takes_it():
+    engine_wide = Runtime(RuntimeConfig(secondary_min_priority=40), 4096)
+    engine_wide.add_tier(Retired("a"))
+    engine_wide.add_tier(Retired("b"), None, 0)
+    engine_wide.bind()
+    from kvtier.keys import ChunkKey
+
+    chunks = [ChunkKey(k) for k in chunk_keys_of("x", "y")]
+    offer = engine_wide.admission.offer(chunks, 2, [39, 40])
+    assert engine_wide.admission.admit("a", offer) == [chunks[1]]
+    assert engine_wide.admission.admit("b", offer) == chunks
 
 
 class EvenOnly:
@@ -312,19 +377,23 @@ class EvenOnly:
         return [None if i % 2 == 0 else "odd" for i in range(len(offer.keys))]
 
 
-def test_a_policy_of_ones_own_is_loaded_by_module_path():
+def test_a_policy_of_ones_own_is_loaded_by_module_path_and_its_rules_still_apply():
     entry = {"module_path": __name__, "type": "EvenOnly"}
-    gate = TierAdmission(admission_config(entry, "KvtierFs"))
-    assert gate.reasons(chunk_keys_of("a", "b", "c"), [35] * 3, [3] * 3) == [None, "odd", None]
+    gate = TierGate(entry)
+    assert gate.reasons(chunk_keys_of("a", "b", "c"), [35] * 3, 3) == [None, "odd", None]
+    strict = TierGate({**entry, "min_prefix_chunks": 4})  # dropped before a110506 reached vLLM
+    assert strict.reasons(chunk_keys_of("a", "b"), [35] * 2, 3) == ["min_prefix_chunks"] * 2
 
 
 @pytest.mark.parametrize("mode", ["raise", "short", "bad"])
 def test_a_broken_policy_drops_the_offer_instead_of_failing_vllms_scheduler(mode):
     entry = {"module_path": "tests.plugins.admission_policy", "type": "Broken",
              "options": {"mode": mode}}  # fmt: skip
-    gate = TierAdmission(admission_config(entry, "KvtierFs"), min_priority=50)
-    reasons = gate.reasons(chunk_keys_of("a", "b"), [35, 90], [2, 2])
-    assert reasons == ["priority", "policy_error"]
+    gate = TierGate(entry, min_priority=50)
+    assert sorted(map(str, gate.reasons(chunk_keys_of("a", "b"), [35, 90], 2))) == [
+        "policy_error",
+        "priority",
+    ]
 
 
 def test_a_removed_key_inserted_again_keeps_its_new_evictability():

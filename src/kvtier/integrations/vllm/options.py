@@ -7,6 +7,8 @@ keeps its own keys (``ADAPTER_OPTIONS``) and hands the rest to ``kvtier.config_p
 tier of the class's kind, so unknown keys, wrong types and impossible values raise
 ``ConfigError`` naming the key, e.g. ``KvtierFs.max_bytes: expected a positive integer``.
 ``KvtierTier`` takes one key, ``kvtier``: a whole kvtier tier entry (``module_path`` tiers too).
+A tier's ``admission`` is one kvtier admission entry without ``level`` (``admission_config``):
+the level is the tier itself.
 
 Nothing here imports vLLM.
 """
@@ -17,6 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from kvtier.admission import AdmissionConfig
 from kvtier.config import FsTierConfig, TierConfig
 from kvtier.config_parser import parse_tier
 from kvtier.errors import ConfigError
@@ -68,3 +71,21 @@ def fit_to_region(config: TierConfig, region: PrimaryRegion) -> TierConfig:
     if isinstance(config, FsTierConfig) and config.o_direct == "auto" and unaligned:
         return dataclasses.replace(config, o_direct="off")
     return config
+
+
+_ADMISSION_FIELDS = {f.name for f in dataclasses.fields(AdmissionConfig)} - {"level"}
+
+
+def admission_config(entry: Any, path: str) -> AdmissionConfig | None:
+    """The tier's ``admission`` entry (``None`` if absent); ``ConfigError`` naming a bad key."""
+    if entry is None:
+        return None
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f'{path}.admission: expected an object such as {{"min_reuse": 2}}')
+    unknown = sorted(set(entry) - _ADMISSION_FIELDS)
+    if unknown:
+        raise ConfigError(f"{path}.admission.{unknown[0]}: unknown key")
+    try:
+        return AdmissionConfig(level=path, **entry)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}.admission.{exc}") from None

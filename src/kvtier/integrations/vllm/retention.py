@@ -15,8 +15,9 @@ duration drops the chunk back to the default priority (35), and a request withou
 leaves the priority of the chunks it uses alone.
 
 ``request_retention`` parses once per request (kept in vLLM's per-request state). A malformed
-entry never fails the request: it is ignored, logged (throttled) and counted in
-``invalid_requests``. Nothing here imports vLLM.
+entry never fails the request: it is ignored and logged (throttled), and ``is_invalid`` tells
+the engine's runtime, which counts it (``kvtier_retention_ignored_total{reason="invalid"}``).
+Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -38,17 +39,6 @@ _RANGE_FIELDS = {"start", "end", "priority", "duration_s"}
 MAX_RANGES = 64
 
 warn = ThrottledLog(logging.getLogger(__name__))
-
-
-class _Tally:
-    """A count kept on vLLM's scheduler thread, where every caller here runs."""
-
-    def __init__(self) -> None:
-        self.value = 0
-
-
-#: Requests whose ``kvtier_retention`` was malformed and ignored (the adapter reports it).
-invalid_requests = _Tally()
 
 
 @dataclass(frozen=True)
@@ -140,25 +130,34 @@ def _range(raw: Any, path: str) -> TokenRange:
 @dataclass(frozen=True)
 class _Parsed:
     retention: RequestRetention | None
+    invalid: bool = False
 
 
 def request_retention(req_context: Any) -> RequestRetention | None:
     """The retention ``req_context``'s request asks for, parsed once and kept in its state."""
+    return _parsed(req_context).retention
+
+
+def is_invalid(req_context: Any) -> bool:
+    """Whether ``req_context``'s request gave a malformed ``kvtier_retention`` (ignored)."""
+    return _parsed(req_context).invalid
+
+
+def _parsed(req_context: Any) -> _Parsed:
     parsed: _Parsed | None = req_context.get_state(_Parsed)
     if parsed is None:
-        parsed = _Parsed(_checked(getattr(req_context, "kv_transfer_params", None), req_context))
+        parsed = _checked(getattr(req_context, "kv_transfer_params", None), req_context)
         req_context.set_state(parsed)
-    return parsed.retention
+    return parsed
 
 
-def _checked(params: Any, req_context: Any) -> RequestRetention | None:
+def _checked(params: Any, req_context: Any) -> _Parsed:
     try:
-        return parse_retention(params if isinstance(params, Mapping) else None)
+        return _Parsed(parse_retention(params if isinstance(params, Mapping) else None))
     except InvalidArgumentError as exc:
-        invalid_requests.value += 1
         request = getattr(req_context, "req_id", "?")
         warn.warning("retention", "request %s: %s ignored: %s", request, RETENTION_KEY, exc)
-        return None
+        return _Parsed(None, invalid=True)
 
 
 def retention_by_key(req_context: Any) -> Callable[[bytes], Retention | None] | None:

@@ -6,6 +6,13 @@ tiers included). vLLM loads them by class name from ``module_path: "kvtier.integ
 and builds them with ``cls(offloading_spec=, primary_kv_view=, tier_type=,
 backpressure_detector=, **rest_of_the_entry)``.
 
+The adapter only translates: every decision is the engine's ``kvtier.runtime.Runtime``
+(``engine``), the same object kvtier's own manager composes. Each tier joins its engine's
+runtime, which holds its jobs (``TierSet``), switches it off and on (by hand through the admin
+endpoint, or by the SLO guard on its promotion latency), admits what it is written
+(``Admission``: the tier's ``admission`` and ``secondary_min_priority``, or the extra config's
+``secondary_min_priority``) and counts everything under kvtier's metric names.
+
 How the contract of vLLM's ``SecondaryTierManager`` is met:
 
 * every method runs on vLLM's scheduler thread and returns at once: ``lookup`` and ``submit_*``
@@ -15,18 +22,18 @@ How the contract of vLLM's ``SecondaryTierManager`` is met:
   tier that raises in ``submit_*`` yields a failed result on the next poll); a promotion that
   loaded some keys reports them in ``successful_keys``; ``drain_jobs`` blocks until nothing is
   in flight;
+* a switched-off tier answers every lookup with a miss and writes nothing: its stores are
+  reported done at once with no bytes, the chunks counted in
+  ``kvtier_admission_dropped_total{reason="tier_disabled"}``; its jobs in flight still report;
+* chunks admission drops are counted by reason; vLLM's results have no "skipped" outcome, so a
+  store is reported done with the bytes of the chunks written: vLLM keeps no record of what a
+  secondary tier holds, and a later lookup of a skipped chunk is a miss;
 * keys: ``KeyMap`` (``identity``); the identity comes from ``offloading_spec.config``;
-* admission (``admission``): ``secondary_min_priority: P`` (0-100, default 0) skips the chunks
-  whose retention priority in the storing request (``kvtier_retention``, see ``retention``; 35
-  when it gives none) is below ``P``; ``admission: {...}`` applies kvtier's admission rules to
-  the chunks offered (``admission``). Skipped chunks are counted in
-  ``admission_dropped_<reason>``. vLLM's results have no "skipped" outcome, so a store is
-  reported done with the bytes of the chunks written: vLLM keeps no record of what a secondary
-  tier holds, and a later lookup of a skipped chunk is a miss;
 * the backpressure detector is handed to vLLM's base class, where vLLM's manager consults it
   before each store and feeds it each store's time and bytes (as for vLLM's own fs tier);
-* ``get_stats`` reports the tier's counters (``metrics``); ``take_events`` reports chunks the
-  tier removed (and, with ``enable_kv_events``, chunks it stored) when vLLM publishes KV events.
+* ``get_stats`` reports the runtime's counters of this tier to vLLM's metrics too (``metrics``);
+  ``take_events`` reports chunks the tier removed (and, with ``enable_kv_events``, chunks it
+  stored) when vLLM publishes KV events.
 """
 
 from __future__ import annotations
@@ -49,15 +56,21 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config import TierConfig
-from kvtier.integrations.vllm.admission import TierAdmission, admission_config
+from kvtier.integrations.vllm import engine as engines
 from kvtier.integrations.vllm.identity import REVERSE_CAPACITY, KeyMap, identity_from_config
 from kvtier.integrations.vllm.metrics import CounterBridge, definitions, tier_label
-from kvtier.integrations.vllm.options import adapter_options, fit_to_region, tier_config
+from kvtier.integrations.vllm.options import (
+    adapter_options,
+    admission_config,
+    fit_to_region,
+    tier_config,
+)
 from kvtier.integrations.vllm.region import PrimaryRegion
-from kvtier.integrations.vllm.retention import invalid_requests, retention_by_key
+from kvtier.integrations.vllm.retention import retention_by_key
 from kvtier.keys import ChunkKey
 from kvtier.logs import ThrottledLog
 from kvtier.policies.priority import DEFAULT_PRIORITY
+from kvtier.tier_set import Finished
 from kvtier.tiers import base as kv
 from kvtier.tiers.registry import build_tier
 
@@ -71,11 +84,11 @@ _Row = tuple[bytes, ChunkKey, int]  # a job's chunk: vLLM's key, ours, its prima
 
 @dataclass(frozen=True)
 class _Job:
-    """A job handed to the kvtier tier: vLLM's keys and ours, in the same order."""
+    """vLLM's side of a job handed to the runtime (its ``owner``): vLLM's id and keys, in the
+    order of the runtime job's chunk keys."""
 
+    job_id: int
     offload_keys: tuple[bytes, ...]
-    chunk_keys: tuple[ChunkKey, ...]
-    is_promotion: bool
     submit_time: float
 
 
@@ -100,53 +113,63 @@ class KvtierSecondaryTier(SecondaryTierManager):
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         own, rest = adapter_options(options, tier_type)
-        floor = int(own.get("secondary_min_priority", 0))
-        self._admission = TierAdmission(admission_config(own.get("admission"), tier_type), floor)
+        admission = admission_config(own.get("admission"), tier_type)
         locality = own.get("locality", self.default_locality)
         self.locality = Locality(str(locality).upper()) if locality else None
-        self._config = tier_config(self.kind, rest, tier_type)
         self._region = PrimaryRegion(primary_kv_view)
         identity = identity_from_config(offloading_spec.config, own.get("revision", ""))
         events_on = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
         self.identity, self._keys = identity, KeyMap(identity, REVERSE_CAPACITY if events_on else 0)
         self._chunk_tokens = identity.layout.block_size * identity.layout.blocks_per_chunk
-        self._tier = self._start(fit_to_region(self._config, self._region), identity)
+        config = fit_to_region(tier_config(self.kind, rest, tier_type), self._region)
+        self._engine = self._join(offloading_spec)
+        self._tier = self._start(config, identity)
+        self._runtime = self._engine.runtime
+        floor = own.get("secondary_min_priority")
+        self._index = self._runtime.add_tier(self._tier, admission, floor)
+        self._runtime.bind()
         entries = getattr(offloading_spec, "secondary_tier_configs", [])
         self._counters = CounterBridge(tier_label(entries, tier_type, options))
-        self._init_state(offloading_spec, own)
+        self._events: list[OffloadingEvent] | None = [] if events_on else None
+        self._store_events = events_on and bool(own.get("enable_kv_events", False))
+        self._ready: list[JobResult] = []
+        self._closed = False
+
+    def _join(self, offloading_spec: Any) -> engines.EngineRuntime:
+        try:
+            return engines.join(offloading_spec, self.block_size_bytes)
+        except BaseException:
+            self._region.release()
+            raise
 
     def _start(self, config: TierConfig, identity: Any) -> kv.SecondaryTier:
         try:
             return build_tier(config, self._region, identity)
         except BaseException:
+            engines.leave(self._engine)
             self._region.release()
             raise
 
-    def _init_state(self, offloading_spec: Any, own: dict[str, Any]) -> None:
-        events_on = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
-        self._events: list[OffloadingEvent] | None = [] if events_on else None
-        self._store_events = events_on and bool(own.get("enable_kv_events", False))
-        self._jobs: dict[int, _Job] = {}
-        self._ready: list[kv.JobResult] = []
-        self._own_counts: dict[str, int] = {}
-        self._closed = False
-
     # -- lookups ---------------------------------------------------------------------------
     def lookup(self, key: Any, req_context: Any) -> LookupResult:
-        """HIT, MISS or RETRY from the kvtier tier; a tier that raises is a MISS."""
-        try:
-            return _ANSWERS[self._tier.lookup(self._keys.chunk_key(key))]
-        except Exception as exc:
-            self._count("lookup_errors")
-            warn.warning("lookup", "%s: lookup failed: %s", self.tier_type, exc)
-            return LookupResult.MISS
+        """HIT, MISS or RETRY from the kvtier tier; a tier that raises or is switched off is a
+        MISS."""
+        with self._runtime.lock:
+            tiers = self._runtime.tiers
+            if not tiers.enabled(self._index):
+                self._runtime.metrics.count("tier_lookups", tier=self._tier.name,
+                                            result="disabled")  # fmt: skip
+                return LookupResult.MISS
+            answer = tiers.lookup(self._index, self._keys.chunk_key(key))
+        return LookupResult.MISS if answer is None else _ANSWERS[answer]
 
     def on_new_request(self, req_context: Any) -> RequestOffloadingContext:
+        self._engine.note_request(req_context)
         return RequestOffloadingContext()
 
     # -- jobs ------------------------------------------------------------------------------
     def submit_store(self, job_metadata: Any) -> None:
-        """Write the job's primary rows to the tier (in its threads)."""
+        """Write the job's admitted primary rows to the tier (in its threads)."""
         self._submit(job_metadata, promotion=False)
 
     def submit_load(self, job_metadata: Any) -> None:
@@ -157,29 +180,35 @@ class KvtierSecondaryTier(SecondaryTierManager):
         offload = [bytes(k) for k in job_metadata.keys]
         pairs = zip(offload, self._keys.chunk_keys(offload), job_metadata.chunk_ids, strict=True)
         rows = [(key, chunk, int(slot)) for key, chunk, slot in pairs]
-        if not promotion and self._admission.active:
-            rows = self._admitted(rows, job_metadata.req_context)
-        offload_keys = tuple(row[0] for row in rows)
-        chunk_keys = tuple(row[1] for row in rows)
-        slots = tuple(row[2] for row in rows)
-        job_id = int(job_metadata.job_id)
-        self._jobs[job_id] = _Job(offload_keys, chunk_keys, promotion, job_metadata.submit_time)
-        op: kv.Op = "load" if promotion else "store"
-        if not rows:  # every chunk skipped: stored nowhere, nothing to wait for
-            self._ready.append(kv.JobResult(job_id, op, frozenset(), frozenset(), None))
-            return
-        try:
-            job = kv.TransferJob(job_id, chunk_keys, slots)
-            (self._tier.submit_load if promotion else self._tier.submit_store)(job)
-        except Exception as exc:
-            self._count("submit_errors")
-            warn.warning("submit", "%s: %s job %d failed: %s", self.tier_type, op, job_id, exc)
-            self._ready.append(
-                kv.JobResult(job_id, op, frozenset(), frozenset(chunk_keys), str(exc))
-            )
+        job = _Job(int(job_metadata.job_id), (), job_metadata.submit_time)
+        with self._runtime.lock:
+            if not promotion:
+                rows = self._admitted(rows, job_metadata.keys, job_metadata.req_context)
+            if not rows:  # every chunk skipped: stored nowhere, nothing to wait for
+                self._ready.append(self._vllm_result(job, (), True))
+                return
+            job = _Job(job.job_id, tuple(row[0] for row in rows), job.submit_time)
+            op: kv.Op = "load" if promotion else "store"
+            chunks, slots = [row[1] for row in rows], [row[2] for row in rows]
+            refused = self._runtime.tiers.submit(self._index, op, chunks, slots, job)
+        if refused is not None:
+            self._ready.append(self._result(refused))
 
-    def _admitted(self, rows: list[_Row], req_context: Any) -> list[_Row]:
-        """The rows the tier's admission keeps (the others counted by reason)."""
+    def _admitted(self, rows: list[_Row], keys: Any, req_context: Any) -> list[_Row]:
+        """The rows the runtime's admission keeps for this tier (the others counted)."""
+        runtime, name = self._runtime, self._tier.name
+        if not runtime.tiers.enabled(self._index):
+            runtime.metrics.count("admission_dropped", len(rows), tier=name, reason="tier_disabled")
+            return []
+        if not runtime.admission.active:
+            return rows
+        chunks = [row[1] for row in rows]
+        # vLLM hands every tier the same keys object for one store (its cascade)
+        runtime.note_offer(chunks, (id(keys), getattr(req_context, "req_id", None)))
+        kept = set(runtime.admission.admit(name, self._offer(rows, chunks, req_context)))
+        return [row for row in rows if row[1] in kept]
+
+    def _offer(self, rows: list[_Row], chunks: list[ChunkKey], req_context: Any) -> Any:
         retention_of = retention_by_key(req_context)
 
         def priority(key: bytes) -> int:
@@ -189,72 +218,57 @@ class KvtierSecondaryTier(SecondaryTierManager):
         ends = [req_context.get_offload_key_position(row[0]) or 0 for row in rows]
         prefix = -(-max(ends, default=0) // self._chunk_tokens)
         priorities = [priority(row[0]) for row in rows]
-        chunks = [row[1] for row in rows]
-        reasons = self._admission.reasons(chunks, priorities, [prefix] * len(rows))
-        for reason in filter(None, reasons):
-            self._count(f"admission_dropped_{reason}")
-        return [row for row, reason in zip(rows, reasons, strict=True) if reason is None]
+        return self._runtime.admission.offer(chunks, prefix, priorities)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         """vLLM results of every job the tier finished since the last call (each once)."""
-        finished, self._ready = self._ready + self._poll(), []
-        self._collect_removals()
-        return [r for r in (self._result(f) for f in finished) if r is not None]
+        with self._runtime.lock:
+            finished, removed = self._runtime.poll_tier(self._index)
+        results, self._ready = self._ready + [self._result(f) for f in finished], []
+        self._note_removed(removed)
+        return results
 
     def has_pending_work(self) -> bool:
-        return bool(self._jobs)
+        with self._runtime.lock:
+            return bool(self._ready) or self._runtime.tiers.num_pending_of(self._index) > 0
 
-    def _poll(self) -> list[kv.JobResult]:
-        try:
-            return list(self._tier.get_finished_jobs())
-        except Exception as exc:
-            warn.warning("poll", "%s: get_finished_jobs failed: %s", self.tier_type, exc)
-            return []
+    def _result(self, finished: Finished) -> JobResult:
+        job: _Job = finished.job.owner  # type: ignore[assignment]
+        done = set(finished.succeeded)
+        chunks = finished.job.keys
+        succeeded = tuple(k for k, c in zip(job.offload_keys, chunks, strict=True) if c in done)
+        if self._store_events and finished.job.op == "store" and succeeded:
+            self._event(list(succeeded), removed=False)
+        return self._vllm_result(job, succeeded, finished.job.op == "load")
 
-    def _result(self, finished: kv.JobResult) -> JobResult | None:
-        job = self._jobs.pop(finished.job_id, None)
-        if job is None:
-            return None
-        succeeded = [
-            ok
-            for ok, ck in zip(job.offload_keys, job.chunk_keys, strict=True)
-            if ck in finished.succeeded
-        ]
+    def _vllm_result(self, job: _Job, succeeded: tuple[bytes, ...], promotion: bool) -> JobResult:
         success = len(succeeded) == len(job.offload_keys)
-        self._account(job, finished, succeeded, success)
-        partial = tuple(succeeded) if job.is_promotion and succeeded and not success else None
+        partial = succeeded if promotion and succeeded and not success else None
         return JobResult(
-            job_id=finished.job_id,
+            job_id=job.job_id,
             success=success,
             successful_keys=partial,
             transfer_time=time.monotonic() - job.submit_time,
             transfer_bytes=len(succeeded) * self.block_size_bytes,
         )
 
-    def _account(self, job: _Job, finished: kv.JobResult, succeeded: list[bytes], ok: bool) -> None:
-        op = "load" if job.is_promotion else "store"
-        self._count(f"{op}_chunks_ok", len(succeeded))
-        self._count(f"{op}_chunks_failed", len(job.offload_keys) - len(succeeded))
-        self._count(f"{op}_jobs_failed", 0 if ok else 1)
-        self._count("integrity_failed_chunks", len(finished.integrity_failed))
-        if self._store_events and not job.is_promotion and succeeded:
-            self._event(list(succeeded), removed=False)
-
     def drain_jobs(self) -> None:
         """Block until every submitted job has finished; results stay queued for the next poll."""
-        while any(job_id not in {r.job_id for r in self._ready} for job_id in self._jobs):
-            self._ready.extend(self._poll())
+        while True:
+            with self._runtime.lock:
+                finished, removed = self._runtime.poll_tier(self._index)
+                self._ready += [self._result(f) for f in finished]
+                self._note_removed(removed)
+                if not self._runtime.tiers.num_pending_of(self._index):
+                    return
             time.sleep(_DRAIN_POLL_S)
 
     # -- events, metrics, shutdown ---------------------------------------------------------
-    def _collect_removals(self) -> None:
-        try:
-            removed = self._tier.take_removed()
-        except Exception:
-            return
+    def _note_removed(self, removed: list[ChunkKey]) -> None:
         if self._events is not None and removed:
             keys = [k for k in (self._keys.offload_key(c) for c in removed) if k is not None]
-            self._count("removals_unmapped", len(removed) - len(keys))
+            self._runtime.metrics.count("internal_errors", len(removed) - len(keys),
+                                        kind="removal_unmapped")  # fmt: skip
             if keys:
                 self._event(keys, removed=True)
 
@@ -264,25 +278,14 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._events.append(event)
 
     def take_events(self) -> Iterable[OffloadingEvent]:
-        self._collect_removals()
+        with self._runtime.lock:
+            self._note_removed(self._runtime.tiers.take_removed(self._index))
         events, self._events = self._events or [], [] if self._events is not None else None
         return events
 
-    def _count(self, name: str, n: int = 1) -> None:
-        if n:
-            self._own_counts[name] = self._own_counts.get(name, 0) + n
-
     def counters(self) -> dict[str, int]:
-        """The tier's own counters and the adapter's (cumulative)."""
-        try:
-            tier_counts = dict(self._tier.stats())
-        except Exception:
-            tier_counts = {}
-        return {
-            **tier_counts,
-            **self._own_counts,
-            "retention_invalid_requests": invalid_requests.value,
-        }
+        """The runtime's counters of this tier (cumulative), as ``family{labels}``."""
+        return self._runtime.metrics.counters_of(self._tier.name)
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
@@ -292,16 +295,20 @@ class KvtierSecondaryTier(SecondaryTierManager):
         return self._counters.take_stats(self.counters())
 
     def shutdown(self) -> None:
-        """Stop the tier (joins its threads), then drop the views of vLLM's region."""
+        """Stop the tier (joins its threads), leave the runtime, then drop the views of vLLM's
+        region."""
         if self._closed:
             return
         self._closed = True
         self._tier.close()
+        with self._runtime.lock:
+            self._runtime.tiers.retire(self._index)
+        engines.leave(self._engine)
         # Slices of vLLM's view share its buffer export, so every object that may still hold
         # one (the tier's links and finished requests, reference cycles) must be gone before
         # vLLM closes its region; calls after shutdown then fail as misses and failed jobs.
         del self._tier
-        self._ready, self._jobs = [], {}
+        self._ready = []
         gc.collect()
         try:
             self._region.release()

@@ -1,0 +1,106 @@
+"""One kvtier runtime per vLLM engine: the operator plane inside vLLM's engine core process.
+
+vLLM builds each ``secondary_tiers`` entry as its own ``SecondaryTierManager``. Every kvtier
+tier of one engine (keyed by vLLM's ``engine_id``) joins the same ``EngineRuntime``: one
+``kvtier.runtime.Runtime`` holding those tiers, their jobs, switches, the SLO guard, admission
+and metrics, configured from kvtier's keys at the top of ``kv_connector_extra_config``
+(``engine_config``). The first tier to join starts ``/metrics`` and the admin endpoint
+(``metrics_port``, ``metrics_admin``); the last to leave closes them.
+
+Under vLLM, host memory is vLLM's: ``retention_policy`` says whether its cache policy is
+kvtier's (``KvtierPriorityPolicy``), without which a request's ``kvtier_retention`` cannot act
+on host memory (``note_request`` counts and logs such requests).
+
+Thread safety: ``join`` and ``leave`` take a module lock (vLLM builds tiers on one thread, but
+two engines may share a process in tests); everything else runs on vLLM's scheduler thread
+under the runtime's lock, and the endpoint's threads take that lock too. Nothing here imports
+vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.integrations.vllm.engine_config import engine_config, unknown_keys
+from kvtier.integrations.vllm.retention import RETENTION_KEY, is_invalid, request_retention
+from kvtier.logs import ThrottledLog
+from kvtier.runtime import Runtime
+
+log = logging.getLogger(__name__)
+warn = ThrottledLog(log)
+
+#: vLLM's cache policy names under which ``kvtier_retention`` acts on host memory.
+RETENTION_POLICIES = ("KvtierPriorityPolicy", "KvtierPriorityARCPolicy")
+POLICY_MODULE = "kvtier.integrations.vllm"
+
+_lock = threading.Lock()
+_engines: dict[str, EngineRuntime] = {}
+
+
+@dataclass
+class EngineRuntime:
+    """The runtime of one vLLM engine and what the adapter needs to know of the engine."""
+
+    engine_id: str
+    runtime: Runtime
+    retention_policy: bool
+    users: int = 0
+    _noted: set[str] = field(default_factory=set)
+
+    def note_request(self, req_context: Any) -> None:
+        """A request started: count a malformed ``kvtier_retention`` and one that cannot act
+        (no kvtier cache policy), each once per request (scheduler thread)."""
+        req_id = str(getattr(req_context, "req_id", ""))
+        if req_id in self._noted:
+            return
+        self._noted.add(req_id)
+        if len(self._noted) > 65_536:  # request ids are never reused; keep the memo bounded
+            self._noted.clear()
+        if is_invalid(req_context):
+            self.runtime.metrics.count("retention_ignored", reason="invalid")
+        elif request_retention(req_context) is not None and not self.retention_policy:
+            self.runtime.metrics.count("retention_ignored", reason="no_priority_policy")
+            warn.warning(
+                "retention-policy", "request %s: %s has no effect on host memory without "
+                '"eviction_policy": "KvtierPriorityPolicy" and "cache_policy_module_path": '
+                '"%s" in kv_connector_extra_config', req_id, RETENTION_KEY, POLICY_MODULE,
+            )  # fmt: skip
+
+
+def join(offloading_spec: Any, chunk_bytes: int) -> EngineRuntime:
+    """The runtime of ``offloading_spec``'s engine, made (and its endpoint started) on first
+    use; ``ConfigError`` naming the key for a bad or unsupported kvtier key."""
+    engine_id = str(getattr(offloading_spec.config, "engine_id", "") or "default")
+    with _lock:
+        engine = _engines.get(engine_id)
+        if engine is None:
+            engine = _start(engine_id, offloading_spec, chunk_bytes)
+            _engines[engine_id] = engine
+        engine.users += 1
+        return engine
+
+
+def _start(engine_id: str, offloading_spec: Any, chunk_bytes: int) -> EngineRuntime:
+    extra = dict(getattr(offloading_spec, "extra_config", None) or {})
+    runtime = Runtime(engine_config(extra), chunk_bytes)
+    unknown = unknown_keys(extra)
+    if unknown:
+        log.warning("kv_connector_extra_config: %s read by neither vLLM nor kvtier (ignored)",
+                    ", ".join(unknown))  # fmt: skip
+    policy = extra.get("eviction_policy") in RETENTION_POLICIES
+    policy = policy and extra.get("cache_policy_module_path") == POLICY_MODULE
+    runtime.serve({})
+    return EngineRuntime(engine_id, runtime, policy)
+
+
+def leave(engine: EngineRuntime) -> None:
+    """A tier of ``engine`` shut down; the last one closes the runtime's endpoint."""
+    with _lock:
+        engine.users -= 1
+        if engine.users > 0:
+            return
+        _engines.pop(engine.engine_id, None)
+    engine.runtime.close(close_tiers=False)
