@@ -42,6 +42,8 @@ def test_config_check_prints_slots_and_tiers_in_order(tmp_path, capsys):
                 "config",
                 "check",
                 path,
+                "--as",  # kvtier's own config in vLLM's wrapper: vLLM would read it otherwise
+                "kvtier",
                 "--num-layers",
                 "4",
                 "--num-kv-heads",

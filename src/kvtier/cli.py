@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import ipaddress
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from kvtier.cli_admin import add_admin_command
@@ -159,23 +159,53 @@ def _loopback_endpoint(events: KVEventsConfig) -> bool:
 
 
 def _config_check(args: argparse.Namespace) -> int:
+    """kvtier's own configuration, or (``--as vllm``, or detected) vLLM's kv-transfer-config."""
+    from kvtier.config_parser import load_json, read_config_file
+    from kvtier.integrations.vllm.check import is_vllm_json
+
     try:
-        config = TieringConfig.load(args.file)
-        blocks = config.blocks_per_chunk_for(args.engine_block_size) or args.blocks_per_chunk
+        data = load_json(read_config_file(args.file))
+        if args.read_as == "vllm" or (args.read_as == "auto" and is_vllm_json(data)):
+            return _config_check_vllm(args, data)
+        config = TieringConfig.from_dict(data)
+        block = args.engine_block_size or 16
+        blocks = config.blocks_per_chunk_for(block) or args.blocks_per_chunk or 16
         layout = KVLayout(
             num_layers=args.num_layers,
             num_kv_heads=args.num_kv_heads,
             head_dim=args.head_dim,
             dtype=args.dtype,
-            block_size=args.engine_block_size,
+            block_size=block,
             blocks_per_chunk=blocks,
         )
         print(describe_config(config, layout))
     except KVTierError as exc:
         raise UsageError(str(exc)) from None
-    for warning in config_warnings(config):
-        print(f"kvtier: warning: {warning}", file=sys.stderr)
+    _warn(config_warnings(config))
     return 0
+
+
+def _config_check_vllm(args: argparse.Namespace, data: Any) -> int:
+    """What vLLM will build from ``data``; ``KVTierError`` where it would not start."""
+    from kvtier.config_parser import check_depth
+    from kvtier.integrations.vllm.check import ENGINE_BLOCK, Shape, check_vllm, installed_target
+
+    if args.blocks_per_chunk is not None:
+        raise UsageError("--blocks-per-chunk: vLLM takes the chunk from the JSON only "
+                         "(blocks_per_chunk or block_size; 1 engine block by default)")  # fmt: skip
+    check_depth(data)
+    target, why = (args.target, "--target") if args.target else installed_target()
+    block = args.engine_block_size or ENGINE_BLOCK[target]
+    shape = Shape(args.num_layers, args.num_kv_heads, args.head_dim, args.dtype, block)
+    report = check_vllm(data, target, shape, "" if args.target else why)
+    print("\n".join([f"vLLM target:     {target} ({why})", *report.lines]))
+    _warn(report.warnings)
+    return 0
+
+
+def _warn(warnings: Iterable[str]) -> None:
+    for warning in warnings:
+        print(f"kvtier: warning: {warning}", file=sys.stderr)
 
 
 def _add_config_commands(commands: Any) -> None:
@@ -183,16 +213,23 @@ def _add_config_commands(commands: Any) -> None:
     sub = config.add_subparsers(dest="config_command", required=True)
     check = sub.add_parser("check", help="validate FILE and print the resolved configuration")
     check.add_argument("file", help="JSON: a vLLM --kv-transfer-config or its extra config")
+    check.add_argument("--as", dest="read_as", choices=("auto", "vllm", "kvtier"),
+                       default="auto", help="read FILE as vLLM reads it, or as kvtier's own "
+                       "configuration (auto: vLLM's when it has kv_connector, spec_name or a "
+                       "Kvtier* tier)")  # fmt: skip
+    check.add_argument("--target", choices=("vllm-cpu", "vllm-cuda"),
+                       help="the vLLM build (vLLM JSON; default: the installed one)")  # fmt: skip
     shape = check.add_argument_group("model shape (for slot sizes; defaults: a Llama-3-8B)")
     size = int_in(1, 1 << 16)
     shape.add_argument("--num-layers", type=size, default=32)
     shape.add_argument("--num-kv-heads", type=size, default=8)
     shape.add_argument("--head-dim", type=size, default=128)
     shape.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES))
-    shape.add_argument("--engine-block-size", type=size, default=16)
-    shape.add_argument(
-        "--blocks-per-chunk", type=size, default=16, help="when the config is silent"
-    )
+    shape.add_argument("--engine-block-size", type=size, default=None,
+                       help="tokens per engine block (default 16; under vLLM: 128 on "
+                       "vllm-cpu, 16 on vllm-cuda)")  # fmt: skip
+    shape.add_argument("--blocks-per-chunk", type=size, default=None,
+                       help="when a kvtier config is silent (default 16)")  # fmt: skip
     check.set_defaults(handler=_config_check, command_parser=check)
 
 
