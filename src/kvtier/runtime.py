@@ -61,6 +61,7 @@ class Runtime:
         guard = None if config.slo_guard is None else SLOGuard(config.slo_guard)
         self.control = TierControl(self.tiers, guard)
         self.admission = Admission((), (), self.metrics)
+        self._given_names: list[str] = []
         self._tier_rules: dict[int, tuple[AdmissionConfig | None, int | None]] = {}
         self._exporter: MetricsServer | None = None
         self._last_offer: tuple[Hashable, frozenset[ChunkKey]] = (None, frozenset())
@@ -84,6 +85,7 @@ class Runtime:
         if self._closed:
             raise ClosedError("add_tier: the runtime is closed")
         self.tiers.tiers.append(tier)
+        self._given_names.append(tier.name)
         index = len(self.tiers) - 1
         if admission is not None or min_priority is not None:
             self._tier_rules[index] = (admission, min_priority)
@@ -96,6 +98,8 @@ class Runtime:
         ``ConfigError`` for an admission level that names no tier. Call again after more
         ``add_tier`` calls (the gate's sightings start over: call it before serving).
         """
+        for tier, name in zip(self.tiers, self._given_names, strict=True):
+            tier.name = name  # made unique anew over every tier, however many joined since
         self.tiers.bind()
         names = self.tiers.names()
         configs, floors = list(self.config.admission), {}

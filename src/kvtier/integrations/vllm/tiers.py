@@ -239,6 +239,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         succeeded = tuple(k for k, c in zip(job.offload_keys, chunks, strict=True) if c in done)
         if self._store_events and finished.job.op == "store" and succeeded:
             self._event(list(succeeded), removed=False)
+        if finished.job.op == "load":  # the prompt tokens this tier served (kvtier's metric)
+            self._runtime.metrics.count("prompt_tokens", len(succeeded) * self._chunk_tokens,
+                                        source=self._tier.name)  # fmt: skip
         return self._vllm_result(job, succeeded, finished.job.op == "load")
 
     def _vllm_result(self, job: _Job, succeeded: tuple[bytes, ...], promotion: bool) -> JobResult:
