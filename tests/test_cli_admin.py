@@ -9,9 +9,7 @@ import sys
 
 import pytest
 
-from kvtier import TieringManager
-from tests.conftest import config
-from tests.test_admin import free_port
+from tests.test_admin import served as served_port  # noqa: F401 (a fixture)
 
 
 def kvtier(*args: str) -> subprocess.CompletedProcess[str]:
@@ -21,12 +19,9 @@ def kvtier(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def served(identity, tmp_path):
-    port = free_port()
-    tiers = [{"type": "fs", "root_dir": str(tmp_path)}]
-    cfg = config(2, secondary_tiers=tiers, metrics_port=port, metrics_admin=True)
-    with TieringManager(cfg, identity) as m:
-        yield m, f"http://127.0.0.1:{port}"
+def served(served_port):  # noqa: F811 (the imported fixture)
+    m, port = served_port
+    return m, f"http://127.0.0.1:{port}"
 
 
 def test_tiers_are_listed_switched_off_with_a_reason_and_back_on(served):
