@@ -23,9 +23,9 @@ from kvtier.integrations.vllm.retention import (
     request_retention,
     retention_by_key,
 )
+from kvtier.policies.priority import DEFAULT_PRIORITY
 from kvtier.runtime import Runtime
 from kvtier.tier_set import Retired
-from kvtier.policies.priority import DEFAULT_PRIORITY
 
 
 class Context:
