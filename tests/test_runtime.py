@@ -105,3 +105,22 @@ def test_a_closed_runtime_refuses_tiers_and_switches(region, identity):
         runtime.disable_tier("fs")
     with pytest.raises(ClosedError):
         runtime.add_tier(Retired("more"))
+
+
+@pytest.mark.parametrize("fail_load", [True, False])
+def test_a_fast_promotion_that_fails_counts_as_over_budget_and_one_that_succeeds_does_not(
+    region, identity, fail_load
+):
+    guard = SLOGuardConfig(promotion_p99_s=5.0, min_samples=1, sustain_s=0.001, window_s=60)
+    runtime = Runtime(RuntimeConfig(slo_guard=guard), CHUNK)
+    index = runtime.add_tier(FaultInjectingTier(memory(region, identity), fail_load=fail_load))
+    runtime.bind()
+    runtime.tiers.submit(index, "store", [key(1)], [0])
+    wait_finished(runtime, index)
+    runtime.tiers.submit(index, "load", [key(1)], [1])
+    assert bool(wait_finished(runtime, index)[0].failed) is fail_load
+    for _ in range(2):
+        time.sleep(0.01)
+        runtime.poll_tier(index)
+    assert runtime.tier_states()[1] == (["mem"] if fail_load else [])
+    runtime.close()

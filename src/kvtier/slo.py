@@ -2,7 +2,8 @@
 
 Budgets are p99 latencies over a sliding window of ``window_s`` seconds:
 
-* ``promotion_p99_s``: a tier's promotion (load job) latency, per tier;
+* ``promotion_p99_s``: a tier's promotion (load job) latency, per tier; a promotion that failed
+  counts as over the budget (its chunks are recomputed: a tier that fails is worse than slow);
 * ``ttft_p99_s`` / ``itl_p99_s``: time to first token and inter-token latency, as the engine
   reports them (``TieringManager.report_request``).
 
@@ -132,9 +133,13 @@ class SLOGuard:
     _tripped_at: dict[str, float] = field(default_factory=dict)  # "ttft", "itl" -> the last trip
 
     # -- samples -----------------------------------------------------------------------------
-    def observe_promotion(self, tier: str, seconds: float) -> None:
-        if self.config.promotion_p99_s is not None and math.isfinite(seconds):
-            self._window(self._promotions, tier).add(self.clock(), seconds)
+    def observe_promotion(self, tier: str, seconds: float, failed: bool = False) -> None:
+        """A promotion from ``tier`` took ``seconds``. One that ``failed`` (a chunk it did not
+        deliver is recomputed) counts as over the budget: twice it, or its time if longer."""
+        budget = self.config.promotion_p99_s
+        if budget is not None and math.isfinite(seconds):
+            sample = max(seconds, 2 * budget) if failed else seconds
+            self._window(self._promotions, tier).add(self.clock(), sample)
 
     def observe_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
         """Latencies of one finished request, as the engine measured them (either may be None;

@@ -70,10 +70,10 @@ class TierControl:
         return changed
 
     def observe(self, finished: Finished) -> None:
-        """A tier job reported: promotion latencies feed the guard."""
+        """A tier job reported: promotion latencies, and failed promotions, feed the guard."""
         if self.guard is not None and finished.job.op == "load":
             name = self._tiers[finished.job.tier].name
-            self.guard.observe_promotion(name, finished.seconds)
+            self.guard.observe_promotion(name, finished.seconds, failed=bool(finished.failed))
 
     def report_request(self, ttft_s: float | None, itl_s: float | None) -> None:
         if self.guard is not None:
