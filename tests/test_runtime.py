@@ -122,5 +122,5 @@ def test_a_fast_promotion_that_fails_counts_as_over_budget_and_one_that_succeeds
     for _ in range(2):
         time.sleep(0.01)
         runtime.poll_tier(index)
-    assert runtime.tier_states()[1] == (["mem"] if fail_load else [])
+    assert runtime.tier_states()[1] == (["fault(mem)"] if fail_load else [])
     runtime.close()
