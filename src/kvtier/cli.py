@@ -251,8 +251,9 @@ def _add_events_command(commands: Any) -> None:
     events.add_argument("--connect", required=True, type=_endpoint,
                         help="publisher endpoint, tcp://host:port")  # fmt: skip
     events.add_argument("--topic", default="", help="topic prefix to subscribe to")
-    events.add_argument("--timeout", type=float_in(0, 86_400), default=None,
-                        help="stop after this many seconds without an event")  # fmt: skip
+    events.add_argument("--timeout", type=float_in(0, 86_400), default=None, metavar="SECONDS",
+                        help="stop after this many seconds without an event; exit 1 if no "
+                        "publisher answers within it (default: wait for ever)")  # fmt: skip
     events.set_defaults(handler=_events, command_parser=events)
 
 
