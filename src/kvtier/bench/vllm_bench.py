@@ -27,6 +27,7 @@ import kvtier
 from kvtier.bench.vllm_strategies import (
     CEILING,
     KVTIER_FS,
+    MODEL_PRESETS,
     STRATEGIES,
     VLLM_FS,
     Model,
@@ -84,13 +85,31 @@ class EngineFailed(RuntimeError):
     """An engine process exited with an error or wrote no report."""
 
 
+def absolute_paths(options: VllmBenchOptions) -> VllmBenchOptions:
+    """``options`` with the output directory, the vLLM python (the default one when unset) and
+    a model directory made absolute against the current directory; presets stay names.
+
+    The runners run in their own work directory, so a relative path would name another file
+    there. Symbolic links are kept: a venv's ``bin/python`` is one, and only through it does
+    the interpreter find its venv.
+    """
+    python = options.vllm_python or default_vllm_python()
+    model = options.model
+    if model not in MODEL_PRESETS:
+        model = os.path.abspath(model)
+    return replace(options, output_dir=os.path.abspath(options.output_dir),
+                   vllm_python=os.path.abspath(python), model=model)  # fmt: skip
+
+
 class VllmBench:
-    """One engine per strategy over all N; see the module docstring."""
+    """One engine per strategy over all N; see the module docstring.
+
+    ``options``' paths may be relative to the current directory: ``self.options`` holds them
+    absolute (``absolute_paths``), as the runners need them.
+    """
 
     def __init__(self, options: VllmBenchOptions) -> None:
-        if not options.vllm_python:
-            options = replace(options, vllm_python=default_vllm_python())
-        self.options = options
+        self.options = options = absolute_paths(options)
         self.workdir = Path(options.output_dir) / f"vllm-run-{uuid.uuid4().hex[:8]}"
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.model = Model.resolve(options.model, self.workdir)
@@ -166,15 +185,17 @@ class Engine:
 
     @classmethod
     def start(cls, python: str, scenario: dict[str, Any], workdir: Path) -> Engine:
+        """Start the runner on ``scenario`` in ``workdir``; every path handed to it is absolute."""
         name = scenario["engine_id"]
+        workdir = Path(os.path.abspath(workdir))
         path, output, log = (workdir / f"{name}{s}" for s in (".json", ".out.json", ".log"))
-        path.write_text(json.dumps({**scenario, "output": str(output.resolve())}))
+        path.write_text(json.dumps({**scenario, "output": str(output)}))
         src = str(Path(kvtier.__file__).resolve().parents[1])
         paths = [src, os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
         with open(log, "w") as log_file:
             proc = subprocess.Popen(
-                [python, "-m", "kvtier.bench.vllm_runner", str(path.resolve())], env=env,
+                [os.path.abspath(python), "-m", "kvtier.bench.vllm_runner", str(path)], env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, text=True,
                 start_new_session=True, cwd=workdir,
             )  # fmt: skip

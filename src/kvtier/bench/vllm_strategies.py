@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,13 +59,14 @@ class Model:
 
     @classmethod
     def resolve(cls, name: str, workdir: Path) -> Model:
-        """A preset written as a config-only directory under ``workdir``, or a model directory."""
+        """A preset written as a config-only directory under ``workdir``, or a model directory;
+        ``path`` is absolute either way (the runners run in their own work directory)."""
         if name in MODEL_PRESETS:
-            path = workdir / f"model-{name}"
+            path = Path(os.path.abspath(workdir / f"model-{name}"))
             path.mkdir(parents=True, exist_ok=True)
             (path / "config.json").write_text(json.dumps(preset_config(name), indent=1))
             return cls(path, True, preset_config(name))
-        path = Path(name)
+        path = Path(os.path.abspath(name))
         return cls(path, False, json.loads((path / "config.json").read_text()))
 
     @property
