@@ -73,15 +73,9 @@ def test_decode_batch_reads_vllms_own_batches():
     vllm_event = {"type": "BlockRemoved", "block_hashes": [12345], "medium": "GPU"}
     ts, wire = decode_batch(msgpack.packb([3.0, [vllm_event], 0]))
     assert (ts, wire) == (3.0, [vllm_event])
-    assert describe_wire(wire[0]).split() == [
-        "#?",
-        "BlockRemoved",
-        "None",
-        "->",
-        "gone",
-        "GPU",
-        "key=12345",
-    ]
+    from kvtier.cli_events import describe
+
+    assert describe(wire[0]).split()[:3] == ["removed", "GPU", "blocks=1"]  # not "gone"
 
 
 @pytest.mark.parametrize("payload", [[1.0], [1.0, [["BlockStored", [b"k"]]]], {"ts": 1}])

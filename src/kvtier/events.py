@@ -253,10 +253,9 @@ def decode_batch(payload: bytes) -> tuple[float, list[dict[str, Any]]]:
 
 
 def describe_wire(event: Mapping[str, Any]) -> str:
-    """One line for a wire event, e.g. ``#12 written host -> fs STORAGE key=ab12cd34ef56``.
-
-    Events of other publishers (vLLM's own: no ``seq``, integer hashes) are described too.
-    """
+    """One line for one of kvtier's wire events, e.g. ``#12 written host -> fs STORAGE
+    key=ab12cd34ef56``. vLLM's own events (no ``seq`` or ``kind``) have their own line:
+    ``cli_events.describe_vllm``."""
     tag = str(event.get("type", "?"))
     hashes = event.get("block_hashes") or []
     first = hashes[0] if hashes else None

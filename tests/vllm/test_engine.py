@@ -97,7 +97,9 @@ def grown(result: dict[str, Any], name: str, **labels: str) -> float:
 def loaded(report: dict[str, Any], tier: str, outcome: str = "ok") -> float:
     """Chunks a tier loaded (``ok``) or failed to load over the engine's life (its counters)."""
     name = "vllm:kv_offload_tiering_kvtier_counter"
-    return metric(report["final"], name, tier=tier, counter=f"tier_chunks{{op=load,outcome={outcome}}}")
+    return metric(
+        report["final"], name, tier=tier, counter=f"tier_chunks{{op=load,outcome={outcome}}}"
+    )
 
 
 def cached(result: dict[str, Any], source: str) -> float:
