@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvtier.cli import main
 from kvtier.config import TieringConfig
+from kvtier.integrations.vllm import check
+from kvtier.integrations.vllm.engine_config import engine_config
+
+MODULE = "kvtier.integrations.vllm"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -36,8 +41,27 @@ def test_synth_plan_and_emitted_config(tmp_path: Path, capsys: pytest.CaptureFix
     assert loaded.cpu_bytes_to_use == document["recommended"]["cpu_bytes_to_use"]
     assert loaded.block_size == document["chunk_tokens"]
     assert (tmp_path / "out" / "plan.png").stat().st_size > 10_000
-    flag = out.split("--kv-transfer-config '")[1].split("'")[0]
-    assert TieringConfig.from_json(flag).cpu_bytes_to_use == loaded.cpu_bytes_to_use
+    flag = json.loads(out.split("--kv-transfer-config '")[1].split("'")[0])
+    extra = flag["kv_connector_extra_config"]
+    assert extra["cpu_bytes_to_use"] == loaded.cpu_bytes_to_use
+    assert_starts(tmp_path, capsys, flag, "vllm-cuda")  # no vLLM here: the default target
+    assert extra["spec_name"] == "TieringOffloadingSpec"
+    if document["recommended"]["admission"]:
+        assert [a.min_reuse for a in loaded.admission] == [2]
+
+
+def assert_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: dict[str, Any],
+                  target: str) -> None:  # fmt: skip
+    """``flag`` passes ``kvtier config check`` for ``target`` and kvtier's engine runtime, and
+    its tiers are kvtier's (vLLM's own ``fs`` takes no ``max_bytes``)."""
+    path = tmp_path / "vllm.json"
+    path.write_text(json.dumps(flag))
+    code, out, err = run(capsys, "config", "check", str(path), "--target", target)
+    assert code == 0 and f"vLLM target:     {target}" in out, err
+    extra = flag["kv_connector_extra_config"]
+    engine_config(extra)
+    for tier in extra.get("secondary_tiers", []):
+        assert tier["type"].startswith("Kvtier") and tier["module_path"] == MODULE
 
 
 def test_emitted_config_keeps_a_base_config(
@@ -120,3 +144,68 @@ def test_calibrate_measures_the_fs_tier(tmp_path: Path, capsys: pytest.CaptureFi
                          "--calibrate", "--calibrate-dir", str(tmp_path), "--bytes-per-token", "4096")  # fmt: skip
     assert code == 0, err
     assert "fs tier measured in" in out
+
+
+@pytest.fixture(scope="module")
+def mix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    trace = tmp_path_factory.mktemp("mix") / "mix.jsonl"
+    assert main(["trace", "synth", "--kind", "mix", "--requests", "1500", "--out", str(trace)]) == 0
+    return trace
+
+
+def plan_line(
+    capsys: pytest.CaptureFixture[str], trace: Path, out: Path, *argv: str
+) -> tuple[str, dict[str, Any]]:
+    code, text, err = run(capsys, "plan", str(trace), "--output-dir", str(out), "--no-chart",
+                          "--device-bytes", "1GiB", "--emit-vllm", str(out / "vllm.json"), *argv)  # fmt: skip
+    assert code == 0, err
+    flag = json.loads(text.split("--kv-transfer-config '")[1].split("'")[0])
+    assert flag == json.loads((out / "vllm.json").read_text())
+    return text, flag
+
+
+@pytest.mark.parametrize(
+    ("target", "spec", "block"),
+    [("vllm-cpu", "CPUTieringOffloadingSpec", 128), ("vllm-cuda", "TieringOffloadingSpec", 16)],
+)
+def test_the_vllm_line_starts_its_target(tmp_path, capsys, mix, target, spec, block):
+    text, flag = plan_line(capsys, mix, tmp_path, "--target", target, "--host-memory", "12GiB",
+                           "--process-bytes", "10GiB", "--page-cache-bytes", "0", "--fs-root", "/kv")  # fmt: skip
+    assert f"vLLM target:   {target} (--target)" in text
+    extra = flag["kv_connector_extra_config"]
+    assert extra["spec_name"] == spec and extra["block_size"] % block == 0
+    assert_starts(tmp_path, capsys, flag, target)
+    assert (
+        extra["secondary_tiers"][0]["root_dir"] == "/kv"
+        and "max_bytes" in extra["secondary_tiers"][0]
+    )
+    other = "vllm-cuda" if target == "vllm-cpu" else "vllm-cpu"
+    code, _, err = run(capsys, "config", "check", str(tmp_path / "vllm.json"), "--target", other)
+    assert code == 2 and "spec_name" in err
+
+
+def test_the_default_target_is_the_installed_vllm(tmp_path, capsys, mix, monkeypatch):
+    monkeypatch.setattr(check, "installed_target", lambda: ("vllm-cpu", "vllm-cpu 0.32.0 is here"))
+    text, flag = plan_line(capsys, mix, tmp_path)
+    assert "vLLM target:   vllm-cpu (vllm-cpu 0.32.0 is here)" in text
+    assert flag["kv_connector_extra_config"]["spec_name"] == "CPUTieringOffloadingSpec"
+
+
+def test_host_memory_is_capped_at_half_of_this_machine(tmp_path, capsys, mix, monkeypatch):
+    import kvtier.config_checks
+
+    monkeypatch.setattr(kvtier.config_checks, "physical_memory_bytes", lambda: 4 << 30)
+    text, flag = plan_line(capsys, mix, tmp_path, "--host-memory", "64GiB")
+    assert flag["kv_connector_extra_config"]["cpu_bytes_to_use"] <= 2 << 30
+    assert "cpu_bytes_to_use capped at" in text and "half of this machine's 4.0 GiB" in text
+    text, flag = plan_line(
+        capsys, mix, tmp_path, "--host-memory", "64GiB", "--max-cpu-bytes", "1GiB"
+    )
+    assert flag["kv_connector_extra_config"]["cpu_bytes_to_use"] <= 1 << 30
+    assert "(--max-cpu-bytes)" in text
+    monkeypatch.setattr(kvtier.config_checks, "physical_memory_bytes", lambda: 1 << 40)
+    text, flag = plan_line(capsys, mix, tmp_path, "--host-memory", "64GiB")
+    assert (
+        "cpu_bytes_to_use capped" not in text
+        and flag["kv_connector_extra_config"]["cpu_bytes_to_use"] > 8 << 30
+    )

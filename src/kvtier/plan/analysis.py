@@ -52,6 +52,10 @@ class PlanOptions:
     max_chunk_bytes: int = 64 * MiB
     device_bytes: int = 16 * GiB
     host_memory: int | None = None
+    #: The most ``cpu_bytes_to_use`` may be whatever the headroom (``None``: no cap), and why
+    #: (the CLI caps it at half of this machine's memory, so the printed line starts here).
+    max_cpu_bytes: int | None = None
+    max_cpu_reason: str = "--max-cpu-bytes"
     process_bytes: int = 8 * GiB
     page_cache_bytes: int | None = None
     max_fs_bytes: int = 2 * TiB

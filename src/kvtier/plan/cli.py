@@ -34,9 +34,14 @@ def add_plan_commands(commands: Any) -> None:
     out.add_argument("--json", dest="json_path", help="JSON path (OUTPUT_DIR/plan.json)")
     out.add_argument("--chart", dest="chart_path", help="PNG path (OUTPUT_DIR/plan.png)")
     out.add_argument("--no-chart", action="store_true", help="skip the PNG")
-    out.add_argument("--emit-config", metavar="FILE", help="write the recommended kvtier config")
-    out.add_argument("--config", help="a kvtier config to base --emit-config on")
+    out.add_argument("--emit-config", metavar="FILE", help="write the recommended kvtier config "
+                     "and print vLLM's --kv-transfer-config")  # fmt: skip
+    out.add_argument("--emit-vllm", metavar="FILE", help="write vLLM's --kv-transfer-config JSON")
+    out.add_argument("--config", help="a kvtier config to base the emitted configs on")
     out.add_argument("--fs-root", default="/mnt/kv-cache", help="root_dir of an emitted fs tier")
+    out.add_argument("--target", choices=("vllm-cpu", "vllm-cuda"),
+                     help="the vLLM build the --kv-transfer-config is for (default: the one "
+                     "installed here; vllm-cuda when there is none)")  # fmt: skip
     plan.set_defaults(handler=command(_run_plan), plan_parser=plan)
     add_trace_commands(commands)
 
@@ -53,7 +58,9 @@ def _model_arguments(plan: Any) -> None:
         type=int_in(1, 1 << 40),
         help="KV bytes per token (instead of the shape above)",
     )
-    model.add_argument("--engine-block-size", type=size, default=16)
+    model.add_argument("--engine-block-size", type=size, default=None,
+                       help="tokens per engine block (default: the target's, 128 on vllm-cpu, "
+                       "16 on vllm-cuda)")  # fmt: skip
     model.add_argument("--chunk-tokens", type=int_in(1, 1 << 20), help="force this chunk size")
     model.add_argument(
         "--trace-chunk-tokens",
@@ -71,6 +78,9 @@ def _machine_arguments(plan: Any) -> None:
         help="the accelerator's KV pool (default 16GiB)",
     )
     machine.add_argument("--host-memory", type=byte_size, help="default: this machine's")
+    machine.add_argument("--max-cpu-bytes", type=byte_size,
+                         help="cap on cpu_bytes_to_use (default: half of this machine's "
+                         "physical memory, so that the printed line starts here)")  # fmt: skip
     machine.add_argument(
         "--process-bytes",
         type=byte_size,
@@ -113,6 +123,7 @@ def _run_plan(args: argparse.Namespace) -> int:
 
     base = _base_config(args.config)
     json_path, chart_path = _output_paths(args)
+    _resolve_target(args)
     trace = read_trace(args.trace, args.trace_chunk_tokens)
     analysis = analyze(trace, _options(args))
     recommendation = recommend(analysis, _rates(args, analysis.chunk_bytes))
@@ -121,11 +132,19 @@ def _run_plan(args: argparse.Namespace) -> int:
     written = [str(json_path)]
     if chart_path is not None and _chart(analysis, recommendation, chart_path, args.trace):
         written.append(str(chart_path))
-    if args.emit_config:
-        _emit(analysis, recommendation, args, base)
-        written.append(args.emit_config)
+    if args.emit_config or args.emit_vllm:
+        written += _emit(analysis, recommendation, args, base)
     print("wrote " + ", ".join(written))
     return 0
+
+
+def _resolve_target(args: argparse.Namespace) -> None:
+    """``args.target`` (with ``args.target_why``) and the engine block size it implies."""
+    from kvtier.integrations.vllm.check import ENGINE_BLOCK, installed_target
+
+    given = args.target is not None
+    args.target, args.target_why = (args.target, "--target") if given else installed_target()
+    args.engine_block_size = args.engine_block_size or ENGINE_BLOCK[args.target]
 
 
 def _options(args: argparse.Namespace) -> Any:
@@ -140,12 +159,28 @@ def _options(args: argparse.Namespace) -> Any:
         chunk_tokens=args.chunk_tokens,
         device_bytes=args.device_bytes,
         host_memory=args.host_memory,
+        **_cpu_cap(args.max_cpu_bytes),
         process_bytes=args.process_bytes,
         page_cache_bytes=args.page_cache_bytes,
         max_fs_bytes=args.max_fs_bytes,
         exact_limit=max(1000, args.exact_limit),
         arc_limit=max(1000, args.arc_limit),
     )
+
+
+def _cpu_cap(given: int | None) -> dict[str, Any]:
+    """``max_cpu_bytes`` and its reason: ``--max-cpu-bytes``, else half of this machine's
+    physical memory (no cap where that is unknown)."""
+    from kvtier.config_checks import physical_memory_bytes
+    from kvtier.plan.verdict import size
+
+    if given is not None:
+        return {"max_cpu_bytes": given, "max_cpu_reason": "--max-cpu-bytes"}
+    physical = physical_memory_bytes()
+    if physical is None:
+        return {}
+    reason = f"half of this machine's {size(physical)} of memory; --max-cpu-bytes raises it"
+    return {"max_cpu_bytes": physical // 2, "max_cpu_reason": reason}
 
 
 def _rates(args: argparse.Namespace, chunk_bytes: int) -> Any:
@@ -210,16 +245,47 @@ def _chart(analysis: Any, recommendation: Any, path: Path, name: str) -> bool:
 
 def _emit(
     analysis: Any, recommendation: Any, args: argparse.Namespace, base: dict[str, Any] | None
-) -> None:
+) -> list[str]:
+    """Write the emitted configs (each checked first) and print vLLM's line; the paths."""
     from kvtier.config import TieringConfig
-    from kvtier.plan.report import kvtier_config, vllm_config
+    from kvtier.plan.report import kvtier_config
 
-    config = kvtier_config(recommendation, analysis, args.fs_root, base)
-    text = json.dumps(config, indent=2) + "\n"
-    TieringConfig.from_json(text)  # what is emitted always loads
+    written = []
+    if args.emit_config:
+        config = kvtier_config(recommendation, analysis, args.fs_root, base)
+        text = json.dumps(config, indent=2) + "\n"
+        TieringConfig.from_json(text)  # what is emitted always loads
+        written.append(_write(args.emit_config, text, "--emit-config"))
+    line = _vllm(analysis, recommendation, args, base)
+    if args.emit_vllm:
+        written.append(_write(args.emit_vllm, json.dumps(line, indent=2) + "\n", "--emit-vllm"))
+    return written
+
+
+def _vllm(analysis: Any, recommendation: Any, args: argparse.Namespace, base: Any) -> Any:
+    """vLLM's --kv-transfer-config for ``args.target``, checked as vLLM reads it, printed."""
+    import shlex
+
+    from kvtier.integrations.vllm.check import Shape, check_vllm
+    from kvtier.plan.vllm_line import vllm_line
+
+    line = vllm_line(recommendation, analysis, args.fs_root, args.target, base)
+    shape = Shape(args.num_layers, args.num_kv_heads, args.head_dim, args.dtype,
+                  args.engine_block_size)  # fmt: skip
+    if args.bytes_per_token:  # the shape flags do not describe the model: check the structure
+        shape = Shape(1, 1, 1, "uint8", args.engine_block_size)
+    check_vllm(line.config, args.target, shape)  # what is printed starts that vLLM
+    flag = shlex.quote(json.dumps(line.config, separators=(",", ":")))
+    print(f"vLLM target:   {args.target} ({args.target_why})")
+    print(f"vLLM: --kv-transfer-config {flag}")
+    for note in line.notes:
+        print(f"vLLM note:     {note}")
+    return line.config
+
+
+def _write(path: str, text: str, flag: str) -> str:
     try:
-        Path(args.emit_config).write_text(text)
+        Path(path).write_text(text)
     except OSError as exc:
-        raise Usage(f"--emit-config {args.emit_config}: {exc.strerror or exc}") from None
-    flag = json.dumps(vllm_config(config), separators=(",", ":"))
-    print(f"vLLM: --kv-transfer-config '{flag}'")
+        raise Usage(f"{flag} {path}: {exc.strerror or exc}") from None
+    return path

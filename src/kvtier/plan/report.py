@@ -1,6 +1,6 @@
 """Outputs of ``kvtier plan``: the short text report, the JSON for scripts, the kvtier config
-and vLLM ``--kv-transfer-config`` of the recommendation, and the PNG chart (miss-ratio curves
-and reuse-distance histograms; needs matplotlib, the ``bench`` extra).
+of the recommendation (vLLM's ``--kv-transfer-config`` is ``vllm_line``'s), and the PNG chart
+(miss-ratio curves and reuse-distance histograms; needs matplotlib, the ``bench`` extra).
 
 Runs on the caller's thread.
 """
@@ -118,21 +118,18 @@ def kvtier_config(
         }
         tiers.insert(0, fs)
     inner["secondary_tiers"] = tiers
+    _host_admission(rec, inner)
     if "kv_connector_extra_config" in outer:
         return {**outer, "kv_connector_extra_config": inner}
     return inner
 
 
-def vllm_config(config: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's ``--kv-transfer-config`` around a kvtier configuration."""
-    if "kv_connector_extra_config" in config:
-        return config
-    extra = {"spec_name": "TieringOffloadingSpec", **config}
-    return {
-        "kv_connector": "OffloadingConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": extra,
-    }
+def _host_admission(rec: Recommendation, inner: dict[str, Any]) -> None:
+    """Second-use admission for host memory, when recommended (what the plan simulated);
+    a base config's own host admission is kept."""
+    levels = [e for e in inner.get("admission", []) if e.get("level", "host") == "host"]
+    if rec.admission is not None and not levels and "store_threshold" not in inner:
+        inner["admission"] = [*inner.get("admission", []), {"level": "host", "min_reuse": 2}]
 
 
 def to_json(a: Analysis, rec: Recommendation, name: str) -> dict[str, Any]:

@@ -6,7 +6,8 @@ Rules, in order (``options.min_reuse`` = 5%, ``min_gain`` = 2 points, ``knee`` =
 
 1. less than ``min_reuse`` of prompt tokens repeat an earlier prefix: **don't tier**;
 2. host memory is sized at the knee of the LRU curve (the smallest size that reaches 95% of
-   what any cache could add to the device pool), capped by the host's headroom;
+   what any cache could add to the device pool), capped by the host's headroom and by
+   ``options.max_cpu_bytes`` (a warning says which cap bound it);
 3. a filesystem tier is sized at the knee of the host + fs curve, capped by ``max_fs_bytes``;
    it is worth adding when it serves ``min_gain`` more of the prompt tokens *and* loading a
    chunk from it is faster than recomputing the chunk;
@@ -148,9 +149,12 @@ def _sized(
 ) -> Recommendation:
     o, warnings = a.options, []
     fits = max(1, room.available // a.slot_bytes)
-    host = min(host_knee, fits)
+    cap = fits if o.max_cpu_bytes is None else max(1, o.max_cpu_bytes // a.slot_bytes)
+    host = min(host_knee, fits, cap)
     if host_knee > fits:
-        warnings.append(_headroom_warning(a, room, host_knee, host))
+        warnings.append(_headroom_warning(a, room, host_knee, min(fits, host_knee)))
+    if min(host_knee, fits) > cap:
+        warnings.append(_cap_warning(a, min(host_knee, fits), host))
     policy, admission, host_hit = _policy(a, host)
     fs_curve = _fs_curve(a, host, admission)
     fs_cap = max(1, o.max_fs_bytes // (a.chunk_bytes + FILE_HEADER_BYTES))
@@ -188,6 +192,15 @@ def _headroom_warning(a: Analysis, room: Headroom, wanted: int, host: int) -> st
         f"process, {size(room.os)} for the OS and {size(room.page_cache)} of page cache "
         f"leaves {size(room.available)}; recommending {size(host * a.slot_bytes)} "
         f"({lru.at(host):.1%} of prompt tokens served instead of {lru.at(wanted):.1%})"
+    )
+
+
+def _cap_warning(a: Analysis, wanted: int, host: int) -> str:
+    lru = a.curves["lru"]
+    return (
+        f"cpu_bytes_to_use capped at {size(host * a.slot_bytes)} ({a.options.max_cpu_reason}) "
+        f"instead of {size(wanted * a.slot_bytes)}: {lru.at(host):.1%} of prompt tokens served "
+        f"instead of {lru.at(wanted):.1%}"
     )
 
 

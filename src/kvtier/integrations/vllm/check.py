@@ -86,7 +86,7 @@ def installed_target() -> tuple[str, str]:
         return target, f"{dist} {version} is installed here"
     return (
         "vllm-cuda",
-        "no vLLM is installed here: assumed (pass --target vllm-cpu for the CPU build)",
+        "assumed: no vLLM is installed here; --target vllm-cpu for the CPU build",
     )
 
 
