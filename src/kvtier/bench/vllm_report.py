@@ -8,6 +8,11 @@ one-shots' TTFT apart (``--mix``), prompt tokens by source (vLLM's
 counters: host memory ``host_read``/``host_written``, each secondary tier
 ``<tier>_read``/``<tier>_written``), and the fraction of requests whose greedy answer equals
 ``recompute``'s (``None`` when recompute did not run).
+
+Same-run ratios per N: ``kvtier_fs_vs_vllm_fs`` (kvtier's fs tier against vLLM's) and, when
+``kvtier-fs-ops`` ran beside ``kvtier-fs``, ``kvtier_fs_ops_vs_kvtier_fs`` (the operator
+plane on against off), with what the ops engine's kvtier ``/metrics`` served at its end
+(``operator_plane``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.bench.vllm_strategies import CEILING, KVTIER_FS, RECOMPUTE, VLLM_FS
+from kvtier.bench.vllm_strategies import CEILING, KVTIER_FS, KVTIER_FS_OPS, RECOMPUTE, VLLM_FS
 
 #: vLLM counter -> the byte column it feeds (tiered ones carry ``tier=<i>:<type>``).
 BYTE_COUNTERS = {
@@ -115,28 +120,57 @@ def rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
-def kvtier_vs_vllm(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per N: kvtier-fs over vllm-fs in throughput and TTFT p99 (aims: >= 1 and <= 1)."""
+def same_run_ratios(table: list[dict[str, Any]], mine: str, other: str) -> list[dict[str, Any]]:
+    """Per N where both ran: ``mine`` over ``other`` in throughput and TTFT p99."""
     out = []
     for n in sorted({row["conversations"] for row in table}):
         at = {row["strategy"]: row for row in table if row["conversations"] == n}
-        if KVTIER_FS in at and VLLM_FS in at:
-            k, v = at[KVTIER_FS], at[VLLM_FS]
+        if mine in at and other in at:
+            k, v = at[mine], at[other]
             out.append({
                 "conversations": n,
                 "throughput_ratio": round(k["throughput_tok_s"] / v["throughput_tok_s"], 3),
                 "ttft_p99_ratio": round(k["ttft_ms"]["p99"] / max(v["ttft_ms"]["p99"], 1e-9), 3),
-                "disk_bytes": {KVTIER_FS: k["disk_bytes_after_run"],
-                               VLLM_FS: v["disk_bytes_after_run"]},
+                "disk_bytes": {mine: k["disk_bytes_after_run"],
+                               other: v["disk_bytes_after_run"]},
             })  # fmt: skip
     return out
+
+
+def kvtier_vs_vllm(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per N: kvtier-fs over vllm-fs in throughput and TTFT p99 (aims: >= 1 and <= 1)."""
+    return same_run_ratios(table, KVTIER_FS, VLLM_FS)
+
+
+def ops_vs_off(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per N: kvtier-fs-ops over kvtier-fs (the operator plane's cost; aim: 1 within noise)."""
+    return same_run_ratios(table, KVTIER_FS_OPS, KVTIER_FS)
+
+
+def ratio_lines(document: dict[str, Any]) -> list[str]:
+    """The terminal lines of the same-run ratios and of the operator plane's scrape."""
+    lines = []
+    for key, name in (("kvtier_fs_vs_vllm_fs", "kvtier-fs / vllm-fs"),
+                      ("kvtier_fs_ops_vs_kvtier_fs", "kvtier-fs-ops / kvtier-fs")):  # fmt: skip
+        lines += [f"N={item['conversations']}: {name} throughput "
+                  f"{item['throughput_ratio']:.2f}x, TTFT p99 {item['ttft_p99_ratio']:.2f}x"
+                  for item in document[key]]  # fmt: skip
+    plane = document.get("operator_plane")
+    if plane is not None:
+        sums = plane.get("sums", {})
+        lines.append(f"kvtier-fs-ops operator plane: served {plane['served']}, "
+                     f"kvtier_tier_chunks_total {sums.get('kvtier_tier_chunks_total', 0):.0f}, "
+                     f"tiers disabled {sums.get('kvtier_tier_disabled_total', 0):.0f}, "
+                     f"admin {plane.get('admin_tiers', plane.get('error'))}")  # fmt: skip
+    return lines
 
 
 def format_table(table: list[dict[str, Any]]) -> str:
     """The terminal table: one line per (N, strategy)."""
     names = sorted({s for row in table for s in row["prompt_tokens_from"]} - {"computed"})
     names.append("computed")
-    head = (f"{'N':>4} {'strategy':<10} {'tok/s':>7} {'of best':>7} {'TTFT p50':>9} {'p95':>8} "
+    wide = max(10, *(len(row["strategy"]) for row in table))
+    head = (f"{'N':>4} {'strategy':<{wide}} {'tok/s':>7} {'of best':>7} {'TTFT p50':>9} {'p95':>8} "
             f"{'p99':>8} {'ITL p50':>8} {'p99':>7} {'same':>5} "
             + " ".join(f"{s[:8]:>8}" for s in names))  # fmt: skip
     mixed = any("one_shot_ttft_ms" in row for row in table)
@@ -147,7 +181,7 @@ def format_table(table: list[dict[str, Any]]) -> str:
         prompt = sum(row["prompt_tokens_from"].values()) or 1
         same = row["answers_equal_to_recompute"]
         lines.append(
-            f"{row['conversations']:>4} {row['strategy']:<10} {row['throughput_tok_s']:>7.0f} "
+            f"{row['conversations']:>4} {row['strategy']:<{wide}} {row['throughput_tok_s']:>7.0f} "
             f"{'-' if share is None else format(share, '.0%'):>7} {t['p50']:>7.1f}ms "
             f"{t['p95']:>6.1f}ms {t['p99']:>6.1f}ms {i['p50']:>6.1f}ms {i['p99']:>5.1f}ms "
             f"{'-' if same is None else format(same, '.0%'):>5} "
@@ -175,6 +209,8 @@ def to_json(options: Any, pools: Any, model: Any, reports: dict[str, Any],
         "engine_load_seconds": {s: round(r["load_seconds"], 1) for s, r in reports.items()},
         "load_average_1m": {s: r.get("load_average_1m") for s, r in reports.items()},
         "results": table, "kvtier_fs_vs_vllm_fs": kvtier_vs_vllm(table),
+        "kvtier_fs_ops_vs_kvtier_fs": ops_vs_off(table),
+        "operator_plane": reports.get(KVTIER_FS_OPS, {}).get("operator_plane"),
     }  # fmt: skip
 
 

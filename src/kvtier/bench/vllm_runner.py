@@ -9,7 +9,7 @@ runner over stdin/stdout (see ``main``), one phase at a time. The scenario::
      "concurrency": N, "phases": [{"conversations": N, "first_prompt_tokens": N, "rounds": N,
      "user_turn_tokens": N, "new_tokens": N, "vocab_size": N, "seed": N,
      "one_shots": N, "one_shot_tokens": N}, ...],
-     "disk_dirs": {"label": DIR, ...}, "output": PATH}
+     "disk_dirs": {"label": DIR, ...}, "output": PATH, "kvtier_metrics_port": N (optional)}
 
 Every phase starts from an empty device prefix cache (``reset_prefix_cache``) and uses its own
 seed, so no phase is served what an earlier one stored. Within a phase ``concurrency`` requests
@@ -19,7 +19,10 @@ whose conversation has no request in flight (its next turn needs the answer). Gr
 
 The output JSON has, per phase: every request's answer, TTFT and inter-token gaps (seconds,
 measured at ``LLMEngine.step`` returns), the phase's wall seconds and tokens, how much every
-vLLM counter grew (``name{label=value,...}``) and the bytes under each of ``disk_dirs``.
+vLLM counter grew (``name{label=value,...}``) and the bytes under each of ``disk_dirs``. With
+``kvtier_metrics_port`` (kvtier's operator plane on in the engine), ``operator_plane``: what
+kvtier's ``/metrics`` and ``/admin/tiers`` served there once every phase was done
+(``scrape_operator_plane``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import os
 import random
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +188,29 @@ def tree_bytes(root: str) -> int:
     return total
 
 
+#: kvtier families ``scrape_operator_plane`` sums (all samples of each, every label).
+PLANE_FAMILIES = ("kvtier_tier_chunks_total", "kvtier_tier_disabled_total", "kvtier_tier_enabled")
+
+
+def scrape_operator_plane(port: int) -> dict[str, Any]:
+    """``served``: whether ``127.0.0.1:port`` answered ``/metrics`` and ``/admin/tiers``; then
+    the sum of each of ``PLANE_FAMILIES``' samples, the tiers' states and the text's size."""
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as answer:
+            text = answer.read().decode()
+        with urllib.request.urlopen(f"{base}/admin/tiers", timeout=30) as answer:
+            tiers = json.loads(answer.read())
+    except OSError as exc:
+        return {"served": False, "error": repr(exc)}
+    sums = dict.fromkeys(PLANE_FAMILIES, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in sums:
+            sums[name] += float(line.rsplit(" ", 1)[1])
+    return {"served": True, "metrics_bytes": len(text), "sums": sums, "admin_tiers": tiers}
+
+
 def warm_up(llm: Any, phase: dict[str, Any]) -> None:
     """A first-prompt-sized request outside the measurement (first-call costs, the connector's
     first stores), then an empty device prefix cache."""
@@ -221,6 +248,8 @@ def main(path: str) -> None:
     disk = {label: tree_bytes(d) for label, d in scenario.get("disk_dirs", {}).items()}
     report = {"load_seconds": loaded, "phases": [phases[i] for i in sorted(phases)],
               "disk_bytes": disk, "total_seconds": time.perf_counter() - started}  # fmt: skip
+    if scenario.get("kvtier_metrics_port"):
+        report["operator_plane"] = scrape_operator_plane(scenario["kvtier_metrics_port"])
     with open(scenario["output"], "w") as file:
         json.dump(report, file)
     stop(llm)

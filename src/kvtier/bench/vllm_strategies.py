@@ -6,7 +6,10 @@ Strategies (each its own vLLM engine, the same device KV pool except the ceiling
 - ``vllm-host``: vLLM's offloading connector with host memory only;
 - ``vllm-fs``: vLLM's tiering, host memory and vLLM's own ``fs`` tier;
 - ``kvtier-fs``: vLLM's tiering, host memory and kvtier's ``KvtierFs`` tier;
-- ``ceiling``: no connector, a device pool that holds every conversation (never evicts).
+- ``ceiling``: no connector, a device pool that holds every conversation (never evicts);
+- ``kvtier-fs-ops`` (only when asked for): ``kvtier-fs`` with kvtier's operator plane on:
+  ``/metrics`` and the admin endpoint on a loopback ``metrics_port`` and an SLO guard whose
+  promotion budget (``OPS_SLO_GUARD``) never trips, to measure what the plane costs.
 
 Every connector offloads generated tokens too (``offload_prompt_only: false``) with one engine
 block per chunk. Capacities are counted in conversations at their longest (``blocks_per_conv``
@@ -18,14 +21,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-RECOMPUTE, VLLM_HOST, VLLM_FS, KVTIER_FS, CEILING = (
-    "recompute", "vllm-host", "vllm-fs", "kvtier-fs", "ceiling",
+RECOMPUTE, VLLM_HOST, VLLM_FS, KVTIER_FS, CEILING, KVTIER_FS_OPS = (
+    "recompute", "vllm-host", "vllm-fs", "kvtier-fs", "ceiling", "kvtier-fs-ops",
 )  # fmt: skip
+#: What runs when no strategies are given; ``SELECTABLE`` adds the opt-in ones.
 STRATEGIES = (RECOMPUTE, VLLM_HOST, VLLM_FS, KVTIER_FS, CEILING)
+SELECTABLE = (*STRATEGIES, KVTIER_FS_OPS)
+#: Strategies with a kvtier ``KvtierFs`` directory (and ``disk_dirs`` to measure).
+FS_STRATEGIES = (VLLM_FS, KVTIER_FS, KVTIER_FS_OPS)
+#: ``kvtier-fs-ops``' SLO guard: a promotion p99 budget of a minute, which no promotion nears.
+OPS_SLO_GUARD = {"promotion_p99_s": 60}
 MODULE = "kvtier.integrations.vllm"
 BLOCK_TOKENS = 128  # vLLM's block size on the CPU platform
 
@@ -100,8 +111,10 @@ class Pools:
         return cls(per_conv, device, ceiling, max(1, round(host_convs * per_conv)))
 
 
-def transfer_config(strategy: str, engine_id: str, host_bytes: int, fs_dir: Path) -> Any:
-    """vLLM's ``kv_transfer_config`` of a strategy (``None``: no connector)."""
+def transfer_config(strategy: str, engine_id: str, host_bytes: int, fs_dir: Path,
+                    metrics_port: int | None = None) -> Any:  # fmt: skip
+    """vLLM's ``kv_transfer_config`` of a strategy (``None``: no connector); ``metrics_port``:
+    where ``kvtier-fs-ops`` serves its operator plane (required for it, unused otherwise)."""
     if strategy in (RECOMPUTE, CEILING):
         return None
     extra: dict[str, Any] = {
@@ -112,8 +125,33 @@ def transfer_config(strategy: str, engine_id: str, host_bytes: int, fs_dir: Path
         extra["spec_name"] = "CPUHostOffloadingSpec"
     else:
         tier: dict[str, Any] = {"type": "fs", "root_dir": str(fs_dir)}
-        if strategy == KVTIER_FS:
+        if strategy in (KVTIER_FS, KVTIER_FS_OPS):
             tier = {"type": "KvtierFs", "module_path": MODULE, "root_dir": str(fs_dir)}
         extra |= {"spec_name": "CPUTieringOffloadingSpec", "secondary_tiers": [tier]}
+    if strategy == KVTIER_FS_OPS:
+        extra |= operator_plane(metrics_port)
     return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
             "engine_id": engine_id, "kv_connector_extra_config": extra}  # fmt: skip
+
+
+def operator_plane(metrics_port: int | None) -> dict[str, Any]:
+    """kvtier's runtime keys of ``kvtier-fs-ops``: ``/metrics`` and the admin endpoint on
+    ``127.0.0.1:metrics_port`` (the default host), and the guard of ``OPS_SLO_GUARD``."""
+    if metrics_port is None:
+        raise ValueError(f"{KVTIER_FS_OPS} needs a metrics_port")
+    return {"metrics_port": metrics_port, "metrics_admin": True, "slo_guard": dict(OPS_SLO_GUARD)}
+
+
+def free_port() -> int:
+    """A loopback port free now, below the ephemeral range (no client's outgoing connection
+    takes it while the engine starts)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20_000, 32_000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port from 20000 to 32000")
