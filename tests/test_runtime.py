@@ -124,3 +124,17 @@ def test_a_fast_promotion_that_fails_counts_as_over_budget_and_one_that_succeeds
         runtime.poll_tier(index)
     assert runtime.tier_states()[1] == (["fault(mem)"] if fail_load else [])
     runtime.close()
+
+
+def test_a_tiers_counters_for_vllms_metrics_are_its_counter_series_only():
+    runtime = Runtime(RuntimeConfig(), CHUNK)
+    metrics = runtime.metrics
+    metrics.count("tier_chunks", 3, tier="fs", op="load", outcome="ok")
+    metrics.count("tier_chunks", 5, tier="other", op="load", outcome="ok")
+    metrics.count("admission_dropped", 2, tier="fs", reason="priority")
+    metrics.count("tier_lookups", 0, tier="fs", result="hit")  # zero: left out
+    metrics.telemetry.observe("kvtier_tier_job_seconds", 0.1, tier="fs", op="load")  # histogram
+    assert metrics.counters_of("fs") == {
+        "tier_chunks:op=load:outcome=ok": 3,
+        "admission_dropped:reason=priority": 2,
+    }

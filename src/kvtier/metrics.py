@@ -290,18 +290,18 @@ class ManagerMetrics:
         return TierMetrics(self.telemetry, tier)
 
     def counters_of(self, tier: str) -> dict[str, int]:
-        """Tier ``tier``'s series of every counter family, named ``family{labels}`` without
-        ``kvtier_``, ``_total`` and the tier label (e.g. ``tier_chunks{op=load,outcome=ok}``)."""
+        """Tier ``tier``'s series of every counter family, named ``family:label=value:...``
+        without ``kvtier_``, ``_total`` and the tier label (``tier_chunks:op=load:outcome=ok``)."""
         out = {}
         families = self.telemetry.families
         for name, series in self.telemetry.snapshot().items():
             if families[name].kind != "counter":
                 continue
             for labels, value in series.items():
-                rest = [f"{k}={v}" for k, v in labels if k != "tier"]
-                if (("tier", tier) in labels) and value:
+                if ("tier", tier) in labels and value:
                     short = name.removeprefix("kvtier_").removesuffix("_total")
-                    out[f"{short}{{{','.join(rest)}}}" if rest else short] = int(value)
+                    rest = [f":{k}={v}" for k, v in sorted(labels) if k != "tier"]
+                    out[short + "".join(rest)] = int(value)
         return out
 
     def flat(self) -> dict[str, float]:

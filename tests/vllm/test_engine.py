@@ -98,7 +98,7 @@ def loaded(report: dict[str, Any], tier: str, outcome: str = "ok") -> float:
     """Chunks a tier loaded (``ok``) or failed to load over the engine's life (its counters)."""
     name = "vllm:kv_offload_tiering_kvtier_counter"
     return metric(
-        report["final"], name, tier=tier, counter=f"tier_chunks{{op=load,outcome={outcome}}}"
+        report["final"], name, tier=tier, counter=f"tier_chunks:op=load:outcome={outcome}"
     )
 
 
@@ -302,11 +302,11 @@ def test_retention_priority_and_admission_decide_what_host_memory_and_each_tier_
     assert len(chunk_files(roots[1])) == 7  # B's only: the one prompt offered twice
     counter = "vllm:kv_offload_tiering_kvtier_counter"
     dropped = metric(
-        report["final"], counter, tier="1:KvtierFs", counter="admission_dropped{reason=priority}"
+        report["final"], counter, tier="1:KvtierFs", counter="admission_dropped:reason=priority"
     )
     assert dropped == 4 * 7  # B, C, D, and B again
     dropped = metric(
-        report["final"], counter, tier="2:KvtierFs", counter="admission_dropped{reason=min_reuse}"
+        report["final"], counter, tier="2:KvtierFs", counter="admission_dropped:reason=min_reuse"
     )
     assert dropped == 4 * 7  # A, B, C and D, each offered once
 
