@@ -212,3 +212,48 @@ def test_arguments_of_the_wrong_type_are_refused_before_anything_changes(identit
         with pytest.raises(InvalidArgumentError):
             m.prepare_store(keys, **kwargs)
         assert m.prepare_store(keys).keys == [], "seen once, not twice"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _retained(clock: _Clock):
+    from kvtier.policies import make_policy
+    from kvtier.policies.priority import RetainedPolicy
+
+    policy = RetainedPolicy(lambda: make_policy("lru", 8), clock)
+    for key in ("a", "b"):
+        policy.add(key)
+    return policy
+
+
+@pytest.mark.parametrize("again", [90, 80])
+def test_a_priority_given_again_without_a_duration_has_no_end_left(again):
+    """Host memory's and vLLM's retention are one RetainedPolicy: a new priority without a
+    duration replaces the old end (one kept by mistake would drop it back at the old time)."""
+    clock = _Clock()
+    policy = _retained(clock)
+    policy.retain("a", 80, until=10.0)
+    policy.retain("a", again, until=None)
+    clock.now = 11.0
+    assert policy.evict(1, set()) == ["b"] and policy.priority_of("a") == again
+
+
+@pytest.mark.parametrize("given", ["add", "retain"])
+@pytest.mark.parametrize(("now", "priority"), [(9.999, 80), (10.0, 35)])
+def test_a_priority_ends_at_its_end_and_not_before(now, priority, given):
+    clock = _Clock()
+    policy = _retained(clock)
+    if given == "add":
+        policy.add("c", 80, until=10.0)
+    else:
+        policy.add("c")
+        policy.retain("c", 80, until=10.0)
+    clock.now = now
+    assert policy.evict(1, {"c"}) == ["a"]
+    assert "c" in policy and policy.priority_of("c") == priority

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from kvtier.errors import HoldError
 from kvtier.keys import ChunkKey
 from kvtier.policies import make_policy
-from kvtier.policies.priority import DEFAULT_PRIORITY, Expiries, PrioritizedPolicy
+from kvtier.policies.priority import DEFAULT_PRIORITY, RetainedPolicy
 
 WRITING = -1
 
@@ -82,10 +82,8 @@ class HostTier:
         self, num_slots: int, policy: str = "lru", clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.num_slots = num_slots
-        self._policy = PrioritizedPolicy[ChunkKey](lambda: make_policy(policy, num_slots))
-        self._clock = clock
+        self._policy = RetainedPolicy[ChunkKey](lambda: make_policy(policy, num_slots), clock)
         self._pending: dict[ChunkKey, tuple[int, float | None]] = {}  # priority of WRITING keys
-        self._expiries: Expiries[ChunkKey] = Expiries()  # when priorities return to the default
         self._entries: dict[ChunkKey, list[int]] = {}  # key -> [slot, state]
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._held = _Held(self._entries)
@@ -155,13 +153,11 @@ class HostTier:
         shortfall = len(keys) - len(self._free)
         evicted: list[ChunkKey] = []
         if shortfall > 0:
-            self._expire()
             victims = self._policy.evict(shortfall, self._held)
             if victims is None:
                 return None
             for victim in victims:
                 self._free.append(self._entries.pop(victim)[0])
-                self._expiries.forget(victim)
             evicted = victims
         slots = [self._free.pop() for _ in keys]
         for key, slot in zip(keys, slots, strict=True):
@@ -179,8 +175,7 @@ class HostTier:
             priority, until = self._pending.pop(key, (DEFAULT_PRIORITY, None))
             if success:
                 entry[1] = 0
-                self._policy.add(key, priority)
-                self._expiries.set(key, until)
+                self._policy.add(key, priority, until=until)
             else:
                 self._free.append(self._entries.pop(key)[0])
 
@@ -257,14 +252,8 @@ class HostTier:
             if entry[1] == WRITING:
                 self._pending[key] = (priority, until)
                 continue
-            self._policy.set_priority(key, priority)
-            self._expiries.set(key, until)
+            self._policy.retain(key, priority, until)
 
     def priority_of(self, key: ChunkKey) -> int | None:
         """The retention priority of a ready key; ``None`` for a key not ready."""
         return self._policy.priority_of(key) if self.is_ready(key) else None
-
-    def _expire(self) -> None:
-        """Priorities whose duration is over drop back to the default (before an eviction)."""
-        for key in self._expiries.due(self._clock()):
-            self._policy.set_priority(key, DEFAULT_PRIORITY, oldest=True)

@@ -3,8 +3,10 @@
 TensorRT-LLM's retention semantics: every resident key has a priority from 0 to 100
 (``DEFAULT_PRIORITY`` unless told otherwise); eviction takes keys of lower priority first and,
 within a level, follows that level's own policy (LRU recency, or ARC). Keys only move between
-levels through ``set_priority``; the host tier drops expired priorities back to the default,
-where the key becomes the least recently used (retention, not use, kept it until then).
+levels through ``set_priority``. ``RetainedPolicy`` adds priorities that end: expired ones drop
+back to the default before an eviction, the key there the least recently used (retention, not
+use, kept it until then). Host memory (``HostTier``) and vLLM's host memory under kvtier's cache
+policy (``PriorityCache``) both keep their retention in one.
 
 With every key at the default priority there is one level and ``evict`` is that policy's own.
 """
@@ -12,6 +14,7 @@ With every key at the default priority there is one level and ``evict`` is that 
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 from itertools import islice
 from typing import Generic, TypeVar
@@ -152,3 +155,43 @@ class Expiries(Generic[K]):
                 del self._until[key]
                 keys.append(key)
         return keys
+
+
+class RetainedPolicy(PrioritizedPolicy[K]):
+    """Priority levels whose priorities may end (``until`` on ``clock``; ``None``: never).
+
+    ``add`` and ``retain`` set a key's priority and its end (replacing any earlier end);
+    ``remove`` and eviction forget it; ``evict`` first drops every priority whose end has come
+    back to the default, as the least recently used key there.
+    """
+
+    def __init__(
+        self, make: Callable[[], EvictionPolicy[K]], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__(make)
+        self._clock = clock
+        self._ends: Expiries[K] = Expiries()
+
+    def add(
+        self, key: K, priority: int = DEFAULT_PRIORITY, oldest: bool = False,
+        until: float | None = None,
+    ) -> None:  # fmt: skip
+        super().add(key, priority, oldest)
+        self._ends.set(key, until)
+
+    def retain(self, key: K, priority: int, until: float | None) -> None:
+        """A resident key's new priority, until ``until`` (its earlier end, if any, is gone)."""
+        self.set_priority(key, priority)
+        self._ends.set(key, until)
+
+    def remove(self, key: K) -> None:
+        super().remove(key)
+        self._ends.forget(key)
+
+    def evict(self, n: int, protected: Container[K]) -> list[K] | None:
+        for key in self._ends.due(self._clock()):
+            self.set_priority(key, DEFAULT_PRIORITY, oldest=True)
+        victims = super().evict(n, protected)
+        for key in victims or ():
+            self._ends.forget(key)
+        return victims

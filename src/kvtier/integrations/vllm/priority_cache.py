@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 
 from kvtier.integrations.vllm.retention import Retention
 from kvtier.policies import EvictionPolicy, make_policy
-from kvtier.policies.priority import DEFAULT_PRIORITY, Expiries, PrioritizedPolicy
+from kvtier.policies.priority import RetainedPolicy
 
 C = TypeVar("C")
 Key = bytes
@@ -47,32 +47,28 @@ class PriorityCache(Generic[C]):
     ) -> None:
         self._make: Callable[[], EvictionPolicy[Key]] = lambda: make_policy(base, capacity)
         self._clock = clock
-        self._order: PrioritizedPolicy[Key] = PrioritizedPolicy(self._make)
+        self._order: RetainedPolicy[Key] = RetainedPolicy(self._make, clock)
         self.chunks: dict[Key, C] = {}
         self._evictable: set[Key] = set()
         self._pending: dict[Key, Retention] = {}  # given with keys about to be inserted
-        self._expiries: Expiries[Key] = Expiries()
 
     # -- residency ------------------------------------------------------------------------
     def insert(self, key: Key, chunk: C, evictable: bool) -> None:
         """A new chunk, with the retention ``note_new`` gave it (else the default priority)."""
         retention = self._pending.pop(key, None) or Retention()
         self.chunks[key] = chunk
-        self._order.add(key, retention.priority)
-        self._expire_at(key, retention)
+        self._order.add(key, retention.priority, until=self._until(retention))
         self.mark(key, evictable)
 
     def remove(self, key: Key) -> None:
         del self.chunks[key]
         self._evictable.discard(key)
-        self._expiries.forget(key)
         self._order.remove(key)
 
     def clear(self) -> None:
         """Forget every chunk, pending retention and expiry."""
-        self._order = PrioritizedPolicy(self._make)
+        self._order = RetainedPolicy(self._make, self._clock)
         self.chunks, self._evictable, self._pending = {}, set(), {}
-        self._expiries = Expiries()
 
     def mark(self, key: Key, evictable: bool) -> None:
         (self._evictable.add if evictable else self._evictable.discard)(key)
@@ -108,27 +104,19 @@ class PriorityCache(Generic[C]):
             (self._order.refresh if key in fresh else self._order.touch)(key)
 
     def _retain(self, key: Key, retention: Retention) -> None:
-        self._order.set_priority(key, retention.priority)
-        self._expire_at(key, retention)
+        self._order.retain(key, retention.priority, self._until(retention))
 
     # -- eviction -------------------------------------------------------------------------
     def evict(self, n: int, protected: Container[Key]) -> list[tuple[Key, C]] | None:
         """Exactly ``n`` evictable, unprotected chunks, lowest priority first; else ``None``."""
         if n == 0:
             return []
-        self._expire()
         victims = self._order.evict(n, _Unevictable(protected, self._evictable))
         if victims is None:
             return None
         for key in victims:
             self._evictable.discard(key)
-            self._expiries.forget(key)
         return [(key, self.chunks.pop(key)) for key in victims]
 
-    def _expire_at(self, key: Key, retention: Retention) -> None:
-        until = None if retention.duration_s is None else self._clock() + retention.duration_s
-        self._expiries.set(key, until)
-
-    def _expire(self) -> None:
-        for key in self._expiries.due(self._clock()):
-            self._order.set_priority(key, DEFAULT_PRIORITY, oldest=True)
+    def _until(self, retention: Retention) -> float | None:
+        return None if retention.duration_s is None else self._clock() + retention.duration_s
