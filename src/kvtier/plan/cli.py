@@ -34,8 +34,7 @@ def add_plan_commands(commands: Any) -> None:
     out.add_argument("--json", dest="json_path", help="JSON path (OUTPUT_DIR/plan.json)")
     out.add_argument("--chart", dest="chart_path", help="PNG path (OUTPUT_DIR/plan.png)")
     out.add_argument("--no-chart", action="store_true", help="skip the PNG")
-    out.add_argument("--emit-config", metavar="FILE", help="write the recommended kvtier config "
-                     "and print vLLM's --kv-transfer-config")  # fmt: skip
+    out.add_argument("--emit-config", metavar="FILE", help="write the recommended kvtier config")
     out.add_argument("--emit-vllm", metavar="FILE", help="write vLLM's --kv-transfer-config JSON")
     out.add_argument("--config", help="a kvtier config to base the emitted configs on")
     out.add_argument("--fs-root", default="/mnt/kv-cache", help="root_dir of an emitted fs tier")
@@ -132,8 +131,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     written = [str(json_path)]
     if chart_path is not None and _chart(analysis, recommendation, chart_path, args.trace):
         written.append(str(chart_path))
-    if args.emit_config or args.emit_vllm:
-        written += _emit(analysis, recommendation, args, base)
+    written += _emit(analysis, recommendation, args, base)
     print("wrote " + ", ".join(written))
     return 0
 
@@ -246,7 +244,7 @@ def _chart(analysis: Any, recommendation: Any, path: Path, name: str) -> bool:
 def _emit(
     analysis: Any, recommendation: Any, args: argparse.Namespace, base: dict[str, Any] | None
 ) -> list[str]:
-    """Write the emitted configs (each checked first) and print vLLM's line; the paths."""
+    """Print vLLM's line; write the configs asked for (each checked first); their paths."""
     from kvtier.config import TieringConfig
     from kvtier.plan.report import kvtier_config
 
