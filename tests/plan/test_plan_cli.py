@@ -25,7 +25,10 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_synth_plan_and_emitted_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_synth_plan_and_emitted_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(check, "installed_target", lambda: ("vllm-cuda", "vllm 0.33.0 is here"))
     trace, config = tmp_path / "mix.jsonl", tmp_path / "kvtier.json"
     assert (
         run(capsys, "trace", "synth", "--kind", "mix", "--requests", "1500", "--out", str(trace))[0]
@@ -44,7 +47,7 @@ def test_synth_plan_and_emitted_config(tmp_path: Path, capsys: pytest.CaptureFix
     flag = json.loads(out.split("--kv-transfer-config '")[1].split("'")[0])
     extra = flag["kv_connector_extra_config"]
     assert extra["cpu_bytes_to_use"] == loaded.cpu_bytes_to_use
-    assert_starts(tmp_path, capsys, flag, "vllm-cuda")  # no vLLM here: the default target
+    assert_starts(tmp_path, capsys, flag, "vllm-cuda")  # the installed build's
     assert extra["spec_name"] == "TieringOffloadingSpec"
     if document["recommended"]["admission"]:
         assert [a.min_reuse for a in loaded.admission] == [2]
