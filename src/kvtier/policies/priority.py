@@ -14,7 +14,6 @@ With every key at the default priority there is one level and ``evict`` is that 
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 from itertools import islice
 from typing import Generic, TypeVar
@@ -158,16 +157,15 @@ class Expiries(Generic[K]):
 
 
 class RetainedPolicy(PrioritizedPolicy[K]):
-    """Priority levels whose priorities may end (``until`` on ``clock``; ``None``: never).
+    """Priority levels whose priorities may end (``until`` on the caller's ``clock``, e.g.
+    ``time.monotonic``; ``None``: never).
 
     ``add`` and ``retain`` set a key's priority and its end (replacing any earlier end);
     ``remove`` and eviction forget it; ``evict`` first drops every priority whose end has come
     back to the default, as the least recently used key there.
     """
 
-    def __init__(
-        self, make: Callable[[], EvictionPolicy[K]], clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, make: Callable[[], EvictionPolicy[K]], clock: Callable[[], float]) -> None:
         super().__init__(make)
         self._clock = clock
         self._ends: Expiries[K] = Expiries()
