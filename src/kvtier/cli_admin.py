@@ -31,8 +31,12 @@ MAX_ANSWER = 1 << 20
 
 def base_url(text: str) -> str:
     """An argparse type: ``http://host:port`` (a path, if any, is dropped)."""
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme != "http" or not parts.netloc:
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 (raises ValueError for a bad port)
+    except ValueError:
+        parts = urllib.parse.urlsplit("")
+    if parts.scheme != "http" or not parts.hostname:
         raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
     return f"http://{parts.netloc}"
 
@@ -52,10 +56,10 @@ def add_admin_command(commands: Any) -> None:
         "--url", required=True, type=base_url,
         help="the metrics endpoint, http://127.0.0.1:PORT (metrics_port)",
     )  # fmt: skip
-    admin.add_argument("--timeout", type=float_in(0, 600), default=10.0,
-                       help="seconds to wait for an answer (default: 10)")  # fmt: skip
+    admin.add_argument("--timeout", type=float_in(0, 600), default=10.0, metavar="SECONDS",
+                       help="seconds to wait for an answer, at most 600 (default: 10)")  # fmt: skip
     sub = admin.add_subparsers(dest="admin_command", required=True)
-    sub.add_parser("tiers", help="list the enabled and the switched-off tiers")
+    tiers = sub.add_parser("tiers", help="list the enabled and the switched-off tiers")
     disable = sub.add_parser("disable", help="switch tier NAME off until enabled again")
     disable.add_argument("name", help="the tier's name, as `tiers` lists it")
     disable.add_argument("--reason", type=reason, default="manual",
@@ -64,21 +68,14 @@ def add_admin_command(commands: Any) -> None:
     enable = sub.add_parser("enable", help="switch tier NAME back on")
     enable.add_argument("name", help="the tier's name, as `tiers` lists it")
     admin.set_defaults(handler=run_admin, command_parser=admin)
+    for parser in (tiers, disable, enable):  # bad input shows the usage it was given to
+        parser.set_defaults(command_parser=parser)
 
 
 def run_admin(args: argparse.Namespace) -> int:
     """Send the request ``args`` describe; print the answer; 0, or 1 when refused."""
-    if args.admin_command == "tiers":
-        request = urllib.request.Request(f"{args.url}/admin/tiers")
-    else:
-        name = urllib.parse.quote(args.name, safe="")
-        query = (
-            f"?reason={urllib.parse.quote(args.reason)}" if args.admin_command == "disable" else ""
-        )
-        url = f"{args.url}/admin/tiers/{name}/{args.admin_command}{query}"
-        request = urllib.request.Request(url, data=b"", method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout) as answer:
+        with urllib.request.urlopen(_request(args), timeout=args.timeout) as answer:
             print(json.dumps(_body(answer.read(MAX_ANSWER))))
         return 0
     except urllib.error.HTTPError as exc:

@@ -1,7 +1,8 @@
-"""argparse value types shared by every kvtier command: bounded integers and numbers.
+"""What every kvtier command shares: its error type, argparse value types and help layout.
 
 A value out of range is an argparse error (the command's usage, ``kvtier: error: ...``, exit
-status 2), never a traceback.
+status 2), never a traceback. A handler reports bad input by raising ``UsageError``; ``kvtier``'s
+``main`` prints it the same way.
 """
 
 from __future__ import annotations
@@ -9,6 +10,23 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+
+
+class UsageError(Exception):
+    """Bad input to a command: printed as the command's usage, ``kvtier: error: MESSAGE``, and
+    exit status 2."""
+
+
+class CliFormatter(argparse.HelpFormatter):
+    """argparse's layout, with ``(default: X)`` added to every option that has a default and
+    whose help does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        unset = action.default in (None, False, "", argparse.SUPPRESS)
+        if unset or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
 def int_in(low: int, high: int) -> Callable[[str], int]:
@@ -26,17 +44,20 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def float_in(low: float, high: float) -> Callable[[str], float]:
-    """An argparse type: a finite number above ``low`` and at most ``high``."""
+def float_in(low: float, high: float, *, low_ok: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number above ``low`` (or equal to it with ``low_ok``) and at
+    most ``high``."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (math.isfinite(value) and low < value <= high):
+        above = value >= low if low_ok else value > low
+        if not (math.isfinite(value) and above and value <= high):
+            floor = "at least" if low_ok else "above"
             raise argparse.ArgumentTypeError(
-                f"expected above {low:g}, at most {high:g}, got {text}"
+                f"expected {floor} {low:g}, at most {high:g}, got {text}"
             )
         return value
 

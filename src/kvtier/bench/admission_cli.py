@@ -22,10 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="compare admission policies on reused conversations among "
                        "one-shot prompts")  # fmt: skip
     group.add_argument("--one-shots", dest="one_shots_per_round", type=int_in(0, 1 << 16),
-                       help="one-shot prompts per round (16)")  # fmt: skip
-    group.add_argument("--one-shot-tokens", type=int_in(1, 1 << 20),
+                       metavar="N", help="one-shot prompts per round (16)")  # fmt: skip
+    group.add_argument("--one-shot-tokens", type=int_in(1, 1 << 20), metavar="TOKENS",
                        help="tokens of a one-shot prompt (--first-prompt-tokens)")  # fmt: skip
-    group.add_argument("--frequency-window", type=int_in(1, 1 << 40),
+    group.add_argument("--frequency-window", type=int_in(1, 1 << 40), metavar="N",
                        help="sightings between halvings of the frequency filter "
                        "(8x host slots)")  # fmt: skip
 

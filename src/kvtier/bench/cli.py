@@ -11,6 +11,7 @@ from typing import Any
 
 from kvtier.bench import admission_cli, vllm_cli
 from kvtier.cli import UsageError, float_in, int_in
+from kvtier.cli_files import check_output
 from kvtier.errors import KVTierError
 
 
@@ -39,8 +40,13 @@ MAX_TOKENS = 1 << 20
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``kvtier bench``; unset ones take ``BenchOptions``' (or ``--quick``'s) value."""
-    parser.add_argument("--quick", action="store_true", help="tiny model and workload (< 1 min)")
-    parser.add_argument("--model", help="tiny | small | base (random weights) or a model dir")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smaller workload and sweep (2,4,8 conversations; < 1 min)",
+    )
+    parser.add_argument("--model", help="tiny | small | base (random weights) or a model "
+                        "directory (small)")  # fmt: skip
     parser.add_argument(
         "--conversations",
         type=_conversations,
@@ -48,12 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="numbers of conversations to sweep (default 2,4,8,12,16,24)",
     )
     convs = float_in(0, MAX_CONVERSATIONS)
-    parser.add_argument(
-        "--device-convs", type=convs, help="conversations the accelerator KV pool holds (default 4)"
-    )
+    parser.add_argument("--device-convs", type=convs, metavar="N",
+                        help="conversations the accelerator KV pool holds (default 4)")  # fmt: skip
     parser.add_argument(
         "--host-convs",
         type=convs,
+        metavar="N",
         help="conversations host memory holds (default 12; --config overrides)",
     )
     _add_workload_arguments(parser.add_argument_group("workload"))
@@ -63,12 +69,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="tiering config for the fullest strategy (default: host + fs)",
     )
-    parser.add_argument("--output-dir", help="where results go (bench-results)")
-    parser.add_argument("--json", dest="json_path", help="JSON path (OUTPUT_DIR/bench.json)")
-    parser.add_argument("--chart", dest="chart_path", help="PNG path (OUTPUT_DIR/bench.png)")
-    parser.add_argument("--threads", type=int_in(1, 1024), help="torch threads (1: stable timings)")
+    parser.add_argument("--output-dir", metavar="DIR", help="where results go (bench-results)")
+    parser.add_argument("--json", dest="json_path", metavar="FILE",
+                        help="JSON path (OUTPUT_DIR/bench.json)")  # fmt: skip
+    parser.add_argument("--chart", dest="chart_path", metavar="FILE",
+                        help="PNG path (OUTPUT_DIR/bench.png)")  # fmt: skip
+    parser.add_argument("--threads", type=int_in(1, 1024), metavar="N",
+                        help="torch threads, 1 to 1024 (1: stable timings)")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--metrics-port", type=int_in(0, 65535),
+    parser.add_argument("--metrics-port", type=int_in(0, 65535), metavar="PORT",
                         help="serve the fullest strategy's metrics on this port "
                         "(0: any free port, printed)")  # fmt: skip
     admission_cli.add_arguments(parser)
@@ -77,15 +86,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_workload_arguments(work: Any) -> None:
     tokens = int_in(1, MAX_TOKENS)
-    work.add_argument("--first-prompt-tokens", type=tokens, help="first prompt length (768)")
-    work.add_argument("--rounds", type=int_in(1, 1000), help="turns after the first (4)")
-    work.add_argument("--user-turn-tokens", type=tokens, help="tokens per user turn (32)")
-    work.add_argument("--new-tokens", type=tokens, help="tokens generated per turn (2)")
-    work.add_argument("--block-size", type=int_in(1, 4096), help="engine block size in tokens (16)")
-    work.add_argument(
-        "--blocks-per-chunk", type=int_in(1, 4096), help="blocks per kvtier chunk (2)"
-    )
-    work.add_argument("--seed", type=int_in(0, (1 << 32) - 1))
+    work.add_argument("--first-prompt-tokens", type=tokens, metavar="TOKENS",
+                      help="first prompt length (768)")  # fmt: skip
+    work.add_argument("--rounds", type=int_in(1, 1000), metavar="N",
+                      help="turns after the first, 1 to 1000 (4)")  # fmt: skip
+    work.add_argument("--user-turn-tokens", type=tokens, metavar="TOKENS",
+                      help="tokens per user turn (32)")  # fmt: skip
+    work.add_argument("--new-tokens", type=tokens, metavar="TOKENS",
+                      help="tokens generated per turn (2)")  # fmt: skip
+    work.add_argument("--block-size", type=int_in(1, 4096), metavar="TOKENS",
+                      help="engine block size in tokens (16)")  # fmt: skip
+    work.add_argument("--blocks-per-chunk", type=int_in(1, 4096), metavar="N",
+                      help="blocks per kvtier chunk (2)")  # fmt: skip
+    work.add_argument("--seed", type=int_in(0, (1 << 32) - 1),
+                      help="random seed of the workload, 0 to 2**32-1 (0)")  # fmt: skip
 
 
 def options_from(args: argparse.Namespace) -> Any:
@@ -189,14 +203,22 @@ MAX_POSITIONS = 16384
 
 
 def _output_paths(args: argparse.Namespace, options: Any) -> tuple[Path, Path]:
-    """The JSON and chart paths; ``UsageError`` unless their directories can be written."""
-    out = Path(options.output_dir)
     stem = "admission" if getattr(args, "admission", False) else "bench"
+    return output_paths(args, options.output_dir, stem)
+
+
+def output_paths(args: argparse.Namespace, output_dir: str, stem: str) -> tuple[Path, Path]:
+    """The JSON and chart paths (``--json``, ``--chart``, else ``OUTPUT_DIR/STEM.json`` and
+    ``.png``); ``UsageError`` unless their directories can be written and neither path is
+    something else than a regular file (a FIFO would hang the end of a run)."""
+    out = Path(output_dir)
     json_path = Path(args.json_path) if args.json_path else out / f"{stem}.json"
     chart_path = Path(args.chart_path) if args.chart_path else out / f"{stem}.png"
     for flag, directory in (("--output-dir", out), ("--json", json_path.parent),
                             ("--chart", chart_path.parent)):  # fmt: skip
         _check_writable(flag, directory)
+    check_output(json_path, "argument --json" if args.json_path else "argument --output-dir")
+    check_output(chart_path, "argument --chart" if args.chart_path else "argument --output-dir")
     return json_path, chart_path
 
 
@@ -205,8 +227,8 @@ def _check_writable(flag: str, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
             pass
-    except OSError as exc:
-        reason = exc.strerror or exc
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = getattr(exc, "strerror", None) or exc
         raise UsageError(f"argument {flag}: cannot write in {directory} ({reason})") from None
 
 

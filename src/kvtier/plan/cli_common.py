@@ -10,6 +10,7 @@ import argparse
 import re
 from collections.abc import Callable
 
+from kvtier.cli_types import UsageError
 from kvtier.errors import KVTierError
 
 _UNITS = {
@@ -38,12 +39,17 @@ def byte_size(text: str) -> int:
     return value
 
 
-class Usage(Exception):
-    """Bad input to a command: reported by its parser (usage, error line, exit status 2)."""
+#: Bad input to a command: reported by its parser (usage, error line, exit status 2).
+Usage = UsageError
 
 
-def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """A handler that turns bad input into its parser's error (exit 2, never a traceback)."""
+def command(
+    run: Callable[[argparse.Namespace], int],
+    *,
+    out_of_memory: str = "lower --exact-limit, or coarsen the trace",
+) -> Callable[[argparse.Namespace], int]:
+    """A handler that turns bad input into its parser's error (exit 2, never a traceback);
+    running out of memory is one too, with ``out_of_memory`` saying what to lower."""
     from kvtier.plan.cost import PlanInputError
     from kvtier.plan.trace_read import TraceError
 
@@ -53,7 +59,7 @@ def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         except (Usage, TraceError, PlanInputError, KVTierError) as exc:
             args.plan_parser.error(str(exc))
         except MemoryError:
-            args.plan_parser.error("out of memory: lower --exact-limit, or coarsen the trace")
+            args.plan_parser.error(f"out of memory: {out_of_memory}")
         raise AssertionError("unreachable: parser.error exits")
 
     return handler

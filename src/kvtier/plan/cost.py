@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -111,17 +112,37 @@ def _timed_jobs(tier: Any, jobs: list[Any], submit: Any) -> float:
 def from_bench_json(base: Throughputs, path: str) -> Throughputs:
     """``base`` with the prefill and storage-tier rates of a ``kvtier bench`` JSON."""
     try:
-        document = json.loads(Path(path).read_text())
+        document = json.loads(_read_regular(path, MAX_BENCH_JSON_BYTES))
         rows, caps = document["results"], document["capacities"]
         bytes_per_token = caps["chunk_bytes"] / caps["chunk_tokens"]
         prefill = _prefill_rate(rows)
         storage = _storage_rate(rows, document["strategies"], bytes_per_token)
+    except PlanInputError:
+        raise
     except (OSError, UnicodeDecodeError) as exc:
-        raise PlanInputError(f"bench JSON {path}: {exc}") from None
+        reason = getattr(exc, "strerror", None) or exc
+        raise PlanInputError(f"bench JSON {path}: {reason}") from None
     except (ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as exc:
         raise PlanInputError(f"bench JSON {path}: not a kvtier bench result ({exc!r})") from None
     result = replace(base, prefill_tokens_per_s=prefill, source=f"bench JSON {path}")
     return replace(result, fs_read_bps=storage) if storage else result
+
+
+#: A kvtier bench JSON is a few KiB; anything past this is not one.
+MAX_BENCH_JSON_BYTES = 64 << 20
+
+
+def _read_regular(path: str, limit: int) -> bytes:
+    """Up to ``limit`` bytes of regular file ``path``; ``PlanInputError`` for anything else (a
+    FIFO would block, a device never end) or a longer file; ``OSError`` when it cannot be read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PlanInputError(f"bench JSON {path}: not a regular file")
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise PlanInputError(f"bench JSON {path}: larger than {limit >> 20} MiB")
+    return data
 
 
 def _prefill_rate(rows: list[dict[str, Any]]) -> float:

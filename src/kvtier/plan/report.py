@@ -181,8 +181,13 @@ def _all_curves(a: Analysis, rec: Recommendation) -> list[Any]:
     return [*a.curves.values(), *([rec.fs_curve] if rec.fs_curve is not None else [])]
 
 
+def json_text(document: dict[str, Any]) -> str:
+    """The plan's JSON document as written to ``plan.json``."""
+    return json.dumps(document, indent=1, default=float) + "\n"
+
+
 def write_json(document: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(document, indent=1, default=float) + "\n")
+    path.write_text(json_text(document))
 
 
 def write_chart(a: Analysis, rec: Recommendation, path: Path, title: str) -> None:

@@ -155,6 +155,32 @@ def generate(spec: SynthSpec) -> _Requests:
     return merged.take(inverse)
 
 
+#: The most chunk keys (plus chat's conversation cells) one trace is generated with: about
+#: 2.5 GiB of memory at the peak (~70 bytes a chunk), and a trace file of up to ~700 MB.
+MAX_CELLS = 1 << 25
+
+
+def size_problem(spec: SynthSpec) -> str | None:
+    """Why ``spec`` is too large to generate in memory (``MAX_CELLS``), or ``None``.
+
+    Counts each request at its kind's longest prompt, so it errs on the large side.
+    """
+    longest = {
+        "chat": spec.system + spec.first_prompt + spec.rounds * (spec.answer + spec.user),
+        "rag": spec.system + spec.document + spec.question,
+        "unique": spec.unique_prompt * 3 // 2 + 1,
+    }
+    kinds = list(longest) if spec.kind == "mix" else [spec.kind]
+    chunks = spec.requests * max(longest[k] for k in kinds) // spec.chunk_tokens
+    cells = chunks + (spec.rounds + 1) * spec.conversations * ("chat" in kinds)
+    if cells <= MAX_CELLS:
+        return None
+    return (
+        f"the trace would hold up to {cells:,} chunks, more than {MAX_CELLS:,}: lower "
+        "--requests or the prompt sizes, or raise --chunk-tokens"
+    )
+
+
 def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer: a bijective scramble of 64-bit integers."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)

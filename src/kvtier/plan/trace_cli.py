@@ -1,111 +1,153 @@
 """``kvtier trace synth`` and ``kvtier trace from-events``: write request traces.
 
-Runs on the main thread; bad input exits with status 2 and a one-line error.
+Bad input exits with status 2 and a one-line error. The trace is written to a temporary file
+renamed into place at the end (``cli_files.atomic_output``): a failed command leaves no file.
+A capture must be a regular file (a FIFO or a device would block or never end). Runs on the
+main thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
+from kvtier.cli_files import atomic_output, open_input
 from kvtier.cli_types import float_in, int_in
 from kvtier.plan.cli_common import Usage, command
+
+#: Synth options of a size in tokens, or a count: (flag, group, default, help).
+_SIZES = (
+    ("system", "shared", 512, "system prompt every chat and rag request starts with"),
+    ("conversations", "chat", 16, "conversations served side by side (one wave)"),
+    ("first-prompt", "chat", 768, "first prompt of a conversation, after the system prompt"),
+    ("rounds", "chat", 4, "turns of a conversation after the first"),
+    ("user", "chat", 32, "user message each later turn appends"),
+    ("answer", "chat", 2, "model answer each later turn appends (the previous turn's output)"),
+    ("documents", "rag", 1000, "distinct documents, popularity by --zipf"),
+    ("document", "rag", 2048, "tokens of one document"),
+    ("question", "rag", 64, "question after the document, unique to each request"),
+    ("unique-prompt", "unique", 1024, "mean prompt (each one +-50%%), shared with no other"),
+)
+_COUNTS = {"conversations": (1, 1 << 20), "rounds": (0, 1 << 16), "documents": (1, 1 << 30)}
+_TOKENS = (0, 1 << 24)
 
 
 def add_trace_commands(commands: Any) -> None:
     """Register ``kvtier trace synth`` and ``kvtier trace from-events``."""
     trace = commands.add_parser("trace", help="make request traces for kvtier plan")
     sub = trace.add_subparsers(dest="trace_command", required=True)
-    synth = sub.add_parser("synth", help="write a synthetic workload's trace")
-    synth.add_argument("--kind", choices=("chat", "rag", "unique", "mix"), default="mix")
-    synth.add_argument("--out", required=True, help="trace file to write")
-    count = int_in(1, 1 << 40)
-    synth.add_argument("--requests", type=count, default=10_000)
-    synth.add_argument("--chunk-tokens", type=int_in(1, 1 << 20), default=64)
-    synth.add_argument("--rate", type=float_in(0, 1e9), default=20.0, help="requests/s")
-    synth.add_argument("--seed", type=int, default=0)
-    for name, default in (
-        ("conversations", 16),
-        ("first-prompt", 768),
-        ("rounds", 4),
-        ("user", 32),
-        ("answer", 2),
-        ("system", 512),
-        ("documents", 1000),
-        ("document", 2048),
-        ("question", 64),
-        ("unique-prompt", 1024),
-        ("output", 128),
-    ):
-        synth.add_argument(f"--{name}", type=int_in(0, 1 << 30), default=default)
-    synth.add_argument("--zipf", type=float_in(1, 100), default=1.1)
-    synth.add_argument("--mix", default="0.4,0.4,0.2", help="chat,rag,unique shares")
-    synth.set_defaults(handler=command(_synth), plan_parser=synth)
-    events = sub.add_parser("from-events", help="convert a capture of vLLM-format KV events")
-    events.add_argument("capture", help="concatenated msgpack KVEventBatch payloads")
-    events.add_argument("--out", required=True, help="trace file to write")
-    events.add_argument("--medium", default="GPU", help="medium of the stores to read, or any")
-    events.add_argument(
-        "--merge-within",
-        type=float,
-        default=1.0,
-        help="seconds within which a store continues the previous request",
+    _add_synth(sub)
+    _add_from_events(sub)
+
+
+def _add_synth(sub: Any) -> None:
+    synth = sub.add_parser(
+        "synth",
+        help="write a synthetic workload's trace",
+        description="Write the trace of a synthetic workload (JSONL, one request a line) for "
+        "kvtier plan. Sizes are in tokens. Requests arrive as a Poisson process.",
     )
-    events.set_defaults(handler=command(_from_events), plan_parser=events)
+    synth.add_argument("--kind", choices=("chat", "rag", "unique", "mix"), default="mix",
+                       help="chat: multi-turn conversations; rag: a shared system prompt, a "
+                       "popular document and a question; unique: prompts that share nothing; "
+                       "mix: each request one of the three, in --mix shares")  # fmt: skip
+    synth.add_argument("--out", required=True, metavar="FILE",
+                       help="trace file to write (written whole, or not at all)")  # fmt: skip
+    synth.add_argument("--requests", type=int_in(1, 1 << 40), default=10_000, metavar="N",
+                       help="requests in the trace")  # fmt: skip
+    synth.add_argument(
+        "--chunk-tokens",
+        type=int_in(1, 1 << 20),
+        default=64,
+        metavar="TOKENS",
+        help="tokens per chunk key (kvtier plan can coarsen it to multiples)",
+    )
+    synth.add_argument("--rate", type=float_in(0, 1e9), default=20.0, metavar="PER_S",
+                       help="mean arrival rate, requests per second")  # fmt: skip
+    synth.add_argument("--seed", type=int_in(0, (1 << 64) - 2), default=0,
+                       help="random seed, 0 to 2**64-2 (same seed, same trace)")  # fmt: skip
+    synth.add_argument("--output", type=int_in(*_TOKENS), default=128, metavar="TOKENS",
+                       help="tokens generated per request (recorded; a chat's next turn "
+                       "appends --answer)")  # fmt: skip
+    synth.add_argument("--mix", default="0.4,0.4,0.2", metavar="CHAT,RAG,UNIQUE",
+                       help="shares of the three kinds with --kind mix")  # fmt: skip
+    groups = {name: synth.add_argument_group(f"{name} workload sizes")
+              for name in ("shared", "chat", "rag", "unique")}  # fmt: skip
+    for name, group, default, text in _SIZES:
+        low, high = _COUNTS.get(name, _TOKENS)
+        metavar = "N" if name in _COUNTS else "TOKENS"
+        groups[group].add_argument(f"--{name}", type=int_in(low, high), default=default,
+                                   metavar=metavar, help=f"{text}; {low} to {high}")  # fmt: skip
+    groups["rag"].add_argument("--zipf", type=float_in(1, 100), default=1.1, metavar="EXPONENT",
+                               help="Zipf exponent of document popularity, above 1 (higher: "
+                               "fewer documents take most requests)")  # fmt: skip
+    synth.set_defaults(handler=command(_synth, out_of_memory="lower --requests"),
+                       plan_parser=synth, command_parser=synth)  # fmt: skip
+
+
+def _add_from_events(sub: Any) -> None:
+    events = sub.add_parser(
+        "from-events",
+        help="convert a capture of vLLM-format KV events",
+        description="Convert a capture of KV events (vLLM's format: concatenated msgpack "
+        "KVEventBatch payloads) into a trace for kvtier plan: each stored block chain of the "
+        "chosen medium becomes a request.",
+    )
+    events.add_argument("capture", help="capture file: concatenated msgpack KVEventBatch payloads")
+    events.add_argument("--out", required=True, metavar="FILE",
+                        help="trace file to write (written whole, or not at all)")  # fmt: skip
+    events.add_argument("--medium", default="GPU",
+                        help="medium of the stores to read: GPU (what the engine computed), "
+                        "CPU, STORAGE..., or any")  # fmt: skip
+    events.add_argument("--merge-within", type=float_in(0, 86_400, low_ok=True), default=1.0,
+                        metavar="SECONDS",
+                        help="a store this soon after the one it extends continues that "
+                        "request, 0 to 86400 s")  # fmt: skip
+    events.set_defaults(handler=command(_from_events), plan_parser=events, command_parser=events)
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from kvtier.plan.synth import SynthSpec, write
+    from kvtier.plan.synth import SynthSpec, size_problem, write
 
-    try:
-        mix = tuple(float(x) for x in args.mix.split(","))
-    except ValueError:
-        mix = ()
-    if len(mix) != 3 or min(mix) < 0 or sum(mix) <= 0:
-        raise Usage(f"argument --mix: expected three shares such as 0.4,0.4,0.2, got {args.mix!r}")
-    names = (
-        "conversations",
-        "first_prompt",
-        "rounds",
-        "user",
-        "answer",
-        "system",
-        "documents",
-        "document",
-        "question",
-        "unique_prompt",
-        "output",
-        "zipf",
-    )
+    names = ("conversations", "first_prompt", "rounds", "user", "answer", "system",
+             "documents", "document", "question", "unique_prompt", "output", "zipf")  # fmt: skip
     spec = SynthSpec(
         kind=args.kind,
         requests=args.requests,
         chunk_tokens=args.chunk_tokens,
         rate=args.rate,
         seed=args.seed,
-        mix=mix,
+        mix=_mix(args.mix),
         **{n: getattr(args, n) for n in names},
     )
-    if spec.conversations < 1 or spec.documents < 1:
-        raise Usage("--conversations and --documents must be at least 1")
-    try:
-        with open(args.out, "wb") as out:
-            count = write(spec, out)
-    except OSError as exc:
-        raise Usage(f"--out {args.out}: {exc.strerror or exc}") from None
+    problem = size_problem(spec)
+    if problem:
+        raise Usage(problem)
+    with atomic_output(args.out, "--out", binary=True) as out:
+        count = write(spec, out)
     print(f"wrote {count:,} {spec.kind} requests to {args.out}")
     return 0
+
+
+def _mix(text: str) -> tuple[float, float, float]:
+    """``--mix``: three finite, non-negative shares, not all zero."""
+    try:
+        shares = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        shares = ()
+    finite = all(math.isfinite(x) and x >= 0 for x in shares)
+    if len(shares) != 3 or not finite or sum(shares) <= 0:
+        raise Usage(f"argument --mix: expected three shares such as 0.4,0.4,0.2, got {text!r}")
+    return shares[0], shares[1], shares[2]
 
 
 def _from_events(args: argparse.Namespace) -> int:
     from kvtier.plan.events import convert
 
     medium = None if args.medium == "any" else args.medium
-    try:
-        with open(args.capture, "rb") as capture, open(args.out, "w") as out:
-            converter = convert(capture, out, medium, args.merge_within)
-    except OSError as exc:
-        raise Usage(f"{exc.filename}: {exc.strerror or exc}") from None
+    with open_input(args.capture, "capture") as capture, atomic_output(args.out, "--out") as out:
+        converter = convert(capture, out, medium, args.merge_within)
     skipped = sum(converter.skipped.values())
     print(
         f"wrote {len(converter.requests):,} requests to {args.out}"

@@ -27,6 +27,7 @@ not thread-safe), except ``wake``, which any thread may call.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from kvtier.errors import ConfigError
+from kvtier.file_modes import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, make_dirs
 
 if TYPE_CHECKING:
     from kvtier.tiers.peer.listener import ZmqListener
@@ -142,16 +144,40 @@ class CurveServer:
 
 
 def write_keypair(directory: str | Path, name: str) -> tuple[Path, Path]:
-    """Write ``NAME.public`` and ``NAME.secret`` (mode 0600) into ``directory``; Z85 text."""
-    public, secret = zmq.curve_keypair()
+    """Write ``NAME.public`` (mode 0644) and ``NAME.secret`` (mode 0600), Z85 text, into
+    ``directory``, which is made (mode 0700, parents too) where missing.
+
+    ``name`` is a file name, not a path (the caller checks it). Raises ``FileExistsError``
+    naming the first key file that exists (nothing is written: a key is never overwritten),
+    ``NotADirectoryError`` when ``directory`` is something else, another ``OSError`` when it
+    cannot be made or written; on failure no key file is left behind.
+    """
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dirs(str(folder), DEFAULT_DIR_MODE)
     public_path, secret_path = folder / f"{name}.public", folder / f"{name}.secret"
-    fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(secret + b"\n")
-    public_path.write_bytes(public + b"\n")
+    for path in (secret_path, public_path):
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "exists", str(path))
+    public, secret = zmq.curve_keypair()
+    _write_new(secret_path, secret + b"\n", DEFAULT_FILE_MODE)
+    try:
+        _write_new(public_path, public + b"\n", 0o644)
+    except BaseException:
+        secret_path.unlink(missing_ok=True)
+        raise
     return public_path, secret_path
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """Create ``path`` (never over an existing entry, never through a link) holding ``data``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, mode)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def read_key(path: str | Path, what: str) -> bytes:
