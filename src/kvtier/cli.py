@@ -23,9 +23,17 @@ from kvtier.cli_admin import add_admin_command
 from kvtier.cli_types import CliFormatter, UsageError
 from kvtier.cli_types import float_in as float_in  # re-exported for the bench CLI
 from kvtier.cli_types import int_in as int_in
-from kvtier.config import ExternalTierConfig, KVEventsConfig, ServeConfig, TierConfig, TieringConfig
+from kvtier.config import (
+    ExternalTierConfig,
+    FsTierConfig,
+    KVEventsConfig,
+    ServeConfig,
+    TierConfig,
+    TieringConfig,
+)
 from kvtier.config_checks import endpoint_problem, redact_url
 from kvtier.errors import KVTierError
+from kvtier.file_modes import DEFAULT_DIR_MODE, open_to_others, parse_mode
 from kvtier.layout import DTYPE_SIZES, KVLayout
 from kvtier.plan.cli import add_plan_commands
 from kvtier.region import ALIGNMENT, round_up
@@ -176,6 +184,16 @@ def config_warnings(config: TieringConfig) -> Iterator[str]:
     events = config.kv_events
     if events is not None and events.enable_kv_cache_events and not _loopback_endpoint(events):
         yield f"kv events are published unauthenticated on {events.endpoint}"
+    yield from _open_cache_dirs(config.secondary_tiers)
+
+
+def _open_cache_dirs(tiers: Iterable[TierConfig]) -> Iterator[str]:
+    """An fs tier's existing ``root_dir`` more open than its ``dir_mode``."""
+    for tier in tiers:
+        if isinstance(tier, FsTierConfig):
+            problem = open_to_others(tier.root_dir, parse_mode(tier.dir_mode) or DEFAULT_DIR_MODE)
+            if problem:
+                yield f"fs root_dir {tier.root_dir}: {problem} (chunks hold prompt content)"
 
 
 def _loopback(host: str) -> bool:

@@ -20,6 +20,7 @@ from kvtier.config_checks import (
     Bounds,
     Bytes,
     Count,
+    DirMode,
     Endpoint,
     HexKey,
     HostName,
@@ -58,7 +59,11 @@ class MemoryTierConfig:
 
 @dataclass(frozen=True)
 class FsTierConfig:
-    """``type: "fs"``: content-addressed files under ``root_dir`` (local disk or shared mount)."""
+    """``type: "fs"``: content-addressed files under ``root_dir`` (local disk or shared mount).
+
+    ``dir_mode`` is the mode of the directories the tier creates (``root_dir`` and its parents
+    too, where missing); its files get the same bits without execute (``kvtier.file_modes``).
+    """
 
     type_name: ClassVar[str] = "fs"
     root_dir: str
@@ -69,6 +74,7 @@ class FsTierConfig:
     o_direct: Literal["auto", "on", "off"] = "auto"
     fsync: bool = False
     negative_ttl_s: Seconds = 1.0
+    dir_mode: DirMode = "0700"
     name: str | None = None
 
     def __post_init__(self) -> None:

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Protocol
 from urllib.parse import urlsplit
 
 from kvtier.errors import ConfigError
+from kvtier.file_modes import parse_mode
 
 INT64_MAX = (1 << 63) - 1
 INT32_MAX = (1 << 31) - 1
@@ -146,6 +147,20 @@ class HexKey:
             raise ConfigError(f"{path}: expected a chunk key of 64 hex digits, got {value!r}")
 
 
+@dataclass(frozen=True)
+class OctalMode:
+    """A directory mode as a string of octal digits (``"0700"``, ``"0750"``) that leaves the
+    owner read, write and search (``kvtier.file_modes.parse_mode``)."""
+
+    def check(self, value: Any, path: str) -> None:
+        Text().check(value, path)
+        if parse_mode(value) is None:
+            raise ConfigError(
+                f'{path}: expected an octal mode such as "0700" or "0750" that leaves the '
+                f"owner rwx, got {value!r}"
+            )
+
+
 Port = Annotated[int, Bounds(1, 65535, "a TCP port from 1 to 65535")]
 Threads = Annotated[int, Bounds(1, MAX_THREADS, f"a positive integer of at most {MAX_THREADS}")]
 Count = Annotated[int, Bounds(1, INT64_MAX, "a positive integer below 2**63")]
@@ -159,6 +174,7 @@ Timeout = Annotated[
     float,
     Bounds(0, DAY_S, "a positive number of seconds (at most 86400)", integer=False, open_low=True),
 ]
+DirMode = Annotated[str, OctalMode()]
 HostName = Annotated[str, Host()]
 BindHost = Annotated[str, Host(any=True)]
 

@@ -73,4 +73,4 @@ def open_to_others(path: str, dir_mode: int = DEFAULT_DIR_MODE) -> str | None:
         return None
     groups = (("its group", 0o070), ("other users", 0o007))
     who = " and ".join(name for name, bits in groups if extra & bits)
-    return f"mode {found:04o} lets {who} in (more than {dir_mode:04o})"
+    return f"mode {found:04o} lets {who} in, beyond dir_mode {dir_mode:04o}"

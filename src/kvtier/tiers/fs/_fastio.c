@@ -121,11 +121,12 @@ struct store_args {
     Py_buffer header, payload;
     Py_ssize_t truncate_to;
     int flags, sync;
+    unsigned int dir_mode, file_mode; /* of what is created (the umask may narrow them) */
 };
 
-/* <namespace>/<level 1>/<level 2>, made where missing: one openat2 when it exists, else the
- * walk from the namespace with mkdirat and O_NOFOLLOW opens (a link is never followed, even
- * to make a directory). A descriptor, or -1 with errno. */
+/* <namespace>/<level 1>/<level 2>, made (dir_mode) where missing: one openat2 when it exists,
+ * else the walk from the namespace with mkdirat and O_NOFOLLOW opens (a link is never
+ * followed, even to make a directory). A descriptor, or -1 with errno. */
 static int open_levels(const struct store_args *a)
 {
     char path[PATH_MAX];
@@ -140,7 +141,7 @@ static int open_levels(const struct store_args *a)
     dir = open_no_links(a->namespace, DIR_FLAGS);
     for (int i = 0; i < 2 && dir >= 0; i++) {
         int child = -1;
-        if (mkdirat(dir, a->levels[i], 0777) == 0 || errno == EEXIST)
+        if (mkdirat(dir, a->levels[i], (mode_t)a->dir_mode) == 0 || errno == EEXIST)
             child = openat(dir, a->levels[i], DIR_FLAGS);
         int saved = errno;
         close(dir);
@@ -160,7 +161,7 @@ static int store_file(struct store_args *a, const char **failed)
         return errno;
     *failed = a->tmp;
     int fd = openat(dir, a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | a->flags,
-                    0644);
+                    (mode_t)a->file_mode);
     if (fd < 0) {
         err = errno;
         close(dir);
@@ -187,8 +188,9 @@ static int store_file(struct store_args *a, const char **failed)
 static PyObject *fastio_store(PyObject *self, PyObject *args)
 {
     struct store_args a;
-    if (!PyArg_ParseTuple(args, "yyyyyy*y*nip", &a.namespace, &a.levels[0], &a.levels[1], &a.tmp,
-                          &a.name, &a.header, &a.payload, &a.truncate_to, &a.flags, &a.sync))
+    if (!PyArg_ParseTuple(args, "yyyyyy*y*nipII", &a.namespace, &a.levels[0], &a.levels[1],
+                          &a.tmp, &a.name, &a.header, &a.payload, &a.truncate_to, &a.flags,
+                          &a.sync, &a.dir_mode, &a.file_mode))
         return NULL;
     const char *failed = a.namespace;
     int err;
@@ -282,7 +284,15 @@ static struct PyModuleDef fastio_module = {
     .m_methods = fastio_methods,
 };
 
+/* The calling convention of store and load; native.py uses a module of its own ABI only. */
+#define FASTIO_ABI 2
+
 PyMODINIT_FUNC PyInit__fastio(void)
 {
-    return PyModule_Create(&fastio_module);
+    PyObject *module = PyModule_Create(&fastio_module);
+    if (module != NULL && PyModule_AddIntConstant(module, "ABI", FASTIO_ABI) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -1,3 +1,5 @@
+ABI: int
+
 def store(
     namespace: bytes,
     level1: bytes,
@@ -9,6 +11,8 @@ def store(
     truncate_to: int,
     flags: int,
     fsync: bool,
+    dir_mode: int,
+    file_mode: int,
     /,
 ) -> None: ...
 def load(

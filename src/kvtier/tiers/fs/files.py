@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from kvtier.errors import IntegrityError, TierError
+from kvtier.file_modes import DEFAULT_DIR_MODE, file_mode
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
@@ -68,23 +69,32 @@ class ChunkFiles:
     """The chunk files of one cache identity under ``root_dir``.
 
     Creating it creates the namespace (``directory``; read-only on a full disk, ``TierError``
-    if ``root_dir`` cannot be written otherwise). ``o_direct`` is ``"on"`` (``TierError`` if
-    the filesystem refuses it), ``"off"``, or ``"auto"``: when a probe write and read succeed
-    and the kernel has ``cachestat``, page cache or O_DIRECT chunk by chunk (``adaptive``, see
-    ``cache_policy``); O_DIRECT throughout where only the probe succeeds. A read-only namespace
+    if ``root_dir`` cannot be written otherwise). Directories it creates get ``dir_mode``,
+    files ``file_mode(dir_mode)`` (``kvtier.file_modes``; the umask may narrow both).
+    ``o_direct`` is ``"on"`` (``TierError`` if the filesystem refuses it), ``"off"``, or
+    ``"auto"``: when a probe write and read succeed and the kernel has ``cachestat``, page cache
+    or O_DIRECT chunk by chunk (``adaptive``, see ``cache_policy``); O_DIRECT throughout where
+    only the probe succeeds. A read-only namespace
     cannot probe, so "auto" reads through the page cache and "on" is trusted.
     """
 
     def __init__(
-        self, root_dir: str, identity: CacheIdentity, *, o_direct: str = "auto", fsync: bool = False
+        self,
+        root_dir: str,
+        identity: CacheIdentity,
+        *,
+        o_direct: str = "auto",
+        fsync: bool = False,
+        dir_mode: int = DEFAULT_DIR_MODE,
     ) -> None:
         self._digest = identity.digest
         self._fsync = fsync
+        self._dir_mode, self._file_mode = dir_mode, file_mode(dir_mode)
         self._token = secrets.token_hex(4)
         self._tag = f"{HOST_TAG}-{os.getpid()}-{self._token}"
         self._seq = itertools.count()
         self._local = threading.local()
-        self.directory = Namespace(root_dir, identity, self._tag)
+        self.directory = Namespace(root_dir, identity, self._tag, dir_mode)
         self.namespace = self.directory.path
         #: Links in root_dir's own path are resolved once, here; none below it is followed.
         self._real = os.path.realpath(self.namespace)
@@ -125,7 +135,8 @@ class ChunkFiles:
         tmp = f"{name}.{self._tag}-{next(self._seq)}.tmp"
         buffers, truncate_to = self._file_buffers(key, region, slot, direct)
         flags = O_DIRECT if direct else 0
-        if not native.store(self._real, name, tmp, buffers, truncate_to, flags, self._fsync):
+        modes = (self._dir_mode, self._file_mode)
+        if not native.store(self._real, name, tmp, buffers, truncate_to, flags, self._fsync, modes):
             self._write_walk(name, tmp, buffers, truncate_to, flags)
         return HEADER_BYTES + region.slot_bytes
 
@@ -160,7 +171,7 @@ class ChunkFiles:
         names every failure (``OSError``: ``NotRegularError`` when a directory is in the way)."""
         with self._chunk_dir(name, create=True) as directory:
             try:
-                fd = os.open(tmp, self._write_flags | flags, 0o644, dir_fd=directory)
+                fd = os.open(tmp, self._write_flags | flags, self._file_mode, dir_fd=directory)
                 try:
                     pwrite_all(fd, buffers)
                     if truncate_to >= 0:
@@ -269,7 +280,7 @@ class ChunkFiles:
         ``chunk_dir`` (which creates missing levels with ``create``)."""
         fd = open_level_beneath(self._real, name)
         if fd is None:
-            with chunk_dir(self.namespace, name, create=create) as walked:
+            with chunk_dir(self.namespace, name, create=create, mode=self._dir_mode) as walked:
                 yield walked
             return
         try:
@@ -295,7 +306,7 @@ class ChunkFiles:
         path = os.path.join(self.namespace, f".o_direct-probe.{self._tag}-0.tmp")
         block = self._scratch()
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_DIRECT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_DIRECT, self._file_mode)
             try:
                 return os.pwrite(fd, block, 0) == len(block) == os.preadv(fd, [block], 0)
             finally:

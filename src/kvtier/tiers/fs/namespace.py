@@ -24,6 +24,7 @@ import time
 from contextlib import suppress
 
 from kvtier.errors import TierError
+from kvtier.file_modes import DEFAULT_DIR_MODE, file_mode, make_dirs
 from kvtier.identity import CacheIdentity
 from kvtier.tiers.shared.codec import FORMAT_VERSION
 
@@ -46,16 +47,18 @@ def describe(identity: CacheIdentity) -> str:
     return json.dumps(description, indent=2, sort_keys=True)
 
 
-def write_description(namespace: str, text: str, tag: str) -> None:
-    """Create ``namespace`` and write ``text`` as its ``identity.json``, atomically.
+def write_description(namespace: str, text: str, tag: str, dir_mode: int) -> None:
+    """Create ``namespace`` (and its missing parents) with ``dir_mode`` and write ``text`` as its
+    ``identity.json`` (``file_mode(dir_mode)``), atomically.
 
     Raises ``OSError``; leaves no temporary file behind.
     """
     target = os.path.join(namespace, "identity.json")
     tmp = f"{target}.{tag}-0.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        os.makedirs(namespace, exist_ok=True)
-        with open(tmp, "w") as file:
+        make_dirs(namespace, dir_mode)
+        with os.fdopen(os.open(tmp, flags, file_mode(dir_mode)), "w") as file:
             file.write(text)
         os.rename(tmp, target)
     except BaseException:
@@ -67,12 +70,17 @@ def write_description(namespace: str, text: str, tag: str) -> None:
 class Namespace:
     """The directory of one identity's chunks; ``read_only`` while it cannot be written.
 
-    ``error`` is the write failure that made it read-only at start (``None`` if writable).
-    Raises ``TierError`` at start when ``root_dir`` cannot be written for another reason.
+    Directories it creates (``root_dir`` and parents where missing, the namespace) get
+    ``dir_mode``. ``error`` is the write failure that made it read-only at start (``None`` if
+    writable). Raises ``TierError`` at start when ``root_dir`` cannot be written for another
+    reason.
     """
 
-    def __init__(self, root_dir: str, identity: CacheIdentity, tag: str) -> None:
+    def __init__(
+        self, root_dir: str, identity: CacheIdentity, tag: str, dir_mode: int = DEFAULT_DIR_MODE
+    ) -> None:
         self.path = os.path.join(os.path.abspath(root_dir), identity.hexdigest)
+        self.dir_mode = dir_mode
         self._text = describe(identity)
         self._tag = tag
         self._lock = threading.Lock()
@@ -102,7 +110,7 @@ class Namespace:
 
     def _write(self) -> OSError | None:
         try:
-            write_description(self.path, self._text, self._tag)
+            write_description(self.path, self._text, self._tag, self.dir_mode)
         except OSError as exc:
             return exc
         return None

@@ -22,12 +22,19 @@ from __future__ import annotations
 import errno
 from types import ModuleType
 
+from kvtier.file_modes import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE
 from kvtier.tiers.fs.paths import OPENAT2
 
 _fastio: ModuleType | None
 try:
     from kvtier.tiers.fs import _fastio
 except ImportError:  # not built: no compiler at install, or not Linux
+    _fastio = None
+
+#: The calling convention native.py speaks; a module built from another ``_fastio.c`` (a
+#: stale build in a working tree) is not used.
+ABI = 2
+if _fastio is not None and getattr(_fastio, "ABI", 1) != ABI:
     _fastio = None
 
 #: Whether the compiled module is installed (the fs tier reports it in ``stats()``).
@@ -50,10 +57,12 @@ def store(
     truncate_to: int,
     flags: int,
     fsync: bool,
+    modes: tuple[int, int] = (DEFAULT_DIR_MODE, DEFAULT_FILE_MODE),
 ) -> bool:
     """Write chunk file ``name`` under ``namespace`` (a real path: no link in it) in its level
-    directories (``name[:2]/name[2:4]``, made where missing): ``buffers`` go to ``tmp`` (open
-    ``flags`` added), which is then renamed to ``name``.
+    directories (``name[:2]/name[2:4]``, made where missing with ``modes[0]``): ``buffers`` go
+    to ``tmp`` (open ``flags`` added; created with ``modes[1]``), which is then renamed to
+    ``name``. The umask may narrow both modes.
 
     ``truncate_to`` >= 0 sets the final size (an O_DIRECT write of a padded slot). With
     ``fsync`` the file and the directory are synced. ``tmp`` is gone afterwards whatever
@@ -65,7 +74,7 @@ def store(
     try:
         _fastio.store(
             namespace.encode(), *levels, tmp.encode(), name.encode(), *buffers, truncate_to,
-            flags, fsync,
+            flags, fsync, *modes,
         )  # fmt: skip
     except OSError:
         return False

@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from kvtier.file_modes import DEFAULT_DIR_MODE, make_dirs
+
 _NAMESPACE_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
 _LEVEL_FLAGS = _NAMESPACE_FLAGS | os.O_NOFOLLOW
 #: Added to every chunk file open: never wait (FIFO), never follow, never take a terminal.
@@ -144,16 +146,19 @@ def failure_reason(exc: OSError) -> str:
 
 
 @contextmanager
-def chunk_dir(namespace: str, name: str, *, create: bool = False) -> Iterator[int]:
+def chunk_dir(
+    namespace: str, name: str, *, create: bool = False, mode: int = DEFAULT_DIR_MODE
+) -> Iterator[int]:
     """A descriptor of ``<namespace>/<name[:2]>/<name[2:4]>``, closed when the block ends.
 
-    With ``create``, missing directories are made. Raises ``FileNotFoundError`` when one is
-    missing (without ``create``), ``NotRegularError`` when a level is a link or not a directory.
+    With ``create``, missing directories are made with ``mode`` (less the umask). Raises
+    ``FileNotFoundError`` when one is missing (without ``create``), ``NotRegularError`` when a
+    level is a link or not a directory.
     """
-    fd = _open_dir(namespace, None, create)
+    fd = _open_dir(namespace, None, create, mode)
     try:
         for level in (name[:2], name[2:4]):
-            child = _open_dir(level, fd, create)
+            child = _open_dir(level, fd, create, mode)
             os.close(fd)
             fd = child
         yield fd
@@ -161,7 +166,7 @@ def chunk_dir(namespace: str, name: str, *, create: bool = False) -> Iterator[in
         os.close(fd)
 
 
-def _open_dir(path: str, dir_fd: int | None, create: bool) -> int:
+def _open_dir(path: str, dir_fd: int | None, create: bool, mode: int) -> int:
     """Open the namespace (``dir_fd`` None: path followed) or a level below ``dir_fd``."""
     try:
         return _open_real_dir(path, dir_fd)
@@ -170,9 +175,9 @@ def _open_dir(path: str, dir_fd: int | None, create: bool) -> int:
             raise
     with suppress(FileExistsError):  # another thread or instance made it meanwhile
         if dir_fd is None:
-            os.makedirs(path, exist_ok=True)
+            make_dirs(path, mode)
         else:
-            os.mkdir(path, dir_fd=dir_fd)
+            os.mkdir(path, mode, dir_fd=dir_fd)
     return _open_real_dir(path, dir_fd)
 
 

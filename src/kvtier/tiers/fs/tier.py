@@ -13,6 +13,10 @@ capacity bound, recent misses) is in ``fs_index``. This module ties them to the 
   counted (``scan_skipped.<reason>``), never the end of the scan;
 * with ``max_bytes`` the least recently used files are deleted to stay under it; with
   ``min_free_bytes`` stores stop before the filesystem fills;
+* what it creates is private unless ``dir_mode`` says otherwise: directories (``root_dir`` and
+  its missing parents too) ``dir_mode`` (0700), files the same bits without execute (0600); an
+  existing ``root_dir`` or namespace more open than ``dir_mode`` is warned about at start and
+  left as it is (``kvtier.file_modes``);
 * a restart on a full (or read-only) filesystem starts *read-only* (``read_only`` in stats, one
   warning): what is on disk is served, stores fail (``store_failed.read_only``), and writes
   resume once the namespace can be written again (``fs_namespace``).
@@ -43,6 +47,7 @@ from typing import Literal
 
 from kvtier.config import FsTierConfig
 from kvtier.errors import CapacityError, ConfigError, IntegrityError, TierError
+from kvtier.file_modes import DEFAULT_DIR_MODE, open_to_others, parse_mode
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
@@ -90,6 +95,18 @@ class _Counters:
             return dict(self._counts)
 
 
+def _warn_if_open(root_dir: str, namespace: str, dir_mode: int) -> None:
+    """One warning per directory of the cache more open than ``dir_mode`` (chunks hold prompt
+    content); kvtier leaves the mode of directories it did not create alone."""
+    for path in (root_dir, namespace):
+        problem = open_to_others(path, dir_mode)
+        if problem:
+            log.warning(
+                "fs tier: %s: %s; chunks hold prompt content: chmod %o it, or set dir_mode",
+                path, problem, dir_mode,
+            )  # fmt: skip
+
+
 class FilesystemTier(PooledTier):
     """Chunks as files under ``config.root_dir``; see the module docstring.
 
@@ -106,9 +123,12 @@ class FilesystemTier(PooledTier):
             raise ConfigError(
                 f"max_bytes: {config.max_bytes} cannot hold one chunk file of {self._file_bytes}"
             )
+        dir_mode = parse_mode(config.dir_mode) or DEFAULT_DIR_MODE  # checked by the config
         self._files = ChunkFiles(
-            config.root_dir, identity, o_direct=config.o_direct, fsync=config.fsync
-        )
+            config.root_dir, identity, o_direct=config.o_direct, fsync=config.fsync,
+            dir_mode=dir_mode,
+        )  # fmt: skip
+        _warn_if_open(config.root_dir, self._files.namespace, dir_mode)
         self._space = SpaceGuard(self._files.namespace, config.min_free_bytes)
         self._index = ChunkIndex(config.max_bytes)
         self._misses = RecentMisses(config.negative_ttl_s)
