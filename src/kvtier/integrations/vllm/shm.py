@@ -4,8 +4,9 @@ vLLM's tiering spec keeps its host tier in ``/dev/shm/vllm_offload_<engine_id>.m
 file the size of ``cpu_bytes_to_use``. Every worker rank opens it in ``get_worker`` (worker
 process), then the scheduler opens it in ``get_manager`` (engine-core process): vLLM builds the
 scheduler only after every worker has registered its KV caches. vLLM removes the name when the
-worker that created it shuts down cleanly, but the OpenAI API server kills its engine core a
-few seconds into a stop, so the file (and its memory) stayed behind on every Ctrl-C or SIGTERM.
+worker that created it shuts down cleanly, but the OpenAI API server force-kills its engine
+core on a stop (at once, by default), so the file and its memory stayed behind on every Ctrl-C
+or SIGTERM.
 
 Design, two measures:
 
@@ -24,7 +25,9 @@ Design, two measures:
    the marker's lock exclusively: the kernel drops a process's locks when it dies, so getting
    that lock proves every opener is gone. A live engine's region (its openers hold the lock)
    and regions without a marker (vLLM's own specs, older kvtier versions, other programs) are
-   never touched. Each removal is logged (WARNING, file and bytes) and counted.
+   never touched. Each removal is logged (WARNING, file and bytes) and counted. (A process
+   forked by an opener inherits its lock: the region then counts as live until the child
+   exits too. The error is always on the side of keeping memory, never of freeing it.)
 
 Who runs what (each function runs in the caller's thread):
 
