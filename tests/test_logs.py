@@ -41,3 +41,28 @@ def test_a_tier_failing_every_lookup_does_not_flood_the_log(identity, caplog):
         m.metrics.telemetry.get("kvtier_tier_errors_total", tier=m.tiers[0].name, where="lookup")
         == 200
     )
+
+
+def _stderr_of(code: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return done.stderr
+
+
+def test_in_a_process_without_logging_set_up_kvtiers_records_get_level_and_logger():
+    err = _stderr_of(
+        "import logging; from kvtier.logs import log_to_stderr; log_to_stderr(); "
+        "logging.getLogger('kvtier.x').warning('removed it')"
+    )
+    assert "WARNING" in err and "[kvtier.x] removed it" in err
+
+
+def test_where_the_application_set_up_logging_nothing_is_added():
+    err = _stderr_of(
+        "import logging; logging.basicConfig(format='APP %(message)s'); "
+        "from kvtier.logs import log_to_stderr; log_to_stderr(); "
+        "logging.getLogger('kvtier.x').warning('removed it')"
+    )
+    assert err.strip() == "APP removed it"

@@ -38,3 +38,16 @@ class ThrottledLog:
         if skipped:
             msg += f" (and {skipped} more like it in the last {self._interval:g} s)"
         self._logger.warning(msg, *args)
+
+
+def log_to_stderr() -> None:
+    """Give kvtier's records a handler (level, time, logger) in a process that configured none,
+    such as vLLM's engine core and workers (vLLM configures only its own loggers, so kvtier's
+    warnings printed bare). Does nothing where the application set up logging itself."""
+    root = logging.getLogger("kvtier")
+    if root.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)

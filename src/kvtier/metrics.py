@@ -247,6 +247,8 @@ MANAGER_FAMILIES = (
     ("kvtier_tier_disabled_total", "counter", "Tiers switched off at run time, by reason"),
     ("kvtier_admission_dropped_total", "counter", "Chunks a level did not admit, by reason"),
     ("kvtier_retention_ignored_total", "counter", "Requests whose retention could not act, by why"),
+    ("kvtier_shm_regions_removed_total", "counter", "Host regions of dead vLLM engines removed"),
+    ("kvtier_shm_bytes_removed_total", "counter", "Bytes of the host regions removed"),
 )  # fmt: skip
 
 #: Why a chunk was recomputed; each recomputed chunk is counted under exactly one.

@@ -117,3 +117,42 @@ def test_retention_that_cannot_act_on_host_memory_is_counted_once_per_request(ca
     finally:
         engines.leave(plain)
         engines.leave(policy)
+
+
+KVTIER_FS = {"type": "KvtierFs", "module_path": "kvtier.integrations.vllm", "root_dir": "/kv"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "tiers_run", "refused"),
+    [
+        ({"metrics_port": 9100, "secondary_tiers": [KVTIER_FS]}, True, None),
+        ({"metrics_port": 9100, "secondary_tiers": [{"type": "fs", "root_dir": "/kv"}]}, True,
+         "metrics_port"),
+        ({"slo_guard": {"promotion_p99_s": 1}}, True, "slo_guard"),
+        ({"metrics_port": 9100, "secondary_tiers": [KVTIER_FS]}, False, "metrics_port"),
+        ({"secondary_tiers": [KVTIER_FS]}, False, None),
+        ({"cpu_bytes_to_use": 1}, False, None),
+    ],
+)  # fmt: skip
+def test_runtime_keys_with_no_kvtier_tier_to_honour_them_are_refused(extra, tiers_run, refused):
+    from kvtier.integrations.vllm.engine_config import refuse_orphan_runtime_keys
+
+    if refused is None:
+        refuse_orphan_runtime_keys(extra, tiers_run)
+        return
+    with pytest.raises(ConfigError, match=rf"kv_connector_extra_config\.{refused}: "):
+        refuse_orphan_runtime_keys(extra, tiers_run)
+
+
+def test_regions_removed_at_start_are_counted_by_the_engines_runtime(monkeypatch):
+    from kvtier.integrations.vllm import shm
+
+    monkeypatch.setattr(shm, "regions_removed", lambda: 2)
+    monkeypatch.setattr(shm, "bytes_removed", lambda: 3 << 20)
+    engine = engines.join(spec("swept"), 4096)
+    try:
+        telemetry = engine.runtime.metrics.telemetry
+        assert telemetry.get("kvtier_shm_regions_removed_total") == 2
+        assert telemetry.get("kvtier_shm_bytes_removed_total") == 3 << 20
+    finally:
+        engines.leave(engine)

@@ -24,9 +24,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtier.integrations.vllm import shm
 from kvtier.integrations.vllm.engine_config import engine_config, unknown_keys
 from kvtier.integrations.vllm.retention import RETENTION_KEY, is_invalid, request_retention
-from kvtier.logs import ThrottledLog
+from kvtier.logs import ThrottledLog, log_to_stderr
 from kvtier.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ def join(offloading_spec: Any, chunk_bytes: int) -> EngineRuntime:
     """The runtime of ``offloading_spec``'s engine, made (and its endpoint started) on first
     use; ``ConfigError`` naming the key for a bad or unsupported kvtier key."""
     engine_id = str(getattr(offloading_spec.config, "engine_id", "") or "default")
+    log_to_stderr()
     with _lock:
         engine = _engines.get(engine_id)
         if engine is None:
@@ -92,6 +94,9 @@ def _start(engine_id: str, offloading_spec: Any, chunk_bytes: int) -> EngineRunt
                     ", ".join(unknown))  # fmt: skip
     policy = extra.get("eviction_policy") in RETENTION_POLICIES
     policy = policy and extra.get("cache_policy_module_path") == POLICY_MODULE
+    # this process's workers' removals at start (relayed by the spec before the tiers exist)
+    runtime.metrics.count("shm_regions_removed", shm.regions_removed())
+    runtime.metrics.count("shm_bytes_removed", shm.bytes_removed())
     runtime.serve({})
     return EngineRuntime(engine_id, runtime, policy)
 

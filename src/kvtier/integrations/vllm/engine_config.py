@@ -27,6 +27,7 @@ from kvtier.config_parser import parse_dataclass
 from kvtier.errors import ConfigError
 
 PATH = "kv_connector_extra_config"
+MODULE = "kvtier.integrations.vllm"
 
 #: The keys vLLM 0.32's offloading connector and specs read from the extra config.
 VLLM_KEYS = frozenset(
@@ -74,3 +75,23 @@ def engine_config(extra: Mapping[str, Any]) -> RuntimeConfig:
 def unknown_keys(extra: Mapping[str, Any]) -> list[str]:
     """Keys of ``extra`` that neither vLLM (``VLLM_KEYS``) nor kvtier reads, sorted."""
     return sorted(set(extra) - VLLM_KEYS - set(RUNTIME_KEYS))
+
+
+def refuse_orphan_runtime_keys(extra: Any, tiers_run: bool) -> None:
+    """``ConfigError`` naming a kvtier runtime key (``metrics_port``, ``slo_guard``, ...) given
+    where no kvtier tier would run the runtime that honours it: a host-only spec, or no
+    ``KvtierX`` entry among ``secondary_tiers``."""
+    extra = extra if isinstance(extra, dict) else {}
+    tiers = extra.get("secondary_tiers") if tiers_run else None
+    ours = [
+        t
+        for t in tiers or []
+        if isinstance(t, dict) and t.get("module_path") == "kvtier.integrations.vllm"
+    ]
+    given = [key for key in RUNTIME_KEYS if key in extra]
+    if given and not ours:
+        raise ConfigError(
+            f"kv_connector_extra_config.{given[0]}: kvtier's runtime runs with kvtier's tiers; "
+            'add a secondary_tiers entry with "module_path": "kvtier.integrations.vllm" '
+            "(and a tiering spec), or remove the key"
+        )

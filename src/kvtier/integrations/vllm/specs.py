@@ -29,7 +29,9 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvtier.integrations.vllm import shm
+from kvtier.integrations.vllm.engine_config import refuse_orphan_runtime_keys
 from kvtier.integrations.vllm.worker import CPUHostWorker
+from kvtier.logs import log_to_stderr
 
 
 def _refuse_canonical(config: Any) -> None:
@@ -65,6 +67,11 @@ class CPUTieringOffloadingSpec(TieringOffloadingSpec):
 
     _worker: Any
     _shm_claim: shm.Claim | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        log_to_stderr()
+        refuse_orphan_runtime_keys(self.extra_config, tiers_run=True)
 
     def get_worker(self, kv_caches: Any) -> Any:
         """Worker process: sweep dead regions, claim ours, then create or join it."""
@@ -135,6 +142,11 @@ class CPUHostOffloadingSpec(CPUOffloadingSpec):
     """vLLM's host-memory-only spec with a worker for the CPU platform (module docstring)."""
 
     _worker: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        log_to_stderr()
+        refuse_orphan_runtime_keys(self.extra_config, tiers_run=False)
 
     def get_worker(self, kv_caches: Any) -> Any:
         """Worker process: sweep dead regions of kvtier's specs, then private host tensors."""
