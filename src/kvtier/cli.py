@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from kvtier.cli_about import missing_package, version_text
 from kvtier.cli_admin import add_admin_command
-from kvtier.cli_types import CliFormatter, UsageError
+from kvtier.cli_types import CliFormatter, UsageError, one_line
 from kvtier.cli_types import float_in as float_in  # re-exported for the bench CLI
 from kvtier.cli_types import int_in as int_in
 from kvtier.config import (
@@ -71,7 +71,7 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(2, f"kvtier: error: {message}\n")
+        self.exit(2, f"kvtier: error: {one_line(message)}\n")
 
 
 def human_bytes(n: float) -> str:

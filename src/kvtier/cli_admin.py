@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from kvtier.cli_types import float_in
+from kvtier.cli_types import float_in, one_line
 from kvtier.tier_control import MAX_REASON
 
 #: Answers larger than this are not an admin endpoint's.
@@ -80,10 +80,10 @@ def run_admin(args: argparse.Namespace) -> int:
         return 0
     except urllib.error.HTTPError as exc:
         why = _body(exc.read(MAX_ANSWER)).get("error", exc.reason)
-        print(f"kvtier: error: {exc.code} {why}", file=sys.stderr)
+        print(f"kvtier: error: {exc.code} {one_line(str(why))}", file=sys.stderr)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         cause = getattr(exc, "reason", exc)
-        print(f"kvtier: error: no answer from {args.url}: {cause}", file=sys.stderr)
+        print(f"kvtier: error: no answer from {args.url}: {one_line(str(cause))}", file=sys.stderr)
     return 1
 
 

@@ -23,10 +23,19 @@ class CliFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        unset = action.default in (None, False, "", argparse.SUPPRESS)
+        default = action.default
+        unset = default is None or default is False or default in ("", argparse.SUPPRESS)
         if unset or "default" in text or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a path, a server's answer) escaped: one
+    line, and nothing from input can drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def int_in(low: int, high: int) -> Callable[[str], int]:

