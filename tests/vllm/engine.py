@@ -13,15 +13,15 @@ import contextlib
 import glob
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kvtier.bench.vllm_strategies import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -65,21 +65,10 @@ BLOCK_TOKENS = 128  # vLLM's default block size on the CPU platform
 
 
 def listen_port() -> int:
-    """A free port below the ephemeral range, for a server that is connected to before it binds.
-
-    A client that keeps reconnecting to a not-yet-bound port in the ephemeral range can end up
-    connected to itself (TCP simultaneous open), and then the server cannot bind it.
-    """
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20_000, 32_000)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below the ephemeral range")
+    """A free port below the ephemeral range, for a server that is connected to before it binds
+    (a client reconnecting to a port in the ephemeral range can end up connected to itself):
+    the bench's ``free_port``."""
+    return free_port()
 
 
 def new_engine_id(name: str) -> str:

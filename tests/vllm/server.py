@@ -24,6 +24,22 @@ from tests.vllm.engine import VllmEnv, listen_port, shm_regions
 START_TIMEOUT_S = 600
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], port: int, log: Path,
+                 timeout_s: float = START_TIMEOUT_S) -> None:  # fmt: skip
+    """Until ``port`` answers ``/health``; ``AssertionError`` with ``log``'s tail if the server
+    process exits first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (
+            f"the server exited ({proc.returncode}):\n{log.read_text()[-6000:]}"
+        )
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"no healthy server in {timeout_s} s:\n{log.read_text()[-6000:]}")
+
+
 def parse_prometheus(text: str) -> dict[str, float]:
     """``name{labels}`` -> value for every sample, labels as written (sorted by Prometheus)."""
     values = {}
@@ -61,17 +77,11 @@ class ApiServer:
         self._wait_healthy()
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.close()
-                raise AssertionError(f"the server exited ({self.proc.returncode}):\n{self.tail()}")
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5)
-                return
-            time.sleep(1.0)
-        self.close()
-        raise AssertionError(f"the server did not start in {START_TIMEOUT_S} s:\n{self.tail()}")
+        try:
+            wait_healthy(self.proc, self.port, self.log)
+        except AssertionError:
+            self.close()
+            raise
 
     def tail(self, chars: int = 6000) -> str:
         return self.log.read_text()[-chars:]

@@ -34,6 +34,7 @@ import pytest
 
 from tests.test_cli_events_vllm import VLLM_BATCH
 from tests.vllm.engine import VllmEnv, listen_port, new_engine_id, shm_regions
+from tests.vllm.server import wait_healthy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -85,14 +86,7 @@ class Server:
         return usage
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the server died:\n{self.log.read_text()[-6000:]}"
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5)
-                return
-            time.sleep(1)
-        raise AssertionError(f"the server never became healthy:\n{self.log.read_text()[-6000:]}")
+        wait_healthy(self.proc, self.port, self.log, START_TIMEOUT_S)
 
     def stop(self) -> None:
         """SIGTERM the process group, SIGKILL what is left; remove the engine's host region."""

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.vllm.engine import VllmEnv, listen_port, new_engine_id, shm_regions
+from tests.vllm.server import wait_healthy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -71,14 +72,7 @@ class Server:
                                          start_new_session=True, cwd=workdir)  # fmt: skip
 
     def wait_healthy(self, timeout_s: float = 600) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the server exited:\n{self.log.read_text()[-6000:]}"
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5)
-                return
-            time.sleep(1.0)
-        raise AssertionError(f"no healthy server in {timeout_s} s:\n{self.log.read_text()[-6000:]}")
+        wait_healthy(self.proc, self.port, self.log, timeout_s)
 
     def complete(self, tokens: list[int]) -> str:
         body = {"model": "m", "prompt": tokens, "max_tokens": 4, "temperature": 0.0}
