@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from kvtier.cli_about import missing_package, version_text
 from kvtier.cli_admin import add_admin_command
-from kvtier.cli_types import CliFormatter, UsageError, one_line
+from kvtier.cli_types import CliFormatter, UsageError, add_model_shape, one_line
 from kvtier.cli_types import float_in as float_in  # re-exported for the bench CLI
 from kvtier.cli_types import int_in as int_in
 from kvtier.config import (
@@ -32,7 +32,7 @@ from kvtier.config import (
 from kvtier.config_checks import endpoint_problem, redact_url
 from kvtier.errors import KVTierError
 from kvtier.file_modes import DEFAULT_DIR_MODE, open_to_others, parse_mode
-from kvtier.layout import DTYPE_SIZES, KVLayout
+from kvtier.layout import KVLayout
 from kvtier.plan.cli import add_plan_commands
 from kvtier.region import ALIGNMENT, round_up
 
@@ -272,20 +272,8 @@ def _add_config_commands(commands: Any) -> None:
 
 
 def _add_shape_arguments(shape: Any) -> None:
+    add_model_shape(shape)
     size = int_in(1, 1 << 16)
-    shape.add_argument("--num-layers", type=size, default=32, metavar="N",
-                       help="layers with a KV cache, 1 to 65536")  # fmt: skip
-    shape.add_argument(
-        "--num-kv-heads",
-        type=size,
-        default=8,
-        metavar="N",
-        help="KV heads per layer (after grouped-query sharing), 1 to 65536",
-    )
-    shape.add_argument("--head-dim", type=size, default=128, metavar="N",
-                       help="elements per KV head, 1 to 65536")  # fmt: skip
-    shape.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES),
-                       help="element type of the KV cache")  # fmt: skip
     shape.add_argument("--engine-block-size", type=size, default=None, metavar="TOKENS",
                        help="tokens per engine block (default 16; under vLLM: 128 on "
                        "vllm-cpu, 16 on vllm-cuda)")  # fmt: skip

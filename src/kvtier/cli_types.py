@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import Any
 
 
 class UsageError(Exception):
@@ -71,3 +72,19 @@ def float_in(low: float, high: float, *, low_ok: bool = False) -> Callable[[str]
         return value
 
     return parse
+
+
+def add_model_shape(group: Any) -> None:
+    """``--num-layers``, ``--num-kv-heads``, ``--head-dim`` and ``--dtype`` on ``group``: a
+    model's KV shape, Llama-3-8B in bfloat16 by default (``config check`` and ``plan``)."""
+    from kvtier.layout import DTYPE_SIZES
+
+    size = int_in(1, 1 << 16)
+    group.add_argument("--num-layers", type=size, default=32, metavar="N",
+                       help="layers with a KV cache, 1 to 65536")  # fmt: skip
+    heads = "KV heads per layer (after grouped-query sharing), 1 to 65536"
+    group.add_argument("--num-kv-heads", type=size, default=8, metavar="N", help=heads)
+    group.add_argument("--head-dim", type=size, default=128, metavar="N",
+                       help="elements per KV head, 1 to 65536")  # fmt: skip
+    group.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES),
+                       help="element type of the KV cache")  # fmt: skip

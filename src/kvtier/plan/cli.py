@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.cli_files import atomic_output, check_output
-from kvtier.cli_types import float_in, int_in
+from kvtier.cli_types import add_model_shape, float_in, int_in
 from kvtier.layout import DTYPE_SIZES
 from kvtier.plan.cli_common import Usage, byte_size, command
 from kvtier.plan.trace_cli import add_trace_commands
@@ -60,20 +60,8 @@ def _fs_root(text: str) -> str:
 
 def _model_arguments(plan: Any) -> None:
     model = plan.add_argument_group("model and layout (defaults: Llama-3-8B, bfloat16)")
+    add_model_shape(model)
     size = int_in(1, 1 << 16)
-    model.add_argument("--num-layers", type=size, default=32, metavar="N",
-                       help="layers with a KV cache, 1 to 65536")  # fmt: skip
-    model.add_argument(
-        "--num-kv-heads",
-        type=size,
-        default=8,
-        metavar="N",
-        help="KV heads per layer (after grouped-query sharing), 1 to 65536",
-    )
-    model.add_argument("--head-dim", type=size, default=128, metavar="N",
-                       help="elements per KV head, 1 to 65536")  # fmt: skip
-    model.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES),
-                       help="element type of the KV cache")  # fmt: skip
     model.add_argument(
         "--bytes-per-token",
         type=int_in(1, 1 << 40),
