@@ -19,19 +19,15 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.cli import build_parser, main
+from kvtier.cli import build_parser
+from tests.test_cli_hostile import check
 
 CLI = [sys.executable, "-m", "kvtier.cli"]
 
 
 def run(argv, capsys):
-    """``main(argv)``: (exit status, stdout, stderr); ``SystemExit`` becomes its status."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    """``main(argv)``: (exit status, stdout, stderr), as ``test_cli_hostile.check`` gives."""
+    return check(argv, capsys)
 
 
 def assert_usage_error(code, err, usage, message):
