@@ -259,7 +259,8 @@ def _add_config_commands(commands: Any) -> None:
     config = commands.add_parser("config", help="inspect a configuration file")
     sub = config.add_subparsers(dest="config_command", required=True)
     check = sub.add_parser("check", help="validate FILE and print the resolved configuration")
-    check.add_argument("file", help="JSON: a vLLM --kv-transfer-config or its extra config")
+    check.add_argument("file", help="configuration file (JSON): kvtier's own, or vLLM's "
+                       "--kv-transfer-config or its kv_connector_extra_config")  # fmt: skip
     check.add_argument("--as", dest="read_as", choices=("auto", "vllm", "kvtier"),
                        default="auto", help="read FILE as vLLM reads it, or as kvtier's own "
                        "configuration (auto: vLLM's when it has kv_connector, spec_name or a "

@@ -27,7 +27,8 @@ def add_plan_commands(commands: Any) -> None:
         help="should I tier, and how big? (from a request trace)",
         description="Analyze a request trace: reuse, miss-ratio curves, a verdict, sizes.",
     )
-    plan.add_argument("trace", help="trace file (JSONL; see kvtier.plan.trace)")
+    plan.add_argument("trace", help="request trace, one JSON request a line: from kvtier trace "
+                      "synth or from-events, or recorded (trace_path)")  # fmt: skip
     _model_arguments(plan)
     _machine_arguments(plan)
     out = plan.add_argument_group("outputs")
