@@ -150,6 +150,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._region.release()
             raise
 
+    @property
+    def kvtier_name(self) -> str:
+        """The tier's name in kvtier's metrics and switches (unique in its engine's runtime);
+        still answered after ``shutdown``, when a retired stand-in holds the name."""
+        return self._runtime.tiers[self._index].name
+
     # -- lookups ---------------------------------------------------------------------------
     def lookup(self, key: Any, req_context: Any) -> LookupResult:
         """HIT, MISS or RETRY from the kvtier tier; a tier that raises or is switched off is a
@@ -157,7 +163,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         with self._runtime.lock:
             tiers = self._runtime.tiers
             if not tiers.enabled(self._index):
-                self._runtime.metrics.count("tier_lookups", tier=self._tier.name,
+                self._runtime.metrics.count("tier_lookups", tier=self.kvtier_name,
                                             result="disabled")  # fmt: skip
                 return LookupResult.MISS
             answer = tiers.lookup(self._index, self._keys.chunk_key(key))
@@ -196,7 +202,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def _admitted(self, rows: list[_Row], keys: Any, req_context: Any) -> list[_Row]:
         """The rows the runtime's admission keeps for this tier (the others counted)."""
-        runtime, name = self._runtime, self._tier.name
+        runtime, name = self._runtime, self.kvtier_name
         if not runtime.tiers.enabled(self._index):
             runtime.metrics.count("admission_dropped", len(rows), tier=name, reason="tier_disabled")
             return []
@@ -241,7 +247,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._event(list(succeeded), removed=False)
         if finished.job.op == "load":  # the prompt tokens this tier served (kvtier's metric)
             self._runtime.metrics.count("prompt_tokens", len(succeeded) * self._chunk_tokens,
-                                        source=self._tier.name)  # fmt: skip
+                                        source=self.kvtier_name)  # fmt: skip
         return self._vllm_result(job, succeeded, finished.job.op == "load")
 
     def _vllm_result(self, job: _Job, succeeded: tuple[bytes, ...], promotion: bool) -> JobResult:
@@ -288,7 +294,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def counters(self) -> dict[str, int]:
         """The runtime's counters of this tier (cumulative), as ``family{labels}``."""
-        return self._runtime.metrics.counters_of(self._tier.name)
+        return self._runtime.metrics.counters_of(self.kvtier_name)
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
