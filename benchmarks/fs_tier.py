@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtier import CacheIdentity, ChunkKey, KVLayout
-from kvtier.config import FsTierConfig
+from kvtier.config.schema import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.fs.files import O_DIRECT

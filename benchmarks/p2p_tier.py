@@ -40,7 +40,7 @@ import numpy as np
 import zmq
 
 from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager
-from kvtier.config import P2PTierConfig
+from kvtier.config.schema import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob

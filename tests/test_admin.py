@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from kvtier import ConfigError, TieringConfig, TieringManager
-from kvtier.admin import admin_app
+from kvtier.control.admin import admin_app
 from tests.conftest import config
 
 

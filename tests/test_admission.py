@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier import ChunkKey, ConfigError, TieringManager
-from kvtier.admission.sketch import FrequencySketch
+from kvtier.control.admission.sketch import FrequencySketch
 from tests.conftest import config, fill, make_keys, push_out, read, settle
 
 

@@ -19,8 +19,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "kvtier"
 
 #: Modules above the tiers: a tier importing one of them would call back up.
-MANAGER_SIDE = ("kvtier.manager", "kvtier.promotion", "kvtier.slots", "kvtier.tier_set",
-                "kvtier.provenance", "kvtier.services", "kvtier.guards")  # fmt: skip
+MANAGER_SIDE = ("kvtier.core.manager", "kvtier.core.promotion", "kvtier.core.slots", "kvtier.core.tier_set",
+                "kvtier.core.provenance", "kvtier.core.services", "kvtier.core.entry_checks")  # fmt: skip
 #: Where importing torch (or transformers) at import time is allowed.
 TORCH_ALLOWED = ("kvtier.device", "kvtier.integrations", "kvtier.bench")
 #: What a policy may import.
@@ -152,10 +152,10 @@ def test_the_rules_see_a_planted_violation(tmp_path):
     source.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    import torch\n"
-        "def f():\n    from kvtier.manager import TieringManager\n"
+        "def f():\n    from kvtier.core.manager import TieringManager\n"
     )
     tree = ast.parse(source.read_text())
     top = set(_walk(tree.body, None, True))
     everywhere = set(_walk(list(ast.walk(tree)), None, False))
-    assert "torch" not in top and "kvtier.manager" not in top
-    assert "kvtier.manager" in everywhere
+    assert "torch" not in top and "kvtier.core.manager" not in top
+    assert "kvtier.core.manager" in everywhere

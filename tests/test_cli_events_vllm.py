@@ -19,9 +19,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from kvtier.cli_events import describe, show_batch
-from kvtier.events import EventKind, KVEvent, describe_wire, to_wire
+from kvtier.cli.events import describe, show_batch
 from kvtier.keys import ChunkKey
+from kvtier.telemetry.kv_events import EventKind, KVEvent, describe_wire, to_wire
 
 #: vLLM's default block hashes: 64-bit integers (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``).
 H = [0x1A2B3C4D5E6F7081, 0xF0E1D2C3B4A59687, 0x0000000000000042]
@@ -59,7 +59,7 @@ EXPECTED = [
     "stored   GPU      blocks=1 tokens=128 hashes=0001020304050607 lora=adapter group=1",
     "cleared  -        all blocks",
 ]
-CLI = [sys.executable, "-m", "kvtier.cli", "events"]
+CLI = [sys.executable, "-m", "kvtier.cli.main", "events"]
 
 
 def frames(payload: bytes, seq: int = 0) -> list[bytes]:

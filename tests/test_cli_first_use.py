@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.cli import build_parser
+from kvtier.cli.main import build_parser
 from tests.test_cli_hostile import check
 
-CLI = [sys.executable, "-m", "kvtier.cli"]
+CLI = [sys.executable, "-m", "kvtier.cli.main"]
 
 
 def run(argv, capsys):
@@ -71,7 +71,7 @@ def test_version_names_kvtier_and_the_engines_found_without_importing_them(tmp_p
     fake_distribution(site, "sglang", "0.9.1")
     script = textwrap.dedent("""
         import sys
-        from kvtier.cli import main
+        from kvtier.cli.main import main
         try:
             main(["--version"])
         except SystemExit as exc:

@@ -28,7 +28,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from kvtier.cli import build_parser, main
+from kvtier.cli.main import build_parser, main
 
 #: Where the option or value under test goes in a target's argv.
 HOLE = "<HOLE>"

@@ -16,12 +16,12 @@ import time
 
 import pytest
 
-from kvtier.cli import main
-from kvtier.config_checks import physical_memory_bytes
-from kvtier.events import EventKind, KVEvent, encode_batch
+from kvtier.cli.main import main
+from kvtier.config.checks import physical_memory_bytes
 from kvtier.keys import ChunkKey
+from kvtier.telemetry.kv_events import EventKind, KVEvent, encode_batch
 
-CLI = [sys.executable, "-m", "kvtier.cli"]
+CLI = [sys.executable, "-m", "kvtier.cli.main"]
 
 
 def write(tmp_path, data, name="kv.json"):

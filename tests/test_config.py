@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvtier import ConfigError, TieringConfig
-from kvtier.config import (
+from kvtier.config.schema import (
     ExternalTierConfig,
     FaultTierConfig,
     FsTierConfig,

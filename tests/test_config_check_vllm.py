@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvtier.cli import main
+from kvtier.cli.main import main
 from kvtier.integrations.vllm import check as vllm_check
 
 MODULE = "kvtier.integrations.vllm"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from kvtier.events import EventKind, EventLog
 from kvtier.keys import ChunkKey
+from kvtier.telemetry.kv_events import EventKind, EventLog
 
 
 def keys(n: int) -> list[ChunkKey]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from kvtier.events import (
+from kvtier.keys import ChunkKey
+from kvtier.telemetry.kv_events import (
     EventKind,
     KVEvent,
     decode_batch,
@@ -18,7 +19,6 @@ from kvtier.events import (
     medium,
     to_wire,
 )
-from kvtier.keys import ChunkKey
 
 KEY = ChunkKey(bytes(range(32)))
 
@@ -73,7 +73,7 @@ def test_decode_batch_reads_vllms_own_batches():
     vllm_event = {"type": "BlockRemoved", "block_hashes": [12345], "medium": "GPU"}
     ts, wire = decode_batch(msgpack.packb([3.0, [vllm_event], 0]))
     assert (ts, wire) == (3.0, [vllm_event])
-    from kvtier.cli_events import describe
+    from kvtier.cli.events import describe
 
     assert describe(wire[0]).split()[:3] == ["removed", "GPU", "blocks=1"]  # not "gone"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.host import WRITING, HoldError, HostTier
+from kvtier.core.host_slots import WRITING, HoldError, HostTier
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])

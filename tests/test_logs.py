@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from kvtier.logs import ThrottledLog
+from kvtier.telemetry.logs import ThrottledLog
 
 
 def test_repeats_are_counted_and_reported_with_the_next_warning(caplog):
@@ -53,7 +53,7 @@ def _stderr_of(code: str) -> str:
 
 def test_in_a_process_without_logging_set_up_kvtiers_records_get_level_and_logger():
     err = _stderr_of(
-        "import logging; from kvtier.logs import log_to_stderr; log_to_stderr(); "
+        "import logging; from kvtier.telemetry.logs import log_to_stderr; log_to_stderr(); "
         "logging.getLogger('kvtier.x').warning('removed it')"
     )
     assert "WARNING" in err and "[kvtier.x] removed it" in err
@@ -62,7 +62,7 @@ def test_in_a_process_without_logging_set_up_kvtiers_records_get_level_and_logge
 def test_where_the_application_set_up_logging_nothing_is_added():
     err = _stderr_of(
         "import logging; logging.basicConfig(format='APP %(message)s'); "
-        "from kvtier.logs import log_to_stderr; log_to_stderr(); "
+        "from kvtier.telemetry.logs import log_to_stderr; log_to_stderr(); "
         "logging.getLogger('kvtier.x').warning('removed it')"
     )
     assert err.strip() == "APP removed it"

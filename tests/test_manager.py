@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from kvtier import RETRY, ConfigError, KVTierError, TieringConfig, TieringManager
-from kvtier.config import MemoryTierConfig
-from kvtier.events import EventKind
+from kvtier.config.schema import MemoryTierConfig
 from kvtier.region import HostRegion
+from kvtier.telemetry.kv_events import EventKind
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.memory import MemoryTier
 from tests.conftest import config, make_keys, push_out, read, settle, store

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvtier import RETRY, TieringManager
-from kvtier.events import EventKind
+from kvtier.telemetry.kv_events import EventKind
 from tests.conftest import (
     config,
     make_keys,

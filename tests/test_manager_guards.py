@@ -17,10 +17,10 @@ from kvtier import (
     TieringConfig,
     TieringManager,
 )
-from kvtier.config import FsTierConfig
+from kvtier.config.schema import FsTierConfig
+from kvtier.core.promotion import PROBE_AHEAD
 from kvtier.errors import ClosedError, HoldError, InvalidKeyError
-from kvtier.events import EventKind
-from kvtier.promotion import PROBE_AHEAD
+from kvtier.telemetry.kv_events import EventKind
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TransferJob
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.fs.tier import FilesystemTier

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvtier.metrics import ManagerMetrics, MetricsServer, TelemetryCollector
+from kvtier.telemetry.metrics import ManagerMetrics, MetricsServer, TelemetryCollector
 
 IDLE = 250
 DEADLINE_S = 30.0

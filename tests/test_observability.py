@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier import RETRY, TieringConfig, TieringManager
-from kvtier.events import EventKind, EventSubscriber
+from kvtier.telemetry.kv_events import EventKind, EventSubscriber
 from tests.child_process import child_env
 from tests.conftest import fill, has_output, make_keys, on_a_free_port, read_line
 
@@ -292,7 +292,7 @@ def stream_until(stream, count):
 
 
 def test_wire_format_decodes_with_vllm_structs(identity, tmp_path):
-    from kvtier.events import encode_batch
+    from kvtier.telemetry.kv_events import encode_batch
 
     with make_manager(identity, tmp_path, [{"type": "memory"}]) as m:
         keys = make_keys(identity, 1)
@@ -314,7 +314,7 @@ def test_wire_format_decodes_with_vllm_structs(identity, tmp_path):
 def test_kvtier_events_prints_what_arrives(identity, tmp_path):
     """``kvtier events`` says on stderr once it is subscribed; then it prints each event."""
     m, endpoint = publishing_manager(identity, tmp_path, [])
-    command = [sys.executable, "-m", "kvtier.cli", "events", "--connect", endpoint,
+    command = [sys.executable, "-m", "kvtier.cli.main", "events", "--connect", endpoint,
                "--timeout", "120"]  # fmt: skip
     with m:
         printer = subprocess.Popen(
@@ -350,7 +350,7 @@ def test_grafana_dashboard_uses_only_exported_metrics():
     import json
     import re
 
-    from kvtier.metrics import MANAGER_FAMILIES
+    from kvtier.telemetry.metrics import MANAGER_FAMILIES
 
     dashboard = Path(__file__).parent.parent / "docs" / "grafana" / "kvtier-dashboard.json"
     exprs = [t["expr"] for p in json.loads(dashboard.read_text())["panels"] for t in p["targets"]]

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtier import KVTierError, TieringManager
+from kvtier.core.host_slots import HostTier
 from kvtier.errors import InvalidArgumentError
-from kvtier.host import HostTier
 from kvtier.policies import make_policy
 from kvtier.policies.priority import DEFAULT_PRIORITY, PrioritizedPolicy
 from tests.conftest import config, make_keys, store

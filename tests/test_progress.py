@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvtier import RETRY, TieringManager
-from kvtier.config import FsTierConfig, MemoryTierConfig
+from kvtier.config.schema import FsTierConfig, MemoryTierConfig
+from kvtier.core.progress import Progress
 from kvtier.identity import CacheIdentity
-from kvtier.progress import Progress
 from kvtier.region import HostRegion
 from kvtier.tiers.base import MISS, SecondaryTier, TransferJob
 from kvtier.tiers.fault import FaultInjectingTier

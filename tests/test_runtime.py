@@ -9,13 +9,13 @@ import weakref
 
 import pytest
 
-from kvtier.config import MemoryTierConfig, RuntimeConfig
+from kvtier.config.schema import MemoryTierConfig, RuntimeConfig
+from kvtier.control.slo_guard import SLOGuardConfig
+from kvtier.core.runtime import Runtime
+from kvtier.core.tier_set import Retired
 from kvtier.errors import ClosedError
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.runtime import Runtime
-from kvtier.slo import SLOGuardConfig
-from kvtier.tier_set import Retired
 from kvtier.tiers.base import MISS
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.memory import MemoryTier

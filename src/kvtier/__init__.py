@@ -5,7 +5,9 @@ filesystem, an S3-compatible object store, peer instances); a later request with
 gets them back instead of recomputing them. See ``TieringManager`` for the engine-facing API.
 """
 
+from kvtier import _moved
 from kvtier.config import TieringConfig
+from kvtier.core.manager import StorePlan, TieringManager
 from kvtier.errors import (
     CapacityError,
     ConfigError,
@@ -17,10 +19,11 @@ from kvtier.errors import (
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.layout import KVLayout
-from kvtier.manager import StorePlan, TieringManager
 from kvtier.tiers.base import HIT, MISS, RETRY, Lookup
 
 __version__ = "0.1.0"
+
+_moved.install()
 
 __all__ = [
     "HIT",

@@ -12,7 +12,7 @@ tiers that cannot start. The hierarchy::
     ├── ClosedError             a manager was called after ``close`` (also a ``RuntimeError``)
     ├── InvalidKeyError         a key that is not a ``ChunkKey`` (also a ``TypeError``)
     ├── InvalidArgumentError    an argument out of range, e.g. a priority (also a ``ValueError``)
-    └── HoldError               a release without a matching hold (``kvtier.host``)
+    └── HoldError               a release without a matching hold (``kvtier.core.host_slots``)
 """
 
 from __future__ import annotations

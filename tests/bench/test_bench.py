@@ -13,7 +13,7 @@ import torch
 from kvtier.bench import report
 from kvtier.bench.cli import options_from
 from kvtier.bench.runner import Bench, BenchOptions, Sweep
-from kvtier.cli import build_parser
+from kvtier.cli.main import build_parser
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from kvtier.bench.mixed import MixedSpec, MixedWorkload, mixed_schedule
 from kvtier.bench.workload import WorkloadSpec
-from kvtier.cli import main
+from kvtier.cli.main import main
 
 TINY = ["bench", "--admission", "--model", "tiny", "--conversations", "2", "--rounds", "2",
         "--first-prompt-tokens", "40", "--user-turn-tokens", "6", "--new-tokens", "2",

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from kvtier.cli import main
+from kvtier.cli.main import main
 
 TINY = ["bench", "--quick", "--model", "tiny", "--conversations", "1", "--rounds", "1",
         "--first-prompt-tokens", "16", "--no-progress"]  # fmt: skip

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kvtier.cli import main
-from kvtier.config import TieringConfig
+from kvtier.cli.main import main
+from kvtier.config.schema import TieringConfig
 from kvtier.integrations.vllm import check
 from kvtier.integrations.vllm.engine_config import engine_config
 
@@ -195,9 +195,9 @@ def test_the_default_target_is_the_installed_vllm(tmp_path, capsys, mix, monkeyp
 
 
 def test_host_memory_is_capped_at_half_of_this_machine(tmp_path, capsys, mix, monkeypatch):
-    import kvtier.config_checks
+    import kvtier.config.checks
 
-    monkeypatch.setattr(kvtier.config_checks, "physical_memory_bytes", lambda: 4 << 30)
+    monkeypatch.setattr(kvtier.config.checks, "physical_memory_bytes", lambda: 4 << 30)
     text, flag = plan_line(capsys, mix, tmp_path, "--host-memory", "64GiB")
     assert flag["kv_connector_extra_config"]["cpu_bytes_to_use"] <= 2 << 30
     assert "cpu_bytes_to_use capped at" in text and "half of this machine's 4.0 GiB" in text
@@ -206,7 +206,7 @@ def test_host_memory_is_capped_at_half_of_this_machine(tmp_path, capsys, mix, mo
     )
     assert flag["kv_connector_extra_config"]["cpu_bytes_to_use"] <= 1 << 30
     assert "(--max-cpu-bytes)" in text
-    monkeypatch.setattr(kvtier.config_checks, "physical_memory_bytes", lambda: 1 << 40)
+    monkeypatch.setattr(kvtier.config.checks, "physical_memory_bytes", lambda: 1 << 40)
     text, flag = plan_line(capsys, mix, tmp_path, "--host-memory", "64GiB")
     assert (
         "cpu_bytes_to_use capped" not in text

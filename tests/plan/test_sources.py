@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.plan.events import convert
 from kvtier.plan.recorder import TraceRecorder
+from kvtier.plan.trace_from_events import convert
 from kvtier.plan.trace_read import read_trace
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvtier.admission import Offer
+from kvtier.control.admission import Offer
 
 
 class EvenFirstByte:

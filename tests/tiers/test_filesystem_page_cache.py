@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from kvtier import CacheIdentity, ChunkKey
-from kvtier.config import FsTierConfig
+from kvtier.config.schema import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.fs import files as fs_files
 from kvtier.tiers.fs import paths as fs_paths
-from kvtier.tiers.fs.cache_policy import CACHESTAT, PageCachePolicy, read_meminfo
+from kvtier.tiers.fs.page_cache import CACHESTAT, PageCachePolicy, read_meminfo
 from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, fill, holds, make_keys

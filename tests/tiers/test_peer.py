@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from kvtier import RETRY, CacheIdentity, TieringManager
-from kvtier.config import P2PTierConfig
-from kvtier.events import EventKind
+from kvtier.config.schema import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
+from kvtier.telemetry.kv_events import EventKind
 from kvtier.tiers.base import HIT, MISS, TransferJob
 from kvtier.tiers.peer.tier import PeerTier
 from tests.conftest import collect, config, fill, holds, make_keys, settle_lookup, wait_for

@@ -17,9 +17,9 @@ import pytest
 import zmq
 
 from kvtier import CacheIdentity, KVLayout, TieringManager
-from kvtier.cli import main
-from kvtier.config import P2PTierConfig
-from kvtier.host import HostTier
+from kvtier.cli.main import main
+from kvtier.config.schema import P2PTierConfig
+from kvtier.core.host_slots import HostTier
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob

@@ -13,9 +13,9 @@ import pytest
 
 from kvtier import MISS, RETRY, TieringManager
 from kvtier import promotion as promotion_module
-from kvtier.config import P2PTierConfig
-from kvtier.events import EventKind
+from kvtier.config.schema import P2PTierConfig
 from kvtier.region import HostRegion
+from kvtier.telemetry.kv_events import EventKind
 from kvtier.tiers.peer.tier import PeerTier
 from tests.conftest import config, make_keys, read, settle, store, wait_for
 

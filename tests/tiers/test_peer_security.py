@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager
-from kvtier.cli import main
-from kvtier.config import P2PTierConfig, ServeConfig
+from kvtier.cli.main import main
+from kvtier.config.schema import P2PTierConfig, ServeConfig
 from kvtier.errors import ConfigError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, TransferJob

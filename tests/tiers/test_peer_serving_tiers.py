@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from kvtier import TieringManager
-from kvtier.events import EventKind
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
+from kvtier.telemetry.kv_events import EventKind
 from kvtier.tiers.base import MISS, RETRY, JobResult, Lookup, SecondaryTier, TransferJob
 from tests.conftest import config, holds, make_keys, on_a_free_port, settle_lookup
 from tests.tiers.peer_node import PeerNode

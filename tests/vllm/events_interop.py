@@ -10,8 +10,8 @@ import json
 import msgspec
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
-from kvtier.events import EventKind, KVEvent, encode_batch
 from kvtier.keys import ChunkKey
+from kvtier.telemetry.kv_events import EventKind, KVEvent, encode_batch
 
 KEYS = [ChunkKey(bytes([i]) * 32) for i in range(3)]
 EVENTS = [

@@ -22,7 +22,7 @@ from kvtier.bench.vllm_bench import VllmBench, VllmBenchOptions
 from kvtier.bench.vllm_cli import _strategies
 from kvtier.bench.vllm_runner import scrape_operator_plane
 from kvtier.bench.vllm_strategies import STRATEGIES, Pools, preset_config
-from kvtier.cli import main
+from kvtier.cli.main import main
 from kvtier.integrations.vllm.engine_config import engine_config, unknown_keys
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from kvtier.core.tier_set import Retired
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import engine as engines
 from kvtier.integrations.vllm.engine_config import engine_config, unknown_keys
-from kvtier.tier_set import Retired
 from tests.test_admin import free_port
 from tests.vllm.test_retention import Context
 

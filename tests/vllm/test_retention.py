@@ -11,11 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import RuntimeConfig
+from kvtier.config.schema import RuntimeConfig
+from kvtier.core.runtime import Runtime
+from kvtier.core.tier_set import Retired
 from kvtier.errors import ConfigError, InvalidArgumentError
 from kvtier.integrations.vllm.options import admission_config
 from kvtier.integrations.vllm.priority_cache import PriorityCache
-from kvtier.integrations.vllm.retention import (
+from kvtier.integrations.vllm.request_retention import (
     RETENTION_KEY,
     Retention,
     is_invalid,
@@ -24,8 +26,6 @@ from kvtier.integrations.vllm.retention import (
     retention_by_key,
 )
 from kvtier.policies.priority import DEFAULT_PRIORITY
-from kvtier.runtime import Runtime
-from kvtier.tier_set import Retired
 
 
 class Context:

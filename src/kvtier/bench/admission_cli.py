@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli import int_in
+from kvtier.cli.main import int_in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

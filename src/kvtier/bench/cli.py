@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench import admission_cli, vllm_cli
-from kvtier.cli import UsageError, float_in, int_in
-from kvtier.cli_files import check_output
+from kvtier.cli.files import check_output
+from kvtier.cli.main import UsageError, float_in, int_in
 from kvtier.errors import KVTierError
 
 
@@ -177,7 +177,7 @@ def check_options(options: Any) -> None:
     """``UsageError`` for a model that is neither a preset nor a directory, a bad ``--config``,
     or conversations longer than a preset model's 16384 positions."""
     from kvtier.bench.engine import MODEL_PRESETS
-    from kvtier.config import TieringConfig
+    from kvtier.config.schema import TieringConfig
 
     if options.model not in MODEL_PRESETS and not os.path.isdir(options.model):
         presets = ", ".join(MODEL_PRESETS)
@@ -246,7 +246,7 @@ def _build(options: Any) -> Any:
 
 def _check_capacities(bench: Any) -> None:
     """``UsageError`` unless host memory holds a chunk and fits this host's memory."""
-    from kvtier.config import TieringConfig
+    from kvtier.config.schema import TieringConfig
 
     caps = bench.capacities()
     flag = "--config" if bench.options.config_path else "--host-convs"
@@ -271,7 +271,7 @@ def _serve(port: int) -> tuple[Any, Any]:
     """A metrics server on 127.0.0.1 (``port`` 0: any free port) and the collector it serves."""
     from prometheus_client import CollectorRegistry
 
-    from kvtier.metrics import DelegatingCollector, MetricsServer
+    from kvtier.telemetry.metrics import DelegatingCollector, MetricsServer
 
     collector = DelegatingCollector()
     registry = CollectorRegistry(auto_describe=False)

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from kvtier.bench.workload import Request, Workload, WorkloadSpec
-from kvtier.config import TieringConfig
+from kvtier.config.schema import TieringConfig
+from kvtier.core.manager import TieringManager
 from kvtier.identity import CacheIdentity
 from kvtier.integrations.transformers import DeviceChunkCache, Generation, TieredModel
-from kvtier.manager import TieringManager
 
 #: Llama-shaped models with random weights (head dim 64 throughout).
 MODEL_PRESETS: dict[str, dict[str, Any]] = {

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from kvtier.cli import UsageError
+from kvtier.cli.main import UsageError
 
 #: ``kvtier bench`` argument -> ``VllmBenchOptions`` field, for the shared options.
 SHARED = (

@@ -48,16 +48,16 @@ from typing import Any
 import torch
 import xxhash
 
+from kvtier.control.retention import expiry, request_priority
+from kvtier.core.manager import TieringManager
 from kvtier.device.transfer import TransferEngine
 from kvtier.errors import ConfigError, KVTierError
-from kvtier.events import EventKind, KVEvent
 from kvtier.identity import CacheIdentity
 from kvtier.integrations.hf_cache import CacheSession, StateMember, layout_for, probe
 from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.layout import KVLayout
-from kvtier.manager import TieringManager
 from kvtier.plan.recorder import open_recorder
-from kvtier.retention import expiry, request_priority
+from kvtier.telemetry.kv_events import EventKind, KVEvent
 from kvtier.tiers.base import RETRY
 
 __all__ = ["DeviceChunkCache", "Generation", "TieredModel", "identity_for", "layout_for"]

@@ -1,7 +1,7 @@
 """``kvtier plan TRACE`` and ``kvtier trace synth|from-events``: argument parsing and output.
 
 Bad input (an unreadable or empty trace, a bad option, an unwritable output) is reported the
-way ``kvtier.cli`` reports it: usage, ``kvtier: error: ...``, exit status 2, no traceback.
+way ``kvtier.cli.main`` reports it: usage, ``kvtier: error: ...``, exit status 2, no traceback.
 Bad lines inside a trace are skipped and counted in the report. Runs on the main thread.
 """
 
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli_files import atomic_output, check_output
-from kvtier.cli_types import add_model_shape, float_in, int_in
+from kvtier.cli.common import add_model_shape, float_in, int_in
+from kvtier.cli.files import atomic_output, check_output
 from kvtier.layout import DTYPE_SIZES
 from kvtier.plan.cli_common import Usage, byte_size, command
 from kvtier.plan.trace_cli import add_trace_commands
@@ -200,7 +200,7 @@ def _options(args: argparse.Namespace) -> Any:
 def _cpu_cap(given: int | None) -> dict[str, Any]:
     """``max_cpu_bytes`` and its reason: ``--max-cpu-bytes``, else half of this machine's
     physical memory (no cap where that is unknown)."""
-    from kvtier.config_checks import physical_memory_bytes
+    from kvtier.config.checks import physical_memory_bytes
     from kvtier.plan.verdict import size
 
     if given is not None:
@@ -234,7 +234,7 @@ def _rates(args: argparse.Namespace, chunk_bytes: int) -> Any:
 def _base_config(path: str | None) -> dict[str, Any] | None:
     if path is None:
         return None
-    from kvtier.config import TieringConfig
+    from kvtier.config.schema import TieringConfig
 
     TieringConfig.load(path)  # ConfigError (a KVTierError) names what is wrong
     data: dict[str, Any] = json.loads(Path(path).read_text())
@@ -292,7 +292,7 @@ def _emit(
     analysis: Any, recommendation: Any, args: argparse.Namespace, base: dict[str, Any] | None
 ) -> list[str]:
     """Print vLLM's line; write the configs asked for (each checked first); their paths."""
-    from kvtier.config import TieringConfig
+    from kvtier.config.schema import TieringConfig
     from kvtier.plan.report import kvtier_config
 
     written = []

@@ -10,7 +10,7 @@ import argparse
 import re
 from collections.abc import Callable
 
-from kvtier.cli_types import UsageError
+from kvtier.cli.common import UsageError
 from kvtier.errors import KVTierError
 
 _UNITS = {

@@ -72,7 +72,7 @@ def calibrate_fs(base: Throughputs, chunk_bytes: int, directory: str | None) -> 
 
 def _measure_fs(root: Path, size: int, count: int) -> tuple[float, float]:
     from kvtier import CacheIdentity, ChunkKey, KVLayout
-    from kvtier.config import FsTierConfig
+    from kvtier.config.schema import FsTierConfig
     from kvtier.region import HostRegion
     from kvtier.tiers.base import TransferJob
     from kvtier.tiers.fs.tier import FilesystemTier
@@ -188,7 +188,7 @@ def headroom(
     total: int | None, process: int, with_storage_tier: bool, page_cache: int | None = None
 ) -> Headroom:
     """The headroom of a host of ``total`` bytes (this machine's when ``None``)."""
-    from kvtier.config_checks import physical_memory_bytes
+    from kvtier.config.checks import physical_memory_bytes
 
     memory = total or physical_memory_bytes() or 16 * GiB
     os_bytes = max(GiB, memory // 20)

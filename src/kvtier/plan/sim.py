@@ -31,7 +31,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from kvtier.host import PROTECT, HostTier
+from kvtier.core.host_slots import PROTECT, HostTier
 from kvtier.keys import ChunkKey
 from kvtier.plan.stack import Stream
 from kvtier.policies import EvictionPolicy, make_policy
@@ -112,7 +112,7 @@ def _run(
 
 
 def replay_host_tier(stream: Stream, policy: str, capacity: int, admission: bool = False) -> int:
-    """Chunks hit when the stream is replayed through a real ``kvtier.host.HostTier``.
+    """Chunks hit when the stream is replayed through a real ``kvtier.core.host_slots.HostTier``.
 
     The same op sequence, in HostTier's own calls: ``touch`` for loads, ``hold`` (as owner
     ``PROTECT``) + ``allocate`` + ``complete_write`` for stores, ``touch`` for recency.

@@ -12,8 +12,8 @@ import argparse
 import math
 from typing import Any
 
-from kvtier.cli_files import atomic_output, open_input
-from kvtier.cli_types import float_in, int_in
+from kvtier.cli.common import float_in, int_in
+from kvtier.cli.files import atomic_output, open_input
 from kvtier.plan.cli_common import Usage, command
 
 #: Synth options of a size in tokens, or a count: (flag, group, default, help).
@@ -143,7 +143,7 @@ def _mix(text: str) -> tuple[float, float, float]:
 
 
 def _from_events(args: argparse.Namespace) -> int:
-    from kvtier.plan.events import convert
+    from kvtier.plan.trace_from_events import convert
 
     medium = None if args.medium == "any" else args.medium
     with open_input(args.capture, "capture") as capture, atomic_output(args.out, "--out") as out:

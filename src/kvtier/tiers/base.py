@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvtier.keys import ChunkKey
-from kvtier.logs import ThrottledLog
-from kvtier.metrics import Telemetry, TierMetrics
+from kvtier.telemetry.logs import ThrottledLog
+from kvtier.telemetry.metrics import Telemetry, TierMetrics
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)

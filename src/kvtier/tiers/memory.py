@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from kvtier.config import MemoryTierConfig
+from kvtier.config.schema import MemoryTierConfig
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
-from kvtier.config import ExternalTierConfig, FaultTierConfig, TierConfig
-from kvtier.config_parser import parse_dataclass
+from kvtier.config.parser import parse_dataclass
+from kvtier.config.schema import ExternalTierConfig, FaultTierConfig, TierConfig
 from kvtier.errors import ConfigError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey

@@ -31,10 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier.cli import human_bytes
-from kvtier.config import RuntimeConfig
-from kvtier.config_checks import physical_memory_bytes
-from kvtier.config_parser import VLLM_OUTER_KEYS
+from kvtier.cli.main import human_bytes
+from kvtier.config.checks import physical_memory_bytes
+from kvtier.config.parser import VLLM_OUTER_KEYS
+from kvtier.config.schema import RuntimeConfig
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.check_tiers import KVTIER_TIERS, MODULE, TierCheck
 from kvtier.integrations.vllm.engine_config import PATH, engine_config, unknown_keys

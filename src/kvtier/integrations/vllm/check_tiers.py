@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.admission import AdmissionConfig
-from kvtier.cli import describe_tier
+from kvtier.cli.main import describe_tier
+from kvtier.control.admission import AdmissionConfig
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.engine_config import PATH
 from kvtier.integrations.vllm.options import adapter_options, admission_config, tier_config

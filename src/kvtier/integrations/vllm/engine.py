@@ -2,7 +2,7 @@
 
 vLLM builds each ``secondary_tiers`` entry as its own ``SecondaryTierManager``. Every kvtier
 tier of one engine (keyed by vLLM's ``engine_id``) joins the same ``EngineRuntime``: one
-``kvtier.runtime.Runtime`` holding those tiers, their jobs, switches, the SLO guard, admission
+``kvtier.core.runtime.Runtime`` holding those tiers, their jobs, switches, the SLO guard, admission
 and metrics, configured from kvtier's keys at the top of ``kv_connector_extra_config``
 (``engine_config``). The first tier to join starts ``/metrics`` and the admin endpoint
 (``metrics_port``, ``metrics_admin``); the last to leave closes them.
@@ -24,11 +24,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtier.core.runtime import Runtime
 from kvtier.integrations.vllm import shm
 from kvtier.integrations.vllm.engine_config import engine_config, unknown_keys
-from kvtier.integrations.vllm.retention import RETENTION_KEY, is_invalid, request_retention
-from kvtier.logs import ThrottledLog, log_to_stderr
-from kvtier.runtime import Runtime
+from kvtier.integrations.vllm.request_retention import RETENTION_KEY, is_invalid, request_retention
+from kvtier.telemetry.logs import ThrottledLog, log_to_stderr
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)

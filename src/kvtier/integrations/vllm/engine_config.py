@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvtier.config import RUNTIME_KEYS, RuntimeConfig
-from kvtier.config_parser import parse_dataclass
+from kvtier.config.parser import parse_dataclass
+from kvtier.config.schema import RUNTIME_KEYS, RuntimeConfig
 from kvtier.errors import ConfigError
 
 PATH = "kv_connector_extra_config"

@@ -3,7 +3,7 @@
 A vLLM user writes ``{"type": "KvtierFs", "module_path": "kvtier.integrations.vllm",
 "root_dir": "/kv", "max_bytes": ...}``. vLLM takes ``type``, ``module_path`` and
 ``backpressure`` for itself and passes every other key to the tier's constructor. The adapter
-keeps its own keys (``ADAPTER_OPTIONS``) and hands the rest to ``kvtier.config_parser`` as a
+keeps its own keys (``ADAPTER_OPTIONS``) and hands the rest to ``kvtier.config.parser`` as a
 tier of the class's kind, so unknown keys, wrong types and impossible values raise
 ``ConfigError`` naming the key, e.g. ``KvtierFs.max_bytes: expected a positive integer``.
 ``KvtierTier`` takes one key, ``kvtier``: a whole kvtier tier entry (``module_path`` tiers too).
@@ -19,9 +19,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from kvtier.admission import AdmissionConfig
-from kvtier.config import FsTierConfig, TierConfig
-from kvtier.config_parser import parse_tier
+from kvtier.config.parser import parse_tier
+from kvtier.config.schema import FsTierConfig, TierConfig
+from kvtier.control.admission import AdmissionConfig
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.region import PrimaryRegion
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Collection, Container, Iterable, Sequence
 from typing import Generic, TypeVar
 
-from kvtier.integrations.vllm.retention import Retention
+from kvtier.integrations.vllm.request_retention import Retention
 from kvtier.policies import EvictionPolicy, make_policy
 from kvtier.policies.priority import RetainedPolicy
 

@@ -31,7 +31,7 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 from kvtier.integrations.vllm import shm
 from kvtier.integrations.vllm.engine_config import refuse_orphan_runtime_keys
 from kvtier.integrations.vllm.worker import CPUHostWorker
-from kvtier.logs import log_to_stderr
+from kvtier.telemetry.logs import log_to_stderr
 
 
 def _refuse_canonical(config: Any) -> None:

@@ -6,7 +6,7 @@ tiers included). vLLM loads them by class name from ``module_path: "kvtier.integ
 and builds them with ``cls(offloading_spec=, primary_kv_view=, tier_type=,
 backpressure_detector=, **rest_of_the_entry)``.
 
-The adapter only translates: every decision is the engine's ``kvtier.runtime.Runtime``
+The adapter only translates: every decision is the engine's ``kvtier.core.runtime.Runtime``
 (``engine``), the same object kvtier's own manager composes. Each tier joins its engine's
 runtime, which holds its jobs (``TierSet``), switches it off and on (by hand through the admin
 endpoint, or by the SLO guard on its promotion latency), admits what it is written
@@ -55,7 +55,8 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.config import TierConfig
+from kvtier.config.schema import TierConfig
+from kvtier.core.tier_set import Finished
 from kvtier.integrations.vllm import engine as engines
 from kvtier.integrations.vllm.identity import REVERSE_CAPACITY, KeyMap, identity_from_config
 from kvtier.integrations.vllm.metrics import CounterBridge, definitions, tier_label
@@ -66,11 +67,10 @@ from kvtier.integrations.vllm.options import (
     tier_config,
 )
 from kvtier.integrations.vllm.region import PrimaryRegion
-from kvtier.integrations.vllm.retention import retention_by_key
+from kvtier.integrations.vllm.request_retention import retention_by_key
 from kvtier.keys import ChunkKey
-from kvtier.logs import ThrottledLog
 from kvtier.policies.priority import DEFAULT_PRIORITY
-from kvtier.tier_set import Finished
+from kvtier.telemetry.logs import ThrottledLog
 from kvtier.tiers import base as kv
 from kvtier.tiers.registry import build_tier
 

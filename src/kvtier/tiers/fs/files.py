@@ -36,15 +36,15 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+from kvtier.config.file_modes import DEFAULT_DIR_MODE, file_mode
 from kvtier.errors import IntegrityError, TierError
-from kvtier.file_modes import DEFAULT_DIR_MODE, file_mode
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.fs import native
-from kvtier.tiers.fs.cache_policy import CACHESTAT, PageCachePolicy
 from kvtier.tiers.fs.io import payload_checksum, pread_all, pwrite_all
 from kvtier.tiers.fs.namespace import Namespace
+from kvtier.tiers.fs.page_cache import CACHESTAT, PageCachePolicy
 from kvtier.tiers.fs.paths import (
     check_regular,
     chunk_dir,
@@ -70,7 +70,7 @@ class ChunkFiles:
 
     Creating it creates the namespace (``directory``; read-only on a full disk, ``TierError``
     if ``root_dir`` cannot be written otherwise). Directories it creates get ``dir_mode``,
-    files ``file_mode(dir_mode)`` (``kvtier.file_modes``; the umask may narrow both).
+    files ``file_mode(dir_mode)`` (``kvtier.config.file_modes``; the umask may narrow both).
     ``o_direct`` is ``"on"`` (``TierError`` if the filesystem refuses it), ``"off"``, or
     ``"auto"``: when a probe write and read succeed and the kernel has ``cachestat``, page cache
     or O_DIRECT chunk by chunk (``adaptive``, see ``cache_policy``); O_DIRECT throughout where

@@ -23,8 +23,8 @@ import threading
 import time
 from contextlib import suppress
 
+from kvtier.config.file_modes import DEFAULT_DIR_MODE, file_mode, make_dirs
 from kvtier.errors import TierError
-from kvtier.file_modes import DEFAULT_DIR_MODE, file_mode, make_dirs
 from kvtier.identity import CacheIdentity
 from kvtier.tiers.shared.codec import FORMAT_VERSION
 

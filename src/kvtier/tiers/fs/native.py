@@ -22,7 +22,7 @@ from __future__ import annotations
 import errno
 from types import ModuleType
 
-from kvtier.file_modes import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE
+from kvtier.config.file_modes import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE
 from kvtier.tiers.fs.paths import OPENAT2
 
 _fastio: ModuleType | None

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from kvtier.file_modes import DEFAULT_DIR_MODE, make_dirs
+from kvtier.config.file_modes import DEFAULT_DIR_MODE, make_dirs
 
 _NAMESPACE_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
 _LEVEL_FLAGS = _NAMESPACE_FLAGS | os.O_NOFOLLOW

@@ -16,7 +16,7 @@ capacity bound, recent misses) is in ``fs_index``. This module ties them to the 
 * what it creates is private unless ``dir_mode`` says otherwise: directories (``root_dir`` and
   its missing parents too) ``dir_mode`` (0700), files the same bits without execute (0600); an
   existing ``root_dir`` or namespace more open than ``dir_mode`` is warned about at start and
-  left as it is (``kvtier.file_modes``);
+  left as it is (``kvtier.config.file_modes``);
 * a restart on a full (or read-only) filesystem starts *read-only* (``read_only`` in stats, one
   warning): what is on disk is served, stores fail (``store_failed.read_only``), and writes
   resume once the namespace can be written again (``fs_namespace``).
@@ -45,9 +45,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from typing import Literal
 
-from kvtier.config import FsTierConfig
+from kvtier.config.file_modes import DEFAULT_DIR_MODE, open_to_others, parse_mode
+from kvtier.config.schema import FsTierConfig
 from kvtier.errors import CapacityError, ConfigError, IntegrityError, TierError
-from kvtier.file_modes import DEFAULT_DIR_MODE, open_to_others, parse_mode
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion

@@ -44,19 +44,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvtier.config import ServeConfig
+from kvtier.config.schema import ServeConfig
 from kvtier.errors import IntegrityError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.peer import protocol as proto
 from kvtier.tiers.peer.server_holds import PeerHolds, Replies
-from kvtier.tiers.peer.server_listen import listen
+from kvtier.tiers.peer.server_transport import listen
 from kvtier.tiers.peer.transport import Transport
 from kvtier.tiers.shared import codec
 
 if TYPE_CHECKING:
-    from kvtier.tiers.peer.host import PeerHost
+    from kvtier.tiers.peer.host_view import PeerHost
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from kvtier.keys import ChunkKey
-from kvtier.tiers.peer.host import PeerHost
+from kvtier.tiers.peer.host_view import PeerHost
 from kvtier.tiers.peer.transport import SendReceipt
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.config import P2PTierConfig
+from kvtier.config.schema import P2PTierConfig
 from kvtier.errors import IntegrityError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Protocol
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
+from kvtier.config.file_modes import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, make_dirs
 from kvtier.errors import ConfigError
-from kvtier.file_modes import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, make_dirs
 
 if TYPE_CHECKING:
-    from kvtier.tiers.peer.listener import ZmqListener
+    from kvtier.tiers.peer.zmq_listener import ZmqListener
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ class ZmqTransport:
                 f"serve.host, serve.port: cannot listen on {host}:{port} ({exc})"
             ) from exc
         monitor: zmq.Socket[bytes] = socket.get_monitor_socket(zmq.EVENT_ACCEPTED)
-        from kvtier.tiers.peer.listener import ZmqListener  # it imports this module's types
+        from kvtier.tiers.peer.zmq_listener import ZmqListener  # it imports this module's types
 
         listener = ZmqListener(socket, port, limits, monitor, self.forget)
         self._listeners.append(listener)

@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 import obstore
 from obstore.store import S3Store
 
-from kvtier.config import ObjTierConfig
-from kvtier.config_checks import redact_url, redact_urls
+from kvtier.config.checks import redact_url, redact_urls
+from kvtier.config.schema import ObjTierConfig
 from kvtier.errors import ConfigError, IntegrityError, TierError, TierUnavailable
 
 _STATUS = re.compile(r"status code: (\d{3})")

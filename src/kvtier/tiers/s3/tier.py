@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from kvtier.config import ObjTierConfig
+from kvtier.config.schema import ObjTierConfig
 from kvtier.errors import IntegrityError, TierError, TierUnavailable
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey

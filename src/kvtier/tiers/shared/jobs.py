@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from kvtier.keys import ChunkKey
-from kvtier.logs import ThrottledLog
+from kvtier.telemetry.logs import ThrottledLog
 from kvtier.tiers.base import JobOutcome, JobResult, Op, SecondaryTier, TransferJob, job_result
 
 log = logging.getLogger(__name__)

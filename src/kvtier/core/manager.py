@@ -1,0 +1,389 @@
+"""TieringManager: the engine-facing API; orchestrates the host tier and the secondary tiers.
+
+Bookkeeping only: every method returns in microseconds and never waits on I/O. Bytes move on the
+tiers' own threads; their results are collected by ``poll`` (which ``lookup`` also calls).
+
+Write-through: ``complete_store(success=True)`` pushes the new host chunks to every secondary tier
+at once, holding each host slot against eviction until every push has finished. ``lookup`` counts
+the leading chunks ready in host; past the first host miss it hands over to ``Promoter``, which
+promotes chunks from the tiers and answers ``RETRY`` until they land.
+
+Observability: every decision is counted in ``self.metrics`` (Prometheus on ``metrics_port``),
+and every chunk movement is a KV event (``take_events``; published on ZeroMQ with ``kv_events``).
+
+Thread safety: call the methods from one thread (the engine's scheduler loop). They also take an
+internal lock, so that a peer server (``serve``) can answer peers from its own driver thread
+while the engine is idle; a call never waits on I/O, only, briefly, on that thread's ``poll``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from kvtier.config.checks import key_path, listen_errors
+from kvtier.config.schema import TieringConfig
+from kvtier.control.retention import Priority, Retention, expiry, prefix_length, priorities
+from kvtier.core.entry_checks import engine_call, serialized
+from kvtier.core.host_slots import ENGINE, HostTier, WriteThrough
+from kvtier.core.operations import Operations
+from kvtier.core.peer_view import ManagerPeerHost
+from kvtier.core.progress import Progress
+from kvtier.core.promotion import Promoter
+from kvtier.core.provenance import Provenance
+from kvtier.core.runtime import Runtime
+from kvtier.core.services import ManagerService, Services, close_all
+from kvtier.core.slots import SlotAllocator
+from kvtier.core.tier_set import Finished
+from kvtier.errors import ClosedError, ConfigError, KVTierError
+from kvtier.identity import CacheIdentity
+from kvtier.keys import ChunkKey
+from kvtier.region import HostRegion
+from kvtier.telemetry.kv_events import EventKind, EventLog, EventPublisher
+from kvtier.telemetry.metrics import state_gauges
+from kvtier.telemetry.transfer_meter import TransferClock
+from kvtier.tiers.base import Lookup, SecondaryTier
+from kvtier.tiers.registry import build_tier
+
+if TYPE_CHECKING:
+    from kvtier.tiers.peer.server import PeerServer
+
+#: Builds a tier over the manager's host region, for ``TieringManager(tiers=...)``.
+TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """Slots reserved by ``prepare_store``: write chunk ``keys[i]`` into ``slots[i]``."""
+
+    keys: list[ChunkKey]
+    slots: list[int]
+
+
+class TieringManager(Operations):
+    """Host tier plus secondary tiers behind the engine-facing API (docs/architecture.md).
+
+    ``tiers`` replaces the tiers built from ``config.secondary_tiers``: tiers built by hand, or
+    factories ``(region, identity) -> SecondaryTier`` called with this manager's region (e.g.
+    fault-injecting wrappers). The manager owns and closes every tier it is given or builds.
+    ``region`` is a host region to use instead of allocating one (its slots must hold a chunk).
+    """
+
+    def __init__(
+        self,
+        config: TieringConfig,
+        identity: CacheIdentity,
+        *,
+        tiers: Sequence[SecondaryTier | TierFactory] | None = None,
+        region: HostRegion | None = None,
+    ) -> None:
+        try:
+            config.check_layout(identity.layout)
+        except ConfigError as exc:  # the identity's layout decides the keys, so it wins
+            log.warning("%s; chunks follow the cache identity's layout", exc)
+        self.config, self.identity = config, identity
+        self.chunk_bytes = identity.layout.chunk_bytes
+        self.region = region or HostRegion(config.host_slots(self.chunk_bytes), self.chunk_bytes)
+        if self.region.slot_bytes < self.chunk_bytes:
+            raise ConfigError(f"region: slots of {self.region.slot_bytes} bytes < one chunk")
+        self.host = HostTier(self.region.num_slots, config.eviction_policy)
+        self.runtime = Runtime(config.runtime_config(), self.chunk_bytes)
+        self.metrics = self.runtime.metrics
+        self._events = EventLog(outbox=config.kv_events is not None, on_add=self._count_events)
+        self._services = Services(self.metrics)
+        self._peer_host = ManagerPeerHost(self)
+        self._clock = TransferClock(self.metrics, self.chunk_bytes)
+        self._publisher: EventPublisher | None = None
+        self.peer_server: PeerServer | None = None
+        self._lock = self.runtime.lock
+        self._closed = False
+        self._tiers = self.runtime.tiers
+        self.tiers = self._tiers.tiers
+        self._progress = Progress(())
+        tokens_per_chunk = identity.layout.tokens_per_chunk
+        self._provenance = Provenance(self.metrics, self._tiers, tokens_per_chunk)
+        self._slots = SlotAllocator(self.host, self._provenance, self.metrics, self._events)
+        self._retention = Retention(self.host, self.runtime.admission, self._provenance)
+        self._control = self.runtime.control
+        self._promoter = Promoter(
+            self.host, self._tiers, self._slots, self._provenance, self.metrics, self._events
+        )
+        try:
+            self._build(tiers)
+            self._retention = Retention(self.host, self.runtime.admission, self._provenance)
+            self._start_services()
+        except BaseException:
+            self.close(timeout=0)
+            raise
+
+    def _build(self, tiers: Sequence[SecondaryTier | TierFactory] | None) -> None:
+        """Tiers and the event publisher: nothing that calls back into the manager."""
+        given = self.config.secondary_tiers if tiers is None else tiers
+        for index, tier in enumerate(given):
+            if isinstance(tier, SecondaryTier):
+                self.runtime.add_tier(tier)
+            elif callable(tier):
+                self.runtime.add_tier(tier(self.region, self.identity))
+            else:
+                with key_path(f"secondary_tiers[{index}]"):
+                    self.runtime.add_tier(build_tier(tier, self.region, self.identity))
+        self.runtime.bind()
+        self._progress = Progress(self.tiers)
+        events = self.config.kv_events
+        if events is not None and events.enable_kv_cache_events:
+            with listen_errors("kv_events.endpoint", events.endpoint):
+                self._publisher = EventPublisher(events.endpoint, events.topic or "", events.hwm)
+
+    def _start_services(self) -> None:
+        """Threads that read or drive the manager: started last, once it is fully built."""
+        self.runtime.serve(state_gauges(self.host), admin_target=self)
+        if self.config.serve is not None:
+            from kvtier.tiers.peer.server import PeerServer  # lazy: pyzmq is needed only to serve
+
+            serve = self.config.serve
+            with key_path("serve"), listen_errors("serve.host, serve.port", f"{serve.host}"
+                                                  f":{serve.port}"):  # fmt: skip
+                self.peer_server = PeerServer(serve, self.region, self.identity)
+            self.add_service(self.peer_server)
+            self.peer_server.drive(self._drive)
+
+    # -- store -------------------------------------------------------------------------------
+    @engine_call
+    def prepare_store(
+        self,
+        keys: Sequence[ChunkKey],
+        *,
+        priority: Priority = None,
+        duration_s: float | None = None,
+        first_chunk: int = 0,
+    ) -> StorePlan | None:
+        """Reserve host slots for the keys not in host and admitted; ``None`` if none can be freed.
+
+        ``priority`` (0-100, one for all keys or one per key) orders eviction, lower first, for
+        ``duration_s`` seconds or for good; ``first_chunk`` numbers ``keys[0]`` in its request's
+        prefix (for ``min_prefix_chunks``). Chunks admission drops are left out of the plan.
+        """
+        wanted = dict(zip(keys, priorities(keys, priority), strict=True))
+        until, prefix = expiry(duration_s), prefix_length(first_chunk, keys)
+        offered = [k for k in wanted if k not in self.host]
+        new = self._retention.plan_store(offered, prefix, [wanted[k] for k in offered])
+        slots = self._slots.allocate(new, [k for k in keys if self.host.is_ready(k)])
+        if slots is None:
+            self.metrics.count("store_rejected")
+            return None
+        self._retention.reserved(new, [wanted[k] for k in new], until)
+        self._clock.start(new)
+        return StorePlan(new, slots)
+
+    @engine_call
+    def complete_store(self, keys: Sequence[ChunkKey], success: bool = True) -> None:
+        """The engine finished copying ``keys`` into their slots (or failed to)."""
+        own = [k for k in keys if self.host.writer_of(k) == ENGINE]
+        self.host.complete_write(own, success)
+        self._clock.stop("accelerator_to_host", own)
+        if not success:
+            self.metrics.count("store_failed_chunks", len(own))
+            self._retention.failed(own)
+            return
+        self.metrics.count("stored_chunks", len(own))
+        self._events.add(EventKind.STORED, own, "accelerator", "host")
+        self._provenance.stored(own)
+        names = self._tiers.names() if own else []
+        for index, chosen in enumerate(self._retention.for_tiers(own, names)):
+            if chosen and self._tiers.enabled(index) and self.tiers[index].accepts_stores:
+                self._write_through(index, chosen)
+
+    def _write_through(self, index: int, keys: list[ChunkKey]) -> None:
+        """Tier ``index`` writes ``keys`` from their slots, held until the tier reports."""
+        owner = WriteThrough(self.tiers[index].name)
+        slots = self.host.hold(keys, owner)
+        refused = self._tiers.submit(index, "store", keys, slots, owner)
+        if refused is not None:
+            self._route(refused)
+
+    # -- load --------------------------------------------------------------------------------
+    @engine_call
+    def lookup(self, keys: Sequence[ChunkKey]) -> int | Lookup:
+        """How many leading ``keys`` are ready in host, or ``RETRY`` while promotions run.
+
+        For a layout that resumes from a trailing window (``layout.window_chunks``, sliding and
+        state layers only), the answer ``n`` is the prefix that can be resumed: only its chunks
+        from ``layout.resume_start(n)`` on are ready in host, and only those need loading.
+        After ``RETRY``, ``wait_progress`` waits for a reason to ask again.
+        """
+        self._progress.arm()
+        self._poll()
+        window = self.identity.layout.window_chunks
+        if window is not None:
+            self.metrics.count("lookups")
+            return self._promoter.lookup_window(keys, window)
+        is_ready = self.host.is_ready
+        ready = 0
+        for key in keys:
+            if not is_ready(key):
+                break
+            ready += 1
+        self.metrics.count("lookups")
+        if ready == len(keys):
+            return ready
+        return self._promoter.lookup_beyond(keys, ready)
+
+    def wait_progress(self, timeout: float) -> bool:
+        """After ``lookup`` answered ``RETRY``: wait up to ``timeout`` s for a tier to report
+        progress since, then look up again; whether a tier did (``kvtier.core.progress``).
+
+        Takes no lock (tiers and a peer server's driver thread go on meanwhile); any thread.
+        """
+        return self._progress.wait(timeout)
+
+    @engine_call
+    def promote_for_peer(self, keys: Sequence[ChunkKey]) -> set[ChunkKey]:
+        """For a peer server: the keys on their way to host (``Promoter.promote_for_peer``)."""
+        return self._promoter.promote_for_peer(keys)
+
+    @engine_call
+    def prepare_load(self, keys: Sequence[ChunkKey]) -> list[int]:
+        """Pin ready chunks for reading; returns their slots. Every key must be ready."""
+        missing = self.host.not_ready(keys)
+        if missing:
+            raise KVTierError(f"prepare_load: {len(missing)} chunk(s) not ready in host memory")
+        self._provenance.count_loaded(keys)
+        self._retention.used(keys)
+        self._clock.start(keys)
+        self.host.touch(keys)
+        return self.host.hold(keys, ENGINE)
+
+    @engine_call
+    def complete_load(self, keys: Sequence[ChunkKey]) -> None:
+        """The engine finished copying out of the slots ``prepare_load`` pinned.
+
+        Every key must have been pinned by ``prepare_load`` and not yet completed: otherwise
+        ``HoldError`` is raised and nothing changes (a stray release could let a slot be reused
+        while a tier still reads it).
+        """
+        self.host.release(keys, ENGINE)
+        self._clock.stop("host_to_accelerator", keys)
+        self._events.add(EventKind.LOADED, keys, "host", "accelerator")
+
+    @engine_call
+    def touch(
+        self,
+        keys: Sequence[ChunkKey],
+        *,
+        hit: bool = True,
+        priority: Priority = None,
+        duration_s: float | None = None,
+    ) -> None:
+        """Recency for chunks the engine hit in its own accelerator cache (counted as such).
+
+        ``hit=False``: recency only, e.g. to order a sequence's chunks for eviction; under ARC
+        it is not a use, so chunks stored once stay in ARC's once-seen list.
+        ``priority``/``duration_s``: a new retention priority for the chunks in host memory.
+        """
+        wanted, until = priorities(keys, priority), expiry(duration_s)
+        if hit:
+            self._provenance.count_accelerator_hits(len(keys))
+            self._retention.used(keys)
+        self.host.touch(keys, use=hit)
+        if priority is not None:
+            self._retention.retain_each(keys, wanted, until)
+
+    # -- background progress -----------------------------------------------------------------
+    @serialized
+    def add_service(self, service: ManagerService) -> None:
+        """Run ``service.step(self)`` at every ``poll``; the manager closes it on ``close``."""
+        if self._closed:
+            raise ClosedError("add_service: the manager is closed")
+        self._services.add(service)
+
+    @serialized
+    def poll(self) -> int:
+        """Collect finished tier jobs, step the services, publish events; returns jobs seen."""
+        if self._closed:
+            raise ClosedError("poll: the manager is closed")
+        return self._poll()
+
+    def _drive(self) -> None:
+        """A peer server's driver thread: poll while the engine is idle, until closed."""
+        with self._lock:
+            if not self._closed:
+                self._poll()
+
+    def _poll(self) -> int:
+        self._services.step(self._peer_host)
+        self._control.step()
+        finished, removed = self._tiers.poll()
+        for job in finished:
+            self._route(job)
+        for index, keys in removed:
+            tier = self.tiers[index]
+            self._events.add(EventKind.REMOVED, keys, tier.name, None, tier.locality)
+        if self._publisher is not None:
+            events = self._events.take_outbox()
+            self._publisher.publish(events, self.identity.layout.tokens_per_chunk)
+        return len(finished)
+
+    def _route(self, finished: Finished) -> None:
+        """A store ends its write-through holds; a load ends a promotion."""
+        job = finished.job
+        self._control.observe(finished)
+        if job.op == "load":
+            self._promoter.finish(finished)
+            return
+        self.host.release(job.keys, job.owner)
+        tier = self.tiers[job.tier]
+        self._events.add(EventKind.WRITTEN, finished.succeeded, "host", tier.name, tier.locality)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Poll until no job is pending; ``False`` if ``timeout`` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                self._poll()
+                if not self._tiers.num_pending:
+                    return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+
+    @property
+    def num_pending_jobs(self) -> int:
+        with self._lock:
+            return self._tiers.num_pending
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _count_events(self, kind: EventKind, num_events: int) -> None:
+        self.metrics.count("events", num_events, kind=kind.value)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the services, drain tier jobs (up to ``timeout`` s), close every tier's threads.
+
+        Idempotent. Afterwards the engine-facing methods raise ``ClosedError``.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            services = self._services.take()
+        close_all(services)  # outside the lock: a driver thread may be waiting for it
+        if self.tiers and not self.wait_idle(timeout):
+            log.warning("closing with %d tier jobs still pending", self._tiers.num_pending)
+        self.runtime.close()
+        close_all([self._publisher])
+
+    def __enter__(self) -> TieringManager:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,246 @@
+"""TierSet: a manager's secondary tiers, their jobs, submission, polling and results.
+
+The manager and the promoter hand jobs to tiers only through ``submit``, and learn what became
+of them only from ``poll``, which returns each finished job with the bookkeeping of its
+submission (``Finished``). A tier that raises is never fatal: in ``submit`` the job becomes a
+failed result at once, in ``lookup`` the answer is unknown, in ``poll`` the tier reports nothing
+this time; each is counted in ``kvtier_tier_errors_total{where}``.
+
+A tier can be switched off at run time (``disable``): it is then asked no lookup and given no
+new job, while the jobs it already has still report through ``poll`` (their slots are released
+and their bytes verified as always), so nothing is lost or left pinned.
+
+Thread safety: none; it belongs to the manager (called under its lock). The tiers' own threads
+are behind their non-blocking methods.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+from itertools import count
+
+from kvtier.errors import KVTierError
+from kvtier.keys import ChunkKey
+from kvtier.telemetry.logs import ThrottledLog
+from kvtier.telemetry.metrics import ManagerMetrics
+from kvtier.tiers.base import MISS, JobResult, Lookup, Op, SecondaryTier, TransferJob
+from kvtier.tiers.registry import make_names_unique
+
+log = logging.getLogger(__name__)
+warn = ThrottledLog(log)
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """A job handed to a tier: what it was, and who holds its slots until it reports."""
+
+    op: Op
+    tier: int
+    keys: tuple[ChunkKey, ...]
+    owner: Hashable = None  # the host-slot holds a store job keeps until it reports
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A job that reported: its submission and its result."""
+
+    job: PendingJob
+    result: JobResult
+    seconds: float = 0.0  # from submission to report
+
+    @property
+    def succeeded(self) -> list[ChunkKey]:
+        return [k for k in self.job.keys if k in self.result.succeeded]
+
+    @property
+    def failed(self) -> list[ChunkKey]:
+        return [k for k in self.job.keys if k not in self.result.succeeded]
+
+
+class TierSet:
+    """The tiers in configured order (index = priority), and the jobs they have not reported."""
+
+    def __init__(self, tiers: list[SecondaryTier], metrics: ManagerMetrics, chunk_bytes: int):
+        self.tiers = tiers
+        self._metrics, self._chunk_bytes = metrics, chunk_bytes
+        self._ids = count()
+        self._pending: dict[int, PendingJob] = {}
+        self._disabled: dict[int, str] = {}  # tier index -> why
+
+    def __len__(self) -> int:
+        return len(self.tiers)
+
+    def __iter__(self) -> Iterator[SecondaryTier]:
+        return iter(self.tiers)
+
+    def __getitem__(self, index: int) -> SecondaryTier:
+        return self.tiers[index]
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    def num_pending_of(self, index: int) -> int:
+        """Jobs tier ``index`` has not reported yet."""
+        return sum(1 for job in self._pending.values() if job.tier == index)
+
+    def bind(self) -> None:
+        """Unique names, and each tier's own metrics bound to the manager's telemetry."""
+        make_names_unique(self.tiers)
+        for tier in self.tiers:
+            tier.bind_metrics(self._metrics.tier_for(tier.name))
+
+    # -- jobs --------------------------------------------------------------------------------
+    def submit(
+        self, index: int, op: Op, keys: list[ChunkKey], slots: list[int], owner: Hashable = None
+    ) -> Finished | None:
+        """Hand a job to tier ``index``; if the tier raises, the failed job to apply at once."""
+        job = TransferJob(next(self._ids), tuple(keys), tuple(slots))
+        pending = PendingJob(op, index, job.keys, owner)
+        tier = self.tiers[index]
+        try:
+            (tier.submit_store if op == "store" else tier.submit_load)(job)
+        except Exception as exc:
+            warn.warning(f"{op}:{tier.name}", "tier %s refused a %s: %s", tier.name, op, exc)
+            self._metrics.count("tier_errors", tier=tier.name, where="submit")
+            failed = JobResult(job.job_id, op, frozenset(), frozenset(job.keys), str(exc))
+            return self._account(Finished(pending, failed))
+        self._pending[job.job_id] = pending
+        return None
+
+    def poll(self) -> tuple[list[Finished], list[tuple[int, list[ChunkKey]]]]:
+        """Jobs that reported since the last poll, and the keys each tier removed."""
+        finished: list[Finished] = []
+        removed: list[tuple[int, list[ChunkKey]]] = []
+        for index in range(len(self.tiers)):
+            done, gone = self.poll_tier(index)
+            finished += done
+            removed.append((index, gone))
+        return finished, removed
+
+    def poll_tier(self, index: int) -> tuple[list[Finished], list[ChunkKey]]:
+        """Tier ``index``'s jobs that reported since its last poll, and the keys it removed."""
+        tier = self.tiers[index]
+        try:
+            results, gone = tier.get_finished_jobs(), tier.take_removed()
+        except Exception as exc:
+            warn.warning(f"poll:{tier.name}", "tier %s failed to report: %s", tier.name, exc)
+            self._metrics.count("tier_errors", tier=tier.name, where="poll")
+            return [], []
+        return list(filter(None, (self._finish(index, r) for r in results))), list(gone)
+
+    def _finish(self, index: int, result: JobResult) -> Finished | None:
+        pending = self._pending.get(result.job_id)
+        if pending is None or pending.tier != index:
+            self._metrics.count("internal_errors", kind="unknown_job_result")
+            return None
+        del self._pending[result.job_id]
+        return self._account(Finished(pending, result))
+
+    def _account(self, finished: Finished) -> Finished:
+        job, ok = finished.job, len(finished.succeeded)
+        seconds = time.monotonic() - job.started
+        name = self.tiers[job.tier].name
+        nbytes = ok * self._chunk_bytes
+        self._metrics.job(name, job.op, ok, len(job.keys) - ok, nbytes, seconds)
+        if finished.result.integrity_failed:
+            integrity = len(finished.result.integrity_failed)
+            self._metrics.count("tier_integrity_failures", integrity, tier=name)
+        return Finished(job, finished.result, seconds)
+
+    def take_removed(self, index: int) -> list[ChunkKey]:
+        """Keys tier ``index`` removed since it last said (``[]`` if it raises, counted)."""
+        tier = self.tiers[index]
+        try:
+            return list(tier.take_removed())
+        except Exception as exc:
+            warn.warning(f"poll:{tier.name}", "tier %s failed to report: %s", tier.name, exc)
+            self._metrics.count("tier_errors", tier=tier.name, where="poll")
+            return []
+
+    def retire(self, index: int) -> SecondaryTier:
+        """Replace tier ``index`` (closed by its owner) with a ``Retired`` stand-in of the same
+        name, so that nothing here keeps it alive; returns the tier replaced. Its pending jobs
+        are forgotten (the owner reported them or never will)."""
+        tier = self.tiers[index]
+        self.tiers[index] = Retired(tier.name)
+        self._pending = {i: job for i, job in self._pending.items() if job.tier != index}
+        self._disabled[index] = "retired"
+        return tier
+
+    # -- switching tiers on and off ------------------------------------------------------------
+    def enabled(self, index: int) -> bool:
+        return index not in self._disabled
+
+    def switched_off(self, name: str) -> bool:
+        """Whether the tier called ``name`` is switched off (``KVTierError`` if none is)."""
+        return not self.enabled(self.index_of(name))
+
+    def index_of(self, name: str) -> int:
+        """The index of the tier called ``name``; ``KVTierError`` naming the tiers if none is."""
+        for index, tier in enumerate(self.tiers):
+            if tier.name == name:
+                return index
+        raise KVTierError(f"no tier named {name!r} (tiers: {', '.join(self.names()) or 'none'})")
+
+    def switch(self, name: str, enable: bool, reason: str) -> bool:
+        """Switch tier ``name`` on or off; whether that changed anything."""
+        index = self.index_of(name)
+        if enable == self.enabled(index):
+            return False
+        if enable:
+            del self._disabled[index]
+        else:
+            self._disabled[index] = reason
+            self._metrics.count("tier_disabled", tier=name, reason=reason)
+        return True
+
+    def split_by_state(self) -> tuple[list[str], list[str]]:
+        """Names of the enabled and of the disabled tiers, each in config order."""
+        names = self.names()
+        enabled = [n for i, n in enumerate(names) if self.enabled(i)]
+        return enabled, [n for i, n in enumerate(names) if not self.enabled(i)]
+
+    # -- lookups -----------------------------------------------------------------------------
+    def lookup(self, index: int, key: ChunkKey) -> Lookup | None:
+        """Tier ``index``'s answer for ``key``, counted; ``None`` if the tier raised."""
+        tier = self.tiers[index]
+        try:
+            answer = tier.lookup(key)
+        except Exception as exc:
+            warn.warning(f"lookup:{tier.name}", "tier %s lookup failed: %s", tier.name, exc)
+            self._metrics.count("tier_errors", tier=tier.name, where="lookup")
+            self._metrics.count("tier_lookups", tier=tier.name, result="error")
+            return None
+        self._metrics.count("tier_lookups", tier=tier.name, result=answer.value)
+        return answer
+
+    def names(self) -> list[str]:
+        return [tier.name for tier in self.tiers]
+
+
+class Retired(SecondaryTier):
+    """What stands for a tier its owner has closed: asked nothing (switched off), it misses
+    and refuses every job if asked anyway."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def lookup(self, key: ChunkKey) -> Lookup:
+        return MISS
+
+    def submit_store(self, job: TransferJob) -> None:
+        raise KVTierError(f"tier {self.name} is closed")
+
+    def submit_load(self, job: TransferJob) -> None:
+        raise KVTierError(f"tier {self.name} is closed")
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        return []
+
+    def close(self) -> None:
+        """Nothing to close."""

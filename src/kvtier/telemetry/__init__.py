@@ -1,0 +1,1 @@
+"""What kvtier reports: Prometheus metrics and their HTTP endpoint, KV events, throttled logs."""
