@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from kvtier import CacheIdentity, ChunkKey, KVLayout
-from kvtier.config.schema import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
+from kvtier.tiers.fs.config import FsTierConfig
 from kvtier.tiers.fs.files import O_DIRECT
 from kvtier.tiers.fs.tier import FilesystemTier
 

@@ -39,9 +39,9 @@ from botocore.config import Config
 from obstore.store import S3Store
 
 from kvtier import CacheIdentity, ChunkKey, KVLayout
-from kvtier.config.schema import ObjTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
+from kvtier.tiers.s3.config import ObjTierConfig
 from kvtier.tiers.s3.tier import ObjectStoreTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 

@@ -40,13 +40,13 @@ import numpy as np
 import zmq
 
 from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager
-from kvtier.config.schema import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
+from kvtier.tiers.peer.config import P2PTierConfig
+from kvtier.tiers.peer.curve_keys import read_key, write_keypair
 from kvtier.tiers.peer.link import MAX_IN_FLIGHT
 from kvtier.tiers.peer.tier import PeerTier, fetch_batch
-from kvtier.tiers.peer.transport import read_key, write_keypair
 from kvtier.tiers.shared.codec import HEADER_BYTES
 
 BLOCKS_PER_CHUNK = {2 << 20: 4, 8 << 20: 16}

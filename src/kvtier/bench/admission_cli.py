@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli.main import int_in
+from kvtier.cli.common import int_in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace, built: Any, json_path: Path, chart_path: Path)
     """
     from kvtier.bench import admission_report as report
     from kvtier.bench.admission import AdmissionBench
-    from kvtier.bench.cli import sweep_and_report
+    from kvtier.bench.outputs import sweep_and_report
 
     options = options_from(args, built.options)
     bench = AdmissionBench(options, built)

@@ -29,10 +29,12 @@ from typing import Any
 
 from kvtier.bench.engine import RunResult, Strategy, StrategyRun, build_model
 from kvtier.bench.workload import WorkloadSpec
-from kvtier.config.schema import ExternalTierConfig, TierConfig, TieringConfig
+from kvtier.config.schema import TieringConfig
 from kvtier.identity import CacheIdentity
 from kvtier.integrations.transformers import identity_for, layout_for
 from kvtier.region import ALIGNMENT, round_up
+from kvtier.tiers.base import TierConfig
+from kvtier.tiers.catalog import ExternalTierConfig
 
 CEILING, RECOMPUTE, HOST = "ceiling", "recompute", "host"
 

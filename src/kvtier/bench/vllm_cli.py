@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from kvtier.cli.main import UsageError
+from kvtier.cli.common import UsageError
 
 #: ``kvtier bench`` argument -> ``VllmBenchOptions`` field, for the shared options.
 SHARED = (
@@ -96,7 +96,7 @@ def check(options: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run every strategy's engine, print the table, write the JSON and the chart."""
     from kvtier.bench import vllm_report as report
-    from kvtier.bench.cli import output_paths
+    from kvtier.bench.outputs import output_paths
     from kvtier.bench.vllm_bench import EngineFailed, VllmBench
 
     options = options_from(args)

@@ -43,7 +43,7 @@ def follow(endpoint: str, topic: str, timeout_s: float | None) -> int:
     """
     import zmq
 
-    from kvtier.cli.main import UsageError
+    from kvtier.cli.common import UsageError
 
     context = zmq.Context()
     socket = context.socket(zmq.SUB)

@@ -9,32 +9,20 @@ input by raising ``UsageError`` (``kvtier.cli.common``). ``DESCRIPTION`` and ``E
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import ipaddress
 import re
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from kvtier.cli.about import missing_package, version_text
 from kvtier.cli.admin import add_admin_command
-from kvtier.cli.common import CliFormatter, UsageError, add_model_shape, one_line
-from kvtier.cli.common import float_in as float_in  # re-exported for the bench CLI
-from kvtier.cli.common import int_in as int_in
-from kvtier.config.checks import endpoint_problem, redact_url
-from kvtier.config.file_modes import DEFAULT_DIR_MODE, open_to_others, parse_mode
-from kvtier.config.schema import (
-    ExternalTierConfig,
-    FsTierConfig,
-    KVEventsConfig,
-    ServeConfig,
-    TierConfig,
-    TieringConfig,
-)
+from kvtier.cli.common import CliFormatter, UsageError, add_model_shape, float_in, int_in, one_line
+from kvtier.config.checks import endpoint_problem
+from kvtier.config.describe import config_warnings, describe_config
+from kvtier.config.schema import TieringConfig
 from kvtier.errors import KVTierError
 from kvtier.layout import KVLayout
 from kvtier.plan.cli import add_plan_commands
-from kvtier.region import ALIGNMENT, round_up
 
 __all__ = ["UsageError", "build_parser", "main", "version_text"]
 
@@ -72,137 +60,6 @@ class CliParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(2, f"kvtier: error: {one_line(message)}\n")
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def describe_tier(tier: TierConfig) -> str:
-    """One line per tier; credentials (``repr=False`` fields, a URL's user:password) never shown."""
-    if isinstance(tier, ExternalTierConfig):
-        return f"{tier.module_path}.{tier.class_name} options={sorted(tier.options)}"
-    shown = [f for f in dataclasses.fields(tier) if f.repr and f.name != "name"]
-    parts = [f"{f.name}={_short(getattr(tier, f.name))}" for f in shown]
-    return f"{tier.type_name:<6} " + " ".join(parts)
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
-        return ",".join(f"{v.host}:{v.port}" for v in value)
-    if dataclasses.is_dataclass(value):
-        return f"[{describe_tier(value)}]"  # type: ignore[arg-type]
-    return redact_url(value) if isinstance(value, str) else str(value)
-
-
-def describe_config(config: TieringConfig, layout: KVLayout) -> str:
-    """The resolved configuration, one setting per line (no credentials)."""
-    stride = round_up(layout.chunk_bytes, ALIGNMENT)
-    num_slots = config.host_slots(layout.chunk_bytes, check_memory=False)
-    lines = []
-    if config.kv_connector:
-        lines.append(f"connector:       {config.kv_connector} ({config.kv_role or 'no role'})")
-    lines += [
-        f"spec:            {config.spec_name}",
-        f"layout:          {layout.num_layers} layers x {layout.num_kv_heads} KV heads x "
-        f"{layout.head_dim} head dim, {layout.dtype}",
-        f"chunk:           {layout.blocks_per_chunk} blocks x {layout.block_size} tokens = "
-        f"{layout.tokens_per_chunk} tokens, {human_bytes(layout.chunk_bytes)} per slot",
-        f"host tier:       {num_slots} slots ({human_bytes(num_slots * stride)} of "
-        f"{human_bytes(config.cpu_bytes_to_use)}), eviction {config.eviction_policy}",
-        "secondary tiers: " + ("none" if not config.secondary_tiers else "(lookup order)"),
-    ]
-    lines += [f"  {i}. {describe_tier(t)}" for i, t in enumerate(config.secondary_tiers, 1)]
-    return "\n".join(lines + describe_services(config))
-
-
-def describe_services(config: TieringConfig) -> list[str]:
-    """What this configuration listens on: the peer server, metrics and KV events."""
-    metrics = "off"
-    if config.metrics_port is not None:
-        metrics = f"http://{_host_port(config.metrics_host, config.metrics_port)}/metrics"
-    return [
-        f"serve:           {_describe_serve(config.serve)}",
-        f"metrics:         {metrics}",
-        f"kv events:       {_describe_events(config.kv_events)}",
-    ]
-
-
-def _describe_serve(serve: ServeConfig | None) -> str:
-    if serve is None:
-        return "off"
-    curve = "off (unauthenticated, unencrypted)"
-    if serve.curve_secret_key_file is not None:
-        curve = (
-            f"on (secret key {serve.curve_secret_key_file}, clients {serve.curve_client_keys_dir})"
-        )
-    stores = "accepted" if serve.accept_stores else "refused"
-    return (
-        f"tcp://{_host_port(serve.host, serve.port)}, CURVE {curve}, stores from peers "
-        f"{stores}, hold_timeout_s {serve.hold_timeout_s:g}"
-    )
-
-
-def _describe_events(events: KVEventsConfig | None) -> str:
-    if events is None:
-        return "off"
-    if not events.enable_kv_cache_events:
-        return "off (enable_kv_cache_events is false)"
-    return (
-        f"{events.endpoint} topic {events.topic or ''!r} hwm {events.hwm} "
-        "(ZeroMQ PUB, unauthenticated)"
-    )
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def config_warnings(config: TieringConfig) -> Iterator[str]:
-    """Settings that work but are likely a mistake or an exposure."""
-    physical = config.exceeds_memory()
-    if physical is not None:
-        yield (
-            f"cpu_bytes_to_use ({human_bytes(config.cpu_bytes_to_use)}) exceeds this host's "
-            f"physical memory ({human_bytes(physical)}); the manager will refuse to start here"
-        )
-    serve = config.serve
-    if serve is not None and serve.curve_secret_key_file is None and not serve.loopback:
-        yield (
-            f"serve listens on {serve.host} without CURVE: any host that reaches it can fetch "
-            "this cache's chunks"
-        )
-    events = config.kv_events
-    if events is not None and events.enable_kv_cache_events and not _loopback_endpoint(events):
-        yield f"kv events are published unauthenticated on {events.endpoint}"
-    yield from _open_cache_dirs(config.secondary_tiers)
-
-
-def _open_cache_dirs(tiers: Iterable[TierConfig]) -> Iterator[str]:
-    """An fs tier's existing ``root_dir`` more open than its ``dir_mode``."""
-    for tier in tiers:
-        if isinstance(tier, FsTierConfig):
-            problem = open_to_others(tier.root_dir, parse_mode(tier.dir_mode) or DEFAULT_DIR_MODE)
-            if problem:
-                yield f"fs root_dir {tier.root_dir}: {problem} (chunks hold prompt content)"
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _loopback_endpoint(events: KVEventsConfig) -> bool:
-    scheme, _, rest = events.endpoint.partition("://")
-    return scheme != "tcp" or _loopback(rest.rpartition(":")[0].strip("[]"))
 
 
 def _config_check(args: argparse.Namespace) -> int:
@@ -340,7 +197,7 @@ def _key_name(text: str) -> str:
 
 
 def _peer_keygen(args: argparse.Namespace) -> int:
-    from kvtier.tiers.peer.transport import write_keypair  # lazy: pyzmq is optional
+    from kvtier.tiers.peer.curve_keys import write_keypair  # lazy: pyzmq is optional
 
     try:
         public, secret = write_keypair(args.out, args.name)

@@ -4,25 +4,23 @@
 they share. Everything a user imports is re-exported here.
 """
 
+from kvtier.config.checks import GiB
 from kvtier.config.schema import (
     RUNTIME_KEYS,
     TIER_CONFIGS,
-    ExternalTierConfig,
-    FaultTierConfig,
-    FsTierConfig,
-    GiB,
     KVEventsConfig,
-    MemoryTierConfig,
-    ObjTierConfig,
-    P2PTierConfig,
-    PeerAddress,
     RuntimeConfig,
-    ServeConfig,
-    TierConfig,
     TieringConfig,
 )
 from kvtier.control.admission import AdmissionConfig
 from kvtier.control.slo_guard import SLOGuardConfig
+from kvtier.tiers.base import TierConfig
+from kvtier.tiers.catalog import ExternalTierConfig
+from kvtier.tiers.fault import FaultTierConfig
+from kvtier.tiers.fs.config import FsTierConfig
+from kvtier.tiers.memory import MemoryTierConfig
+from kvtier.tiers.peer.config import P2PTierConfig, PeerAddress, ServeConfig
+from kvtier.tiers.s3.config import ObjTierConfig
 
 __all__ = [
     "RUNTIME_KEYS",

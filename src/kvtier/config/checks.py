@@ -32,6 +32,7 @@ INT32_MAX = (1 << 31) - 1
 DAY_S = 86_400.0
 MAX_THREADS = 1024
 KEY_HEX_DIGITS = 64
+GiB = 1 << 30
 
 
 class Check(Protocol):
@@ -230,6 +231,17 @@ def field_marks(hint: Any) -> tuple[Check, ...]:
 
 
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP, ``[v6]``, ``v6%zone`` or ``localhost``) is this machine only;
+    a name other than ``localhost`` or a wildcard is taken as reachable from elsewhere."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]").split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def is_host(text: str) -> bool:

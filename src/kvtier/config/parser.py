@@ -18,16 +18,14 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from kvtier.config.checks import Check, default_marks, error_reason, marks_of
-from kvtier.config.schema import (
-    TIER_CONFIGS,
-    ExternalTierConfig,
-    TierConfig,
-    TieringConfig,
-)
 from kvtier.errors import ConfigError
+from kvtier.tiers.base import TierConfig
+from kvtier.tiers.catalog import TIER_TYPES, ExternalTierConfig
+
+T = TypeVar("T")
 
 #: The largest configuration file read, and the deepest nesting of JSON values accepted.
 MAX_FILE_BYTES = 16 << 20
@@ -97,8 +95,9 @@ def _children(item: Any) -> list[Any]:
     return list(item) if isinstance(item, list | tuple) else []
 
 
-def parse_config(data: Mapping[str, Any]) -> TieringConfig:
-    """The whole vLLM kv-transfer-config, or just its ``kv_connector_extra_config``."""
+def parse_config(cls: type[T], data: Mapping[str, Any]) -> T:
+    """``cls`` (``TieringConfig``) from the whole vLLM kv-transfer-config, or just its
+    ``kv_connector_extra_config``."""
     check_depth(data)
     outer: dict[str, Any] = {}
     if "kv_connector_extra_config" in data or "kv_connector" in data:
@@ -111,7 +110,7 @@ def parse_config(data: Mapping[str, Any]) -> TieringConfig:
             raise ConfigError("kv_connector_extra_config: expected a JSON object")
     if "cpu_bytes_to_use" not in data:
         raise ConfigError("cpu_bytes_to_use: required (bytes of host memory for the host tier)")
-    config: TieringConfig = parse_dataclass(TieringConfig, {**data, **outer}, "")
+    config: T = parse_dataclass(cls, {**data, **outer}, "")
     return config
 
 
@@ -122,13 +121,13 @@ def parse_tier(data: Any, path: str) -> TierConfig:
     if "module_path" in data:
         return _parse_external(data, path)
     kind = data.get("type")
-    if kind not in TIER_CONFIGS:
-        known = ", ".join(sorted(TIER_CONFIGS))
+    if kind not in TIER_TYPES:
+        known = ", ".join(sorted(TIER_TYPES))
         raise ConfigError(f"{path}.type: expected one of {known} (or a module_path), got {kind!r}")
     fields = {k: v for k, v in data.items() if k != "type"}
     if kind == "obj" and "store_config" in fields:
         fields = _flatten_store_config(fields, path)
-    parsed: TierConfig = parse_dataclass(TIER_CONFIGS[kind], fields, path)
+    parsed: TierConfig = parse_dataclass(TIER_TYPES[kind].config_class, fields, path)
     return parsed
 
 

@@ -9,234 +9,37 @@ raises ``ConfigError`` naming the key (as a path such as ``secondary_tiers[0].ro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from kvtier.config.checks import (
-    BindHost,
     Bounds,
-    Bytes,
     Count,
-    DirMode,
     Endpoint,
-    HexKey,
     HostName,
-    HttpUrl,
     Messages,
     Port,
     PositiveBytes,
-    Seconds,
     Text,
-    Threads,
-    Timeout,
     check_fields,
+    is_loopback,
     physical_memory_bytes,
 )
-from kvtier.control.admin import is_loopback
+from kvtier.config.parser import load_json, parse_config, read_config_file
 from kvtier.control.admission import AdmissionConfig
 from kvtier.control.slo_guard import SLOGuardConfig
 from kvtier.errors import ConfigError
+from kvtier.tiers.base import TierConfig
+from kvtier.tiers.catalog import TIER_TYPES
+from kvtier.tiers.peer.config import ServeConfig
 
 if TYPE_CHECKING:
     from kvtier.layout import KVLayout
 
-GiB = 1 << 30
 
-
-@dataclass(frozen=True)
-class MemoryTierConfig:
-    """``type: "memory"``: chunks copied into process memory, bounded by ``capacity_bytes``."""
-
-    type_name: ClassVar[str] = "memory"
-    capacity_bytes: Bytes = GiB
-    n_threads: Threads = 2
-    name: str | None = None
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-
-@dataclass(frozen=True)
-class FsTierConfig:
-    """``type: "fs"``: content-addressed files under ``root_dir`` (local disk or shared mount).
-
-    ``dir_mode`` is the mode of the directories the tier creates (``root_dir`` and its parents
-    too, where missing); its files get the same bits without execute (``kvtier.config.file_modes``).
-    """
-
-    type_name: ClassVar[str] = "fs"
-    root_dir: str
-    n_read_threads: Threads = 16
-    n_write_threads: Threads = 16
-    max_bytes: Bytes | None = None
-    min_free_bytes: Bytes = 256 << 20
-    o_direct: Literal["auto", "on", "off"] = "auto"
-    fsync: bool = False
-    negative_ttl_s: Seconds = 1.0
-    dir_mode: DirMode = "0700"
-    name: str | None = None
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-
-@dataclass(frozen=True)
-class ObjTierConfig:
-    """``type: "obj"``: objects in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW)."""
-
-    type_name: ClassVar[str] = "obj"
-    bucket: str
-    endpoint_override: Annotated[str, HttpUrl()] | None = None
-    prefix: str = "kvtier"
-    region: str | None = None
-    access_key: str | None = field(default=None, repr=False)
-    secret_key: str | None = field(default=None, repr=False)
-    io_threads: Threads = 16
-    timeout_s: Timeout = 5.0
-    negative_ttl_s: Seconds = 1.0
-    circuit_failures: Count = 3
-    reconnect_min_s: Timeout = 0.5
-    reconnect_max_s: Timeout = 30.0
-    name: str | None = None
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if self.reconnect_max_s < self.reconnect_min_s:
-            raise ConfigError(
-                f"reconnect_max_s: expected at least reconnect_min_s ({self.reconnect_min_s}), "
-                f"got {self.reconnect_max_s}"
-            )
-
-
-@dataclass(frozen=True)
-class PeerAddress:
-    host: HostName
-    port: Port
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-
-@dataclass(frozen=True)
-class P2PTierConfig:
-    """``type: "p2p"``: fetch chunks from the host memory of peer instances.
-
-    Peers are ``host`` + ``port`` and/or ``peers``. With CURVE, give both this client's secret
-    key file and the server's public key file (as written by ``kvtier peer keygen``).
-    """
-
-    type_name: ClassVar[str] = "p2p"
-    host: HostName | None = None
-    port: Port | None = None
-    peers: tuple[PeerAddress, ...] = ()
-    timeout_s: Timeout = 1.0
-    hit_ttl_s: Seconds = 2.0
-    curve_secret_key_file: str | None = None
-    curve_server_key_file: str | None = None
-    name: str | None = None
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if (self.host is None) != (self.port is None):
-            raise ConfigError("host, port: give both (or list the peers under peers)")
-        if self.host is None and not self.peers:
-            raise ConfigError("peers: name at least one peer (host + port, or peers)")
-        _check_pair("curve_secret_key_file", "curve_server_key_file", self)
-
-    @property
-    def addresses(self) -> tuple[PeerAddress, ...]:
-        if self.host is None or self.port is None:
-            return self.peers
-        first = PeerAddress(self.host, self.port)
-        return (first, *(p for p in self.peers if p != first))
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """``serve``: answer lookups and fetches of peer instances out of this instance's host tier.
-
-    Binds ``host`` (loopback unless told otherwise). With ``curve_secret_key_file`` and
-    ``curve_client_keys_dir`` (every ``*.public`` file in it is an allowed client), connections
-    are encrypted and clients outside the allow-list are refused. ``accept_stores`` lets peers
-    write chunks into this host tier; it is refused beyond loopback without CURVE (any host that
-    reaches the port could write the cache) unless ``allow_insecure_stores`` forces it.
-    ``hold_timeout_s`` bounds how long a slow client pins a slot.
-    """
-
-    port: Port
-    host: BindHost = "127.0.0.1"
-    curve_secret_key_file: str | None = None
-    curve_client_keys_dir: str | None = None
-    accept_stores: bool = False
-    hold_timeout_s: Timeout = 5.0
-    allow_insecure_stores: bool = False
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        _check_pair("curve_secret_key_file", "curve_client_keys_dir", self)
-        insecure = self.curve_secret_key_file is None and not self.loopback
-        if self.accept_stores and insecure and not self.allow_insecure_stores:
-            raise ConfigError(
-                f"accept_stores: refused on {self.host} without CURVE (any host that reaches the "
-                "port could write this cache); configure CURVE, bind loopback, or set "
-                "allow_insecure_stores"
-            )
-
-    @property
-    def loopback(self) -> bool:
-        """Whether ``host`` is a loopback address (only this machine can connect)."""
-        import ipaddress
-
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host.strip("[]")).is_loopback
-        except ValueError:
-            return False  # a name or a wildcard: assume it is reachable from elsewhere
-
-
-def _check_pair(first: str, second: str, config: object) -> None:
-    if (getattr(config, first) is None) != (getattr(config, second) is None):
-        raise ConfigError(f"{first}, {second}: CURVE needs both (or neither)")
-
-
-@dataclass(frozen=True)
-class FaultTierConfig:
-    """``type: "fault"``: wraps ``inner`` and injects failures (for tests and drills)."""
-
-    type_name: ClassVar[str] = "fault"
-    inner: TierConfig
-    fail_store: bool = False
-    fail_load: bool = False
-    fail_keys: tuple[Annotated[str, HexKey()], ...] = ()
-    delay_s: Seconds = 0.0
-    raise_in_submit: bool = False
-    raise_in_lookup: bool = False
-    name: str | None = None
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-
-@dataclass(frozen=True)
-class ExternalTierConfig:
-    """A tier outside the package: ``module_path`` + class name (``type``) + its own options."""
-
-    module_path: str
-    class_name: str
-    options: Mapping[str, Any] = field(default_factory=dict)
-    name: str | None = None
-
-
-TierConfig = Union[  # noqa: UP007 - a runtime alias used in isinstance-free annotations
-    MemoryTierConfig, FsTierConfig, ObjTierConfig, P2PTierConfig, FaultTierConfig,
-    ExternalTierConfig,
-]  # fmt: skip
-TIER_CONFIGS: dict[str, type[Any]] = {
-    c.type_name: c
-    for c in (MemoryTierConfig, FsTierConfig, ObjTierConfig, P2PTierConfig, FaultTierConfig)
-}
+#: Each registered tier type's config class, by its ``type``.
+TIER_CONFIGS: dict[str, type[Any]] = {t.type_name: t.config_class for t in TIER_TYPES.values()}
 
 
 @dataclass(frozen=True)
@@ -336,24 +139,18 @@ class TieringConfig(RuntimeConfig):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TieringConfig:
-        from kvtier.config.parser import parse_config
-
         if not isinstance(data, Mapping):
             raise ConfigError(f"configuration: expected a JSON object, got {type(data).__name__}")
-        return parse_config(data)
+        return parse_config(cls, data)
 
     @classmethod
     def from_json(cls, text: str) -> TieringConfig:
         """Parse JSON text; anything that is not a valid configuration raises ``ConfigError``."""
-        from kvtier.config.parser import load_json
-
         return cls.from_dict(load_json(text))
 
     @classmethod
     def load(cls, path: str | Path) -> TieringConfig:
         """Read and parse a configuration file: a regular file of at most 16 MiB of UTF-8."""
-        from kvtier.config.parser import read_config_file
-
         return cls.from_json(read_config_file(path))
 
     def blocks_per_chunk_for(self, engine_block_size: int) -> int | None:

@@ -19,13 +19,13 @@ Runs on a metrics server thread; the manager's methods take its lock.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 import urllib.parse
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvtier.config.checks import is_loopback
 from kvtier.errors import ClosedError, InvalidArgumentError, KVTierError
 
 if TYPE_CHECKING:
@@ -44,13 +44,6 @@ class Controls(Protocol):
 
 PREFIX = "/admin/"
 _SWITCH = re.compile(r"/admin/tiers/(?P<name>[^/]+)/(?P<action>enable|disable)")
-
-
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
-    except ValueError:
-        return address == "localhost"
 
 
 def admin_app(manager: Controls) -> WSGIApplication:

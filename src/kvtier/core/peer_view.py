@@ -7,18 +7,39 @@ manager's lock.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from kvtier.core.host_slots import HostTier
 from kvtier.keys import ChunkKey
 
-if TYPE_CHECKING:
-    from kvtier.core.manager import TieringManager
+
+class _Plan(Protocol):
+    @property
+    def keys(self) -> list[ChunkKey]: ...
+
+    @property
+    def slots(self) -> list[int]: ...
+
+
+class Manager(Protocol):
+    """What the view needs of ``TieringManager``."""
+
+    host: HostTier
+
+    def prepare_store(self, keys: Sequence[ChunkKey], /) -> _Plan | None: ...
+
+    def complete_store(self, keys: Sequence[ChunkKey], /, success: bool = True) -> None: ...
+
+    def promote_for_peer(self, keys: Sequence[ChunkKey], /) -> set[ChunkKey]: ...
+
+    @property
+    def num_pending_jobs(self) -> int: ...
 
 
 class ManagerPeerHost:
     """``kvtier.tiers.peer.host_view.PeerHost`` over ``manager``."""
 
-    def __init__(self, manager: TieringManager) -> None:
+    def __init__(self, manager: Manager) -> None:
         self._manager, self._host = manager, manager.host
 
     def is_ready(self, key: ChunkKey) -> bool:

@@ -72,9 +72,9 @@ def calibrate_fs(base: Throughputs, chunk_bytes: int, directory: str | None) -> 
 
 def _measure_fs(root: Path, size: int, count: int) -> tuple[float, float]:
     from kvtier import CacheIdentity, ChunkKey, KVLayout
-    from kvtier.config.schema import FsTierConfig
     from kvtier.region import HostRegion
     from kvtier.tiers.base import TransferJob
+    from kvtier.tiers.fs.config import FsTierConfig
     from kvtier.tiers.fs.tier import FilesystemTier
 
     region = HostRegion(count, size, pin=False)

@@ -27,7 +27,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from kvtier.keys import ChunkKey
 from kvtier.telemetry.logs import ThrottledLog
@@ -35,6 +35,18 @@ from kvtier.telemetry.metrics import Telemetry, TierMetrics
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
+
+
+class TierConfig(Protocol):
+    """A tier entry's configuration: a registered type's dataclass (``kvtier.tiers.catalog``) or
+    an ``ExternalTierConfig``. ``type_name`` is the entry's ``type``; ``name`` is what the tier
+    reports under (``None``: its own)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    type_name: ClassVar[str]
+
+    @property
+    def name(self) -> str | None: ...
 
 
 class Lookup(enum.Enum):

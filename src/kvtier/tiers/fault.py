@@ -11,10 +11,31 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Annotated, ClassVar
 
+from kvtier.config.checks import HexKey, Seconds, check_fields
 from kvtier.errors import TierError
 from kvtier.keys import ChunkKey
-from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TransferJob
+from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TierConfig, TransferJob
+
+
+@dataclass(frozen=True)
+class FaultTierConfig:
+    """``type: "fault"``: wraps ``inner`` and injects failures (for tests and drills)."""
+
+    type_name: ClassVar[str] = "fault"
+    inner: TierConfig
+    fail_store: bool = False
+    fail_load: bool = False
+    fail_keys: tuple[Annotated[str, HexKey()], ...] = ()
+    delay_s: Seconds = 0.0
+    raise_in_submit: bool = False
+    raise_in_lookup: bool = False
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 class FaultInjectingTier(SecondaryTier):

@@ -10,13 +10,28 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
+from typing import ClassVar
 
-from kvtier.config.schema import MemoryTierConfig
+from kvtier.config.checks import Bytes, GiB, Threads, check_fields
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, Lookup, TransferJob
 from kvtier.tiers.shared.jobs import JobRunner, PooledTier
+
+
+@dataclass(frozen=True)
+class MemoryTierConfig:
+    """``type: "memory"``: chunks copied into process memory, bounded by ``capacity_bytes``."""
+
+    type_name: ClassVar[str] = "memory"
+    capacity_bytes: Bytes = GiB
+    n_threads: Threads = 2
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 class MemoryTier(PooledTier):

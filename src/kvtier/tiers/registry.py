@@ -1,6 +1,7 @@
-"""Builds secondary tiers from their configuration: built-in types, or ``module_path`` + class.
+"""Builds secondary tiers from their configuration: registered types (``catalog``), or
+``module_path`` + class.
 
-Built-in types are imported lazily so that a tier's heavy dependencies (an S3 client, ZeroMQ)
+Registered types are imported lazily so that a tier's heavy dependencies (an S3 client, ZeroMQ)
 are only needed when that tier is configured.
 
 Every tier, built-in or not, is built the same way: ``cls(config, region, identity)``. For a
@@ -19,25 +20,17 @@ from types import MappingProxyType
 from typing import Any
 
 from kvtier.config.parser import parse_dataclass
-from kvtier.config.schema import ExternalTierConfig, FaultTierConfig, TierConfig
 from kvtier.errors import ConfigError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers.base import SecondaryTier
-
-BUILTIN_TIERS: dict[str, str] = {
-    "memory": "kvtier.tiers.memory:MemoryTier",
-    "fs": "kvtier.tiers.fs.tier:FilesystemTier",
-    "obj": "kvtier.tiers.s3.tier:ObjectStoreTier",
-    "p2p": "kvtier.tiers.peer.tier:PeerTier",
-}
+from kvtier.tiers.base import SecondaryTier, TierConfig
+from kvtier.tiers.catalog import TIER_TYPES, ExternalTierConfig
+from kvtier.tiers.fault import FaultInjectingTier, FaultTierConfig
 
 
 def build_tier(config: TierConfig, region: HostRegion, identity: CacheIdentity) -> SecondaryTier:
     """A started tier for ``config``; raises ``ConfigError`` or ``TierError`` if it cannot be."""
-    if isinstance(config, FaultTierConfig):
-        return _build_fault(config, region, identity)
     if isinstance(config, ExternalTierConfig):
         cls = load_tier_class(config.module_path, config.class_name)
         options: Any = MappingProxyType(dict(config.options))
@@ -46,8 +39,8 @@ def build_tier(config: TierConfig, region: HostRegion, identity: CacheIdentity) 
             options = parse_dataclass(config_class, options, config.class_name)
         tier = construct(cls, options, region, identity)
     else:
-        module_path, class_name = BUILTIN_TIERS[config.type_name].split(":")
-        tier = load_tier_class(module_path, class_name)(config, region, identity)
+        module_path, attr = TIER_TYPES[config.type_name].build.split(":")
+        tier = getattr(importlib.import_module(module_path), attr)(config, region, identity)
     if config.name:
         tier.name = config.name
     return tier
@@ -65,27 +58,6 @@ def construct(
             f"type: {name} must be built as {name}(config, region, identity) ({exc})"
         ) from None
     return cls(options, region, identity)
-
-
-def _build_fault(
-    config: FaultTierConfig, region: HostRegion, identity: CacheIdentity
-) -> SecondaryTier:
-    from kvtier.tiers.fault import FaultInjectingTier
-
-    try:
-        keys = [ChunkKey(bytes.fromhex(k)) for k in config.fail_keys]
-    except ValueError as exc:
-        raise ConfigError(f"fail_keys: expected hex chunk keys ({exc})") from exc
-    return FaultInjectingTier(
-        build_tier(config.inner, region, identity),
-        fail_store=config.fail_store,
-        fail_load=config.fail_load,
-        fail_keys=keys,
-        delay_s=config.delay_s,
-        raise_in_submit=config.raise_in_submit,
-        raise_in_lookup=config.raise_in_lookup,
-        name=config.name,
-    )
 
 
 def load_tier_class(module_path: str, class_name: str) -> Callable[..., SecondaryTier]:
@@ -114,3 +86,23 @@ def make_names_unique(tiers: list[SecondaryTier]) -> None:
     for index, tier in enumerate(tiers):
         if seen[tier.name] > 1:
             tier.name = f"{tier.name}#{index}"
+
+
+def build_fault_tier(
+    config: FaultTierConfig, region: HostRegion, identity: CacheIdentity
+) -> FaultInjectingTier:
+    """The tier of a ``type: "fault"`` entry: ``config.inner`` built, then wrapped."""
+    try:
+        keys = [ChunkKey(bytes.fromhex(k)) for k in config.fail_keys]
+    except ValueError as exc:
+        raise ConfigError(f"fail_keys: expected hex chunk keys ({exc})") from exc
+    return FaultInjectingTier(
+        build_tier(config.inner, region, identity),
+        fail_store=config.fail_store,
+        fail_load=config.fail_load,
+        fail_keys=keys,
+        delay_s=config.delay_s,
+        raise_in_submit=config.raise_in_submit,
+        raise_in_lookup=config.raise_in_lookup,
+        name=config.name,
+    )

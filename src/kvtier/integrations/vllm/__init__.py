@@ -8,10 +8,11 @@ In vLLM's ``--kv-transfer-config`` (``OffloadingConnector``)::
 Names (each loaded on first use, so ``import kvtier.integrations.vllm`` does not import vLLM;
 using one needs vLLM installed):
 
-* tiers (``tiers``): ``KvtierFs``, ``KvtierObj``, ``KvtierPeer``, ``KvtierTier``;
-* retention priority in vLLM's host memory (``cache_policy``): ``KvtierPriorityPolicy``,
+* tiers (``tiers``): ``KvtierFs``, ``KvtierObj``, ``KvtierPeer`` (one per tier type
+  registered with a vLLM shim in ``kvtier.tiers.catalog``), ``KvtierTier``;
+* retention priority in vLLM's host memory (``priority_policy``): ``KvtierPriorityPolicy``,
   ``KvtierPriorityARCPolicy``, given as ``eviction_policy`` with ``cache_policy_module_path``;
-  requests ask for it in ``kv_transfer_params["kvtier_retention"]`` (``retention``);
+  requests ask for it in ``kv_transfer_params["kvtier_retention"]`` (``request_retention``);
 * specs for the CPU platform (``specs``): ``CPUTieringOffloadingSpec``,
   ``CPUHostOffloadingSpec``; the worker they use (``worker``): ``CPUHostWorker``;
 * vLLM-free helpers: ``identity_from_config`` and ``KeyMap`` (``identity``), ``PrimaryRegion``
@@ -25,18 +26,16 @@ from typing import Any
 
 from kvtier.integrations.vllm.identity import KeyMap, identity_from_config
 from kvtier.integrations.vllm.region import PrimaryRegion
+from kvtier.tiers.catalog import TIER_TYPES
 
+_SHIMS = [t.vllm.class_name for t in TIER_TYPES.values() if t.vllm is not None]
 _LAZY = {
-    "KvtierSecondaryTier": "tiers",
-    "KvtierFs": "tiers",
-    "KvtierObj": "tiers",
-    "KvtierPeer": "tiers",
-    "KvtierTier": "tiers",
+    **dict.fromkeys(["KvtierSecondaryTier", *_SHIMS, "KvtierTier"], "tiers"),
     "CPUTieringOffloadingSpec": "specs",
     "CPUHostOffloadingSpec": "specs",
     "CPUHostWorker": "worker",
-    "KvtierPriorityPolicy": "cache_policy",
-    "KvtierPriorityARCPolicy": "cache_policy",
+    "KvtierPriorityPolicy": "priority_policy",
+    "KvtierPriorityARCPolicy": "priority_policy",
 }
 
 __all__ = ["KeyMap", "PrimaryRegion", "identity_from_config", *_LAZY]

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier.cli.main import human_bytes
 from kvtier.config.checks import physical_memory_bytes
+from kvtier.config.describe import human_bytes
 from kvtier.config.parser import VLLM_OUTER_KEYS
 from kvtier.config.schema import RuntimeConfig
 from kvtier.errors import ConfigError

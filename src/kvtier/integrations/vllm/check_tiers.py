@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.cli.main import describe_tier
+from kvtier.config.describe import describe_tier
 from kvtier.control.admission import AdmissionConfig
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.engine_config import PATH

@@ -20,10 +20,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.config.parser import parse_tier
-from kvtier.config.schema import FsTierConfig, TierConfig
 from kvtier.control.admission import AdmissionConfig
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.region import PrimaryRegion
+from kvtier.tiers.base import TierConfig
+from kvtier.tiers.fs.config import FsTierConfig
 
 #: Keys of the entry the adapter reads itself (not passed to the kvtier tier).
 ADAPTER_OPTIONS = (

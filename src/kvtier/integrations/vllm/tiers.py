@@ -55,7 +55,6 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.config.schema import TierConfig
 from kvtier.core.tier_set import Finished
 from kvtier.integrations.vllm import engine as engines
 from kvtier.integrations.vllm.identity import REVERSE_CAPACITY, KeyMap, identity_from_config
@@ -72,6 +71,8 @@ from kvtier.keys import ChunkKey
 from kvtier.policies.priority import DEFAULT_PRIORITY
 from kvtier.telemetry.logs import ThrottledLog
 from kvtier.tiers import base as kv
+from kvtier.tiers.base import TierConfig
+from kvtier.tiers.catalog import TIER_TYPES, TierType
 from kvtier.tiers.registry import build_tier
 
 log = logging.getLogger(__name__)
@@ -325,35 +326,31 @@ class KvtierSecondaryTier(SecondaryTierManager):
             log.warning("%s: primary view still in use at shutdown: %s", self.tier_type, exc)
 
 
-class KvtierFs(KvtierSecondaryTier):
-    """kvtier's filesystem tier: ``root_dir``, ``max_bytes``, ``o_direct``, ... (FsTierConfig)."""
-
-    kind = "fs"
-    medium = Medium.STORAGE
-    cache_hit_source = CacheHitSource.DISK
-
-
-class KvtierObj(KvtierSecondaryTier):
-    """kvtier's S3 object tier: ``bucket``, ``endpoint_override``, ... (``ObjTierConfig``)."""
-
-    kind = "obj"
-    medium = Medium.STORAGE
-    cache_hit_source = CacheHitSource.DISK
-    default_locality = "REMOTE"
-
-
-class KvtierPeer(KvtierSecondaryTier):
-    """kvtier's peer tier: ``host`` + ``port`` or ``peers``, ... (``P2PTierConfig``)."""
-
-    kind = "p2p"
-    medium = Medium.CPU
-    cache_hit_source = CacheHitSource.P2P
-    default_locality = "REMOTE"
-
-
 class KvtierTier(KvtierSecondaryTier):
     """Any kvtier tier, given whole as ``"kvtier": {"type": ..., ...}`` (``module_path`` too)."""
 
     kind = None
     medium = Medium.STORAGE
     cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
+
+
+def _shim(tier_type: TierType) -> type[KvtierSecondaryTier]:
+    """The vLLM class of a registered tier type, as its ``VllmShim`` describes it."""
+    shim = tier_type.vllm
+    assert shim is not None
+    attributes = {
+        "__doc__": f"kvtier's ``{tier_type.type_name}`` tier, its options flat in the entry "
+        f"(``{tier_type.config_class.__name__}``).",
+        "__module__": __name__,
+        "__qualname__": shim.class_name,
+        "kind": tier_type.type_name,
+        "medium": Medium[shim.medium],
+        "cache_hit_source": CacheHitSource[shim.hit_source],
+        "default_locality": shim.locality,
+    }
+    return type(shim.class_name, (KvtierSecondaryTier,), attributes)
+
+
+#: ``KvtierFs``, ``KvtierObj``, ``KvtierPeer``: one class per tier type registered with a shim.
+SHIMS = {t.vllm.class_name: _shim(t) for t in TIER_TYPES.values() if t.vllm is not None}
+globals().update(SHIMS)  # vLLM loads a tier as ``getattr(module, type)``; pickle finds it too

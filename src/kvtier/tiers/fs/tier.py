@@ -46,13 +46,13 @@ from contextlib import suppress
 from typing import Literal
 
 from kvtier.config.file_modes import DEFAULT_DIR_MODE, open_to_others, parse_mode
-from kvtier.config.schema import FsTierConfig
 from kvtier.errors import CapacityError, ConfigError, IntegrityError, TierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, RETRY, JobOutcome, Lookup, TransferJob
 from kvtier.tiers.fs import native
+from kvtier.tiers.fs.config import FsTierConfig
 from kvtier.tiers.fs.files import ChunkFiles
 from kvtier.tiers.fs.index import ChunkIndex, RecentMisses
 from kvtier.tiers.fs.namespace import SpaceGuard

@@ -44,12 +44,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvtier.config.schema import ServeConfig
 from kvtier.errors import IntegrityError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.config import ServeConfig
 from kvtier.tiers.peer.server_holds import PeerHolds, Replies
 from kvtier.tiers.peer.server_transport import listen
 from kvtier.tiers.peer.transport import Transport

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import logging
 
-from kvtier.config.schema import ServeConfig
 from kvtier.tiers.peer import protocol as proto
-from kvtier.tiers.peer.transport import (
-    Listener,
-    MessageLimits,
-    Transport,
-    ZmqTransport,
-    server_keys,
-)
+from kvtier.tiers.peer.config import ServeConfig
+from kvtier.tiers.peer.curve_keys import server_keys
+from kvtier.tiers.peer.transport import Listener, MessageLimits, Transport
+from kvtier.tiers.peer.zmq_transport import ZmqTransport
 from kvtier.tiers.shared import codec
 
 log = logging.getLogger("kvtier.tiers.peer.server")

@@ -42,16 +42,18 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.config.schema import P2PTierConfig
 from kvtier.errors import IntegrityError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import RETRY, JobResult, Lookup, Op, SecondaryTier, TransferJob, job_result
 from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.config import P2PTierConfig
+from kvtier.tiers.peer.curve_keys import client_keys
 from kvtier.tiers.peer.link import PeerLink, PeerRequest, State
 from kvtier.tiers.peer.probes import Probes
-from kvtier.tiers.peer.transport import Transport, ZmqTransport, client_keys
+from kvtier.tiers.peer.transport import Transport
+from kvtier.tiers.peer.zmq_transport import ZmqTransport
 from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.answers import Answers
 from kvtier.tiers.shared.jobs import drain

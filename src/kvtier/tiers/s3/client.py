@@ -27,8 +27,8 @@ import obstore
 from obstore.store import S3Store
 
 from kvtier.config.checks import redact_url, redact_urls
-from kvtier.config.schema import ObjTierConfig
 from kvtier.errors import ConfigError, IntegrityError, TierError, TierUnavailable
+from kvtier.tiers.s3.config import ObjTierConfig
 
 _STATUS = re.compile(r"status code: (\d{3})")
 _S3_CODE = re.compile(r"<Code>(\w+)</Code>")

@@ -34,7 +34,6 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from kvtier.config.schema import ObjTierConfig
 from kvtier.errors import IntegrityError, TierError, TierUnavailable
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
@@ -50,6 +49,7 @@ from kvtier.tiers.base import (
     job_result,
 )
 from kvtier.tiers.s3.client import ObjectClient, ObjectRefused
+from kvtier.tiers.s3.config import ObjTierConfig
 from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.answers import Answers
 from kvtier.tiers.shared.circuit import CircuitBreaker

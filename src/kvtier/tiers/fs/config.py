@@ -1,0 +1,32 @@
+"""The fs tier's configuration (``type: "fs"``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from kvtier.config.checks import Bytes, DirMode, Seconds, Threads, check_fields
+
+
+@dataclass(frozen=True)
+class FsTierConfig:
+    """``type: "fs"``: content-addressed files under ``root_dir`` (local disk or shared mount).
+
+    ``dir_mode`` is the mode of the directories the tier creates (``root_dir`` and its parents
+    too, where missing); its files get the same bits without execute (``kvtier.config.file_modes``).
+    """
+
+    type_name: ClassVar[str] = "fs"
+    root_dir: str
+    n_read_threads: Threads = 16
+    n_write_threads: Threads = 16
+    max_bytes: Bytes | None = None
+    min_free_bytes: Bytes = 256 << 20
+    o_direct: Literal["auto", "on", "off"] = "auto"
+    fsync: bool = False
+    negative_ttl_s: Seconds = 1.0
+    dir_mode: DirMode = "0700"
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)

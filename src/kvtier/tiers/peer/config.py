@@ -1,0 +1,102 @@
+"""The peer tier's configuration (``type: "p2p"``) and the peer server's (``serve``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvtier.config.checks import (
+    BindHost,
+    HostName,
+    Port,
+    Seconds,
+    Timeout,
+    check_fields,
+    is_loopback,
+)
+from kvtier.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PeerAddress:
+    host: HostName
+    port: Port
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class P2PTierConfig:
+    """``type: "p2p"``: fetch chunks from the host memory of peer instances.
+
+    Peers are ``host`` + ``port`` and/or ``peers``. With CURVE, give both this client's secret
+    key file and the server's public key file (as written by ``kvtier peer keygen``).
+    """
+
+    type_name: ClassVar[str] = "p2p"
+    host: HostName | None = None
+    port: Port | None = None
+    peers: tuple[PeerAddress, ...] = ()
+    timeout_s: Timeout = 1.0
+    hit_ttl_s: Seconds = 2.0
+    curve_secret_key_file: str | None = None
+    curve_server_key_file: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if (self.host is None) != (self.port is None):
+            raise ConfigError("host, port: give both (or list the peers under peers)")
+        if self.host is None and not self.peers:
+            raise ConfigError("peers: name at least one peer (host + port, or peers)")
+        _check_pair("curve_secret_key_file", "curve_server_key_file", self)
+
+    @property
+    def addresses(self) -> tuple[PeerAddress, ...]:
+        if self.host is None or self.port is None:
+            return self.peers
+        first = PeerAddress(self.host, self.port)
+        return (first, *(p for p in self.peers if p != first))
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """``serve``: answer lookups and fetches of peer instances out of this instance's host tier.
+
+    Binds ``host`` (loopback unless told otherwise). With ``curve_secret_key_file`` and
+    ``curve_client_keys_dir`` (every ``*.public`` file in it is an allowed client), connections
+    are encrypted and clients outside the allow-list are refused. ``accept_stores`` lets peers
+    write chunks into this host tier; it is refused beyond loopback without CURVE (any host that
+    reaches the port could write the cache) unless ``allow_insecure_stores`` forces it.
+    ``hold_timeout_s`` bounds how long a slow client pins a slot.
+    """
+
+    port: Port
+    host: BindHost = "127.0.0.1"
+    curve_secret_key_file: str | None = None
+    curve_client_keys_dir: str | None = None
+    accept_stores: bool = False
+    hold_timeout_s: Timeout = 5.0
+    allow_insecure_stores: bool = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _check_pair("curve_secret_key_file", "curve_client_keys_dir", self)
+        insecure = self.curve_secret_key_file is None and not self.loopback
+        if self.accept_stores and insecure and not self.allow_insecure_stores:
+            raise ConfigError(
+                f"accept_stores: refused on {self.host} without CURVE (any host that reaches the "
+                "port could write this cache); configure CURVE, bind loopback, or set "
+                "allow_insecure_stores"
+            )
+
+    @property
+    def loopback(self) -> bool:
+        """Whether ``host`` is a loopback address (only this machine can connect)."""
+        return is_loopback(self.host)
+
+
+def _check_pair(first: str, second: str, config: object) -> None:
+    if (getattr(config, first) is None) != (getattr(config, second) is None):
+        raise ConfigError(f"{first}, {second}: CURVE needs both (or neither)")

@@ -1,0 +1,37 @@
+"""The object tier's configuration (``type: "obj"``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, ClassVar
+
+from kvtier.config.checks import Count, HttpUrl, Seconds, Threads, Timeout, check_fields
+from kvtier.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ObjTierConfig:
+    """``type: "obj"``: objects in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW)."""
+
+    type_name: ClassVar[str] = "obj"
+    bucket: str
+    endpoint_override: Annotated[str, HttpUrl()] | None = None
+    prefix: str = "kvtier"
+    region: str | None = None
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+    io_threads: Threads = 16
+    timeout_s: Timeout = 5.0
+    negative_ttl_s: Seconds = 1.0
+    circuit_failures: Count = 3
+    reconnect_min_s: Timeout = 0.5
+    reconnect_max_s: Timeout = 30.0
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ConfigError(
+                f"reconnect_max_s: expected at least reconnect_min_s ({self.reconnect_min_s}), "
+                f"got {self.reconnect_max_s}"
+            )
