@@ -1,4 +1,4 @@
-"""Retention: what each level keeps (admission) and for how long (priority), for the manager.
+"""HostRetention: what each level keeps (admission) and for how long (priority), for the manager.
 
 The manager asks it three things: which offered chunks host memory keeps (``plan_store``, then
 ``reserved`` once their slots are taken), which stored chunks each secondary tier gets
@@ -83,7 +83,7 @@ def _is_integer(value: object) -> TypeGuard[int]:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-class Retention:
+class HostRetention:
     """Admission and priority decisions over one manager's host tier."""
 
     def __init__(self, host: HostTier, admission: Admission, provenance: Provenance) -> None:

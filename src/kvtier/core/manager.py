@@ -20,40 +20,31 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvtier.config.checks import key_path, listen_errors
 from kvtier.config.schema import TieringConfig
-from kvtier.control.retention import Priority, Retention, expiry, prefix_length, priorities
+from kvtier.control.retention import Priority, expiry, prefix_length, priorities
+from kvtier.control.tier_switches import TierSwitch
 from kvtier.core.entry_checks import engine_call, serialized
-from kvtier.core.host_slots import ENGINE, HostTier, WriteThrough
-from kvtier.core.operations import Operations
-from kvtier.core.peer_view import ManagerPeerHost
-from kvtier.core.progress import Progress
-from kvtier.core.promotion import Promoter
-from kvtier.core.provenance import Provenance
-from kvtier.core.runtime import Runtime
-from kvtier.core.services import ManagerService, Services, close_all
-from kvtier.core.slots import SlotAllocator
+from kvtier.core.host_slots import ENGINE, WriteThrough
+from kvtier.core.parts import TierFactory, build_parts
+from kvtier.core.peer_service import ManagerPeerHost, ManagerService, Services, close_all
 from kvtier.core.tier_set import Finished
 from kvtier.errors import ClosedError, ConfigError, KVTierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.telemetry.kv_events import EventKind, EventLog, EventPublisher
-from kvtier.telemetry.metrics import state_gauges
-from kvtier.telemetry.transfer_meter import TransferClock
+from kvtier.telemetry.kv_events import EventKind, KVEvent
+from kvtier.telemetry.metrics import TelemetryCollector, state_gauges
 from kvtier.tiers.base import Lookup, SecondaryTier
-from kvtier.tiers.registry import build_tier
 
 if TYPE_CHECKING:
     from kvtier.tiers.peer.server import PeerServer
 
-#: Builds a tier over the manager's host region, for ``TieringManager(tiers=...)``.
-TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
 log = logging.getLogger(__name__)
 
 
@@ -65,7 +56,7 @@ class StorePlan:
     slots: list[int]
 
 
-class TieringManager(Operations):
+class TieringManager:
     """Host tier plus secondary tiers behind the engine-facing API (docs/architecture.md).
 
     ``tiers`` replaces the tiers built from ``config.secondary_tiers``: tiers built by hand, or
@@ -86,58 +77,25 @@ class TieringManager(Operations):
             config.check_layout(identity.layout)
         except ConfigError as exc:  # the identity's layout decides the keys, so it wins
             log.warning("%s; chunks follow the cache identity's layout", exc)
+        parts = build_parts(config, identity, tiers, region)
         self.config, self.identity = config, identity
         self.chunk_bytes = identity.layout.chunk_bytes
-        self.region = region or HostRegion(config.host_slots(self.chunk_bytes), self.chunk_bytes)
-        if self.region.slot_bytes < self.chunk_bytes:
-            raise ConfigError(f"region: slots of {self.region.slot_bytes} bytes < one chunk")
-        self.host = HostTier(self.region.num_slots, config.eviction_policy)
-        self.runtime = Runtime(config.runtime_config(), self.chunk_bytes)
-        self.metrics = self.runtime.metrics
-        self._events = EventLog(outbox=config.kv_events is not None, on_add=self._count_events)
+        self.region, self.host, self.runtime = parts.region, parts.host, parts.runtime
+        self.metrics, self._tiers = self.runtime.metrics, self.runtime.tiers
+        self.tiers = self._tiers.tiers
+        self._lock, self._closed = self.runtime.lock, False
+        self._events, self._provenance, self._slots = parts.events, parts.provenance, parts.slots
+        self._retention, self._promoter = parts.retention, parts.promoter
+        self._progress, self._clock, self._publisher = parts.progress, parts.clock, parts.publisher
+        self._control = self.runtime.control
         self._services = Services(self.metrics)
         self._peer_host = ManagerPeerHost(self)
-        self._clock = TransferClock(self.metrics, self.chunk_bytes)
-        self._publisher: EventPublisher | None = None
         self.peer_server: PeerServer | None = None
-        self._lock = self.runtime.lock
-        self._closed = False
-        self._tiers = self.runtime.tiers
-        self.tiers = self._tiers.tiers
-        self._progress = Progress(())
-        tokens_per_chunk = identity.layout.tokens_per_chunk
-        self._provenance = Provenance(self.metrics, self._tiers, tokens_per_chunk)
-        self._slots = SlotAllocator(self.host, self._provenance, self.metrics, self._events)
-        self._retention = Retention(self.host, self.runtime.admission, self._provenance)
-        self._control = self.runtime.control
-        self._promoter = Promoter(
-            self.host, self._tiers, self._slots, self._provenance, self.metrics, self._events
-        )
         try:
-            self._build(tiers)
-            self._retention = Retention(self.host, self.runtime.admission, self._provenance)
             self._start_services()
         except BaseException:
             self.close(timeout=0)
             raise
-
-    def _build(self, tiers: Sequence[SecondaryTier | TierFactory] | None) -> None:
-        """Tiers and the event publisher: nothing that calls back into the manager."""
-        given = self.config.secondary_tiers if tiers is None else tiers
-        for index, tier in enumerate(given):
-            if isinstance(tier, SecondaryTier):
-                self.runtime.add_tier(tier)
-            elif callable(tier):
-                self.runtime.add_tier(tier(self.region, self.identity))
-            else:
-                with key_path(f"secondary_tiers[{index}]"):
-                    self.runtime.add_tier(build_tier(tier, self.region, self.identity))
-        self.runtime.bind()
-        self._progress = Progress(self.tiers)
-        events = self.config.kv_events
-        if events is not None and events.enable_kv_cache_events:
-            with listen_errors("kv_events.endpoint", events.endpoint):
-                self._publisher = EventPublisher(events.endpoint, events.topic or "", events.hwm)
 
     def _start_services(self) -> None:
         """Threads that read or drive the manager: started last, once it is fully built."""
@@ -356,9 +314,57 @@ class TieringManager(Operations):
         with self._lock:
             return self._tiers.num_pending
 
-    # -- helpers ---------------------------------------------------------------------------
-    def _count_events(self, kind: EventKind, num_events: int) -> None:
-        self.metrics.count("events", num_events, kind=kind.value)
+    # -- tiers at run time (``Runtime``'s controls) -------------------------------------------
+    def disable_tier(self, name: str, reason: str = "manual") -> bool:
+        """``Runtime.disable_tier``: switch tier ``name`` off until ``enable_tier``."""
+        return self.runtime.disable_tier(name, reason)
+
+    def enable_tier(self, name: str) -> bool:
+        """``Runtime.enable_tier``: switch tier ``name`` back on."""
+        return self.runtime.enable_tier(name)
+
+    def tier_states(self) -> tuple[list[str], list[str]]:
+        """Names of the enabled and of the switched-off tiers, each in config order."""
+        return self.runtime.tier_states()
+
+    def report_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
+        """``Runtime.report_request``: a finished request's latencies, for the SLO guard."""
+        self.runtime.report_request(ttft_s, itl_s)
+
+    def take_tier_switches(self) -> list[TierSwitch]:
+        """Tiers switched on or off since the last call (by hand or by the SLO guard)."""
+        return self.runtime.take_tier_switches()
+
+    # -- what happened ---------------------------------------------------------------------
+    @serialized
+    def take_events(self) -> list[KVEvent]:
+        """Events since the last call, oldest first."""
+        return self._events.take()
+
+    @serialized
+    def stats(self) -> dict[str, Any]:
+        """A snapshot: host occupancy, every counter (``name{labels}``), and each tier's stats."""
+        tiers = self.runtime.tiers
+        return {
+            "host": {**self.host.snapshot(), "slot_bytes": self.region.slot_bytes},
+            "counters": self.runtime.metrics.flat(),
+            "pending_jobs": tiers.num_pending,
+            "events_dropped": self._events.dropped,
+            "tiers": {tier.name: tier.stats() for tier in tiers},
+            "disabled_tiers": tiers.split_by_state()[1],
+        }
+
+    def prometheus_registry(self) -> Any:
+        """A new ``CollectorRegistry`` exporting this manager's metrics (prometheus-client)."""
+        return self.runtime.registry(state_gauges(self.host))
+
+    def prometheus_collector(self) -> TelemetryCollector:
+        """The collector behind ``prometheus_registry``, to register on a registry of your own.
+
+        Its gauges are snapshots taken under the manager's lock (a scrape runs on the HTTP
+        server's thread, while the engine's thread changes the host tier).
+        """
+        return self.runtime.collector(state_gauges(self.host))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from kvtier.core.host_slots import ENGINE, WRITING, HostTier, Promotion
 from kvtier.core.provenance import Provenance
-from kvtier.core.slots import SlotAllocator
+from kvtier.core.slot_allocator import SlotAllocator
 from kvtier.core.tier_set import Finished, TierSet
 from kvtier.keys import ChunkKey
 from kvtier.telemetry.kv_events import EventKind, EventLog

@@ -47,17 +47,23 @@ Gauges = dict[str, tuple[str, GaugeSource]]
 class Runtime:
     """Tiers, switches, the SLO guard, admission, metrics and the operator plane (module doc).
 
-    Build it, ``add_tier`` each tier, ``bind`` once they are all there (names made unique,
-    admission built), then ``serve`` to start the operator plane. ``close`` closes the tiers
-    and the endpoint.
+    Built with its ``tiers`` (the manager's, all known at start: bound at once), or with none
+    (``None``: vLLM's, which join one by one with ``add_tier``; ``bind`` once they are all
+    there). Then ``serve`` starts the operator plane. ``close`` closes the tiers and the
+    endpoint; a runtime that cannot bind its tiers closes them and raises.
     """
 
-    def __init__(self, config: RuntimeConfig, chunk_bytes: int) -> None:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        chunk_bytes: int,
+        tiers: Sequence[SecondaryTier] | None = None,
+    ) -> None:
         self.config = config
         self._lock = threading.RLock()
         self._closed = False
         self.metrics = ManagerMetrics()
-        self.tiers = TierSet([], self.metrics, chunk_bytes)
+        self.tiers = TierSet(self.metrics, chunk_bytes)
         guard = None if config.slo_guard is None else SLOGuard(config.slo_guard)
         self.control = TierControl(self.tiers, guard)
         self.admission = Admission((), (), self.metrics)
@@ -65,6 +71,17 @@ class Runtime:
         self._tier_rules: dict[int, tuple[AdmissionConfig | None, int | None]] = {}
         self._exporter: MetricsServer | None = None
         self._last_offer: tuple[Hashable, frozenset[ChunkKey]] = (None, frozenset())
+        if tiers is not None:
+            self._bind_all(tiers)
+
+    def _bind_all(self, tiers: Sequence[SecondaryTier]) -> None:
+        try:
+            for tier in tiers:
+                self.add_tier(tier)
+            self.bind()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def lock(self) -> threading.RLock:
@@ -84,9 +101,8 @@ class Runtime:
         its own (vLLM's per-tier entries), applied with the config's once ``bind`` runs."""
         if self._closed:
             raise ClosedError("add_tier: the runtime is closed")
-        self.tiers.tiers.append(tier)
+        index = self.tiers.add(tier)
         self._given_names.append(tier.name)
-        index = len(self.tiers) - 1
         if admission is not None or min_priority is not None:
             self._tier_rules[index] = (admission, min_priority)
         return index

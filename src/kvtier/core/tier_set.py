@@ -64,12 +64,17 @@ class Finished:
 class TierSet:
     """The tiers in configured order (index = priority), and the jobs they have not reported."""
 
-    def __init__(self, tiers: list[SecondaryTier], metrics: ManagerMetrics, chunk_bytes: int):
-        self.tiers = tiers
+    def __init__(self, metrics: ManagerMetrics, chunk_bytes: int) -> None:
+        self.tiers: list[SecondaryTier] = []
         self._metrics, self._chunk_bytes = metrics, chunk_bytes
         self._ids = count()
         self._pending: dict[int, PendingJob] = {}
         self._disabled: dict[int, str] = {}  # tier index -> why
+
+    def add(self, tier: SecondaryTier) -> int:
+        """Add ``tier`` last; its index."""
+        self.tiers.append(tier)
+        return len(self.tiers) - 1
 
     def __len__(self) -> int:
         return len(self.tiers)

@@ -1,6 +1,6 @@
 """PeerHost: all a peer server may do with this instance's host memory.
 
-The peer server never sees the manager: it is handed this narrow view (``kvtier.core.peer_view``
+The peer server never sees the manager: it is handed this narrow view (``kvtier.core.peer_service``
 implements it over a ``TieringManager``) and calls it on the manager's thread only, under the
 manager's lock, from ``PeerServer.step``.
 """
