@@ -1,7 +1,9 @@
 """The package's import rules (docs/architecture.md), read from the source with ``ast``.
 
-* no cycle among module-level imports (``if TYPE_CHECKING:`` blocks excluded);
-* tiers never import the manager's side (manager, promotion, the peer server's manager glue);
+* no import cycle, counting every import: module-level, lazy (inside a function) and
+  ``if TYPE_CHECKING:`` ones;
+* tiers import only the vocabulary below them (``TIER_ALLOWED``): never the manager's side,
+  the operator's controls, the command line or anything that serves HTTP;
 * policies import nothing that does I/O (only keys, errors and the standard library's pure parts);
 * the core imports neither torch nor transformers at import time: only ``device/``, the engine
   integrations and the bench may, so ``import kvtier`` works without them.
@@ -13,19 +15,26 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "kvtier"
 
-#: Modules above the tiers: a tier importing one of them would call back up.
-MANAGER_SIDE = ("kvtier.core.manager", "kvtier.core.promotion", "kvtier.core.slots", "kvtier.core.tier_set",
-                "kvtier.core.provenance", "kvtier.core.services", "kvtier.core.entry_checks")  # fmt: skip
+#: What a tier may import from the rest of the package: the words every part uses. Everything
+#: else (``core``, ``control``, ``cli``, ``bench``, ``plan``, ``integrations``, the HTTP
+#: endpoint) sits above the tiers; a tier importing it would call back up.
+TIER_ALLOWED = (
+    "kvtier.tiers", "kvtier.config.checks", "kvtier.config.file_modes", "kvtier.config.parser",
+    "kvtier.errors", "kvtier.identity", "kvtier.keys", "kvtier.region", "kvtier.layout",
+    "kvtier.telemetry.logs", "kvtier.telemetry.metrics",
+)  # fmt: skip
+#: Modules that serve or speak HTTP: no tier reaches them, even through another module.
+HTTP = ("kvtier.telemetry.endpoint", "kvtier.control.admin", "wsgiref", "http", "urllib.request")
 #: Where importing torch (or transformers) at import time is allowed.
 TORCH_ALLOWED = ("kvtier.device", "kvtier.integrations", "kvtier.bench")
 #: What a policy may import.
-POLICY_ALLOWED = ("kvtier.policies", "kvtier.keys", "kvtier.errors", "__future__", "collections",
-                  "typing", "dataclasses", "abc", "enum", "math", "itertools", "functools", "heapq")  # fmt: skip
+POLICY_ALLOWED = (
+    "kvtier.policies", "kvtier.keys", "kvtier.errors", "__future__", "collections", "numbers",
+    "typing", "dataclasses", "abc", "enum", "math", "itertools", "functools", "heapq",
+)  # fmt: skip
 
 
 def module_name(path: Path) -> str:
@@ -77,20 +86,32 @@ def known(names: Iterator[str], universe: dict[str, Path]) -> set[str]:
     return {name for name in names if name in universe}
 
 
-def graph() -> dict[str, set[str]]:
+def graph(*, top_level_only: bool = False) -> dict[str, set[str]]:
+    """Each module's imports within the package (every import, unless ``top_level_only``)."""
     universe = modules()
     return {
-        name: known(imports(path, top_level_only=True), universe) - {name}
+        name: known(imports(path, top_level_only=top_level_only), universe) - {name}
         for name, path in universe.items()
     }
+
+
+def every_import(path: Path) -> Iterator[str]:
+    """Every module ``path`` imports, ``TYPE_CHECKING`` blocks and function bodies included."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            yield from _from(node, package)
 
 
 def _under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def test_the_module_level_import_graph_has_no_cycle():
-    edges = graph()
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``edges``, or ``None``."""
     state: dict[str, int] = {}  # 1 visiting, 2 done
 
     def visit(node: str, path: list[str]) -> None:
@@ -99,25 +120,69 @@ def test_the_module_level_import_graph_has_no_cycle():
             if nxt.startswith(node + "."):
                 continue  # a package importing its own submodules is not a cycle
             if state.get(nxt) == 1:
-                cycle = [*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
+                raise _Cycle([*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt])
             if nxt not in state:
                 visit(nxt, [*path, nxt])
         state[node] = 2
 
-    for start in sorted(edges):
-        if start not in state:
-            visit(start, [start])
+    try:
+        for start in sorted(edges):
+            if start not in state:
+                visit(start, [start])
+    except _Cycle as cycle:
+        return cycle.path
+    return None
 
 
-def test_tiers_never_import_the_manager_side():
+class _Cycle(Exception):
+    def __init__(self, path: list[str]) -> None:
+        self.path = path
+
+
+def test_no_import_cycle_counting_lazy_and_type_checking_imports():
+    edges = {
+        name: known(every_import(path), modules()) - {name} for name, path in modules().items()
+    }
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_sees_a_planted_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert find_cycle({"p": {"p.x"}, "p.x": {"p"}}) is None  # a package and its own submodule
+
+
+def test_tiers_import_only_what_lies_below_them():
     universe = modules()
     offenders = [
         f"{name} imports {target}"
         for name, path in universe.items()
         if name.startswith("kvtier.tiers")
-        for target in imports(path, top_level_only=False)
-        if _under(target, MANAGER_SIDE)
+        for target in known(every_import(path), universe)
+        if not _under(target, TIER_ALLOWED)
+    ]
+    assert offenders == []
+
+
+def test_no_tier_reaches_http_even_through_another_module():
+    universe = modules()
+    reached: dict[str, set[str]] = {}
+
+    def reach(name: str) -> set[str]:
+        if name not in reached:
+            reached[name] = set()
+            direct = set(every_import(universe[name]))
+            inside = {t for t in direct if t in universe}
+            reached[name] = direct | {r for t in inside for r in reach(t)}
+        return reached[name]
+
+    offenders = [
+        f"{name} reaches {target}"
+        for name in universe
+        if name.startswith("kvtier.tiers")
+        for target in reach(name)
+        if _under(target, HTTP)
     ]
     assert offenders == []
 

@@ -221,7 +221,8 @@ def _serve(port: int) -> tuple[Any, Any]:
     """A metrics server on 127.0.0.1 (``port`` 0: any free port) and the collector it serves."""
     from prometheus_client import CollectorRegistry
 
-    from kvtier.telemetry.metrics import DelegatingCollector, MetricsServer
+    from kvtier.telemetry.endpoint import MetricsServer
+    from kvtier.telemetry.metrics import DelegatingCollector
 
     collector = DelegatingCollector()
     registry = CollectorRegistry(auto_describe=False)

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 from kvtier.config.file_modes import parse_mode
 from kvtier.errors import ConfigError
+from kvtier.policies.priority import MAX_PRIORITY, MIN_PRIORITY
 
 INT64_MAX = (1 << 63) - 1
 INT32_MAX = (1 << 31) - 1
@@ -163,6 +164,9 @@ class OctalMode:
 
 
 Port = Annotated[int, Bounds(1, 65535, "a TCP port from 1 to 65535")]
+RetentionPriority = Annotated[
+    int, Bounds(MIN_PRIORITY, MAX_PRIORITY, f"an integer from {MIN_PRIORITY} to {MAX_PRIORITY}")
+]
 Threads = Annotated[int, Bounds(1, MAX_THREADS, f"a positive integer of at most {MAX_THREADS}")]
 Count = Annotated[int, Bounds(1, INT64_MAX, "a positive integer below 2**63")]
 Bytes = Annotated[int, Bounds(0, INT64_MAX, "a non-negative number of bytes below 2**63")]

@@ -21,6 +21,7 @@ from kvtier.config.checks import (
     Messages,
     Port,
     PositiveBytes,
+    RetentionPriority,
     Text,
     check_fields,
     is_loopback,
@@ -78,10 +79,9 @@ class RuntimeConfig:
     #: What each level keeps (``kvtier.control.admission``): ``level`` is ``host`` or a tier's name.
     admission: tuple[AdmissionConfig, ...] = ()
     #: Chunks retained below this priority (0-100) are never written to secondary tiers.
-    secondary_min_priority: Annotated[int, Bounds(0, 100, "an integer from 0 to 100")] = 0
+    secondary_min_priority: RetentionPriority = 0
 
     def __post_init__(self) -> None:
-        _check_range("secondary_min_priority", self.secondary_min_priority, 0, 100)
         if self.metrics_admin and self.metrics_port is None:
             raise ConfigError("metrics_admin: the admin endpoint is served on metrics_port; set it")
         if self.metrics_admin and not is_loopback(self.metrics_host):
@@ -118,7 +118,6 @@ class TieringConfig(RuntimeConfig):
     store_threshold: Annotated[int, Bounds(1, 255, "an integer from 1 to 255")] | None = None
 
     def __post_init__(self) -> None:
-        _check_range("store_threshold", self.store_threshold, 1, 255)
         super().__post_init__()
         if self.block_size is not None and self.blocks_per_chunk is not None:
             raise ConfigError(
@@ -201,11 +200,3 @@ class TieringConfig(RuntimeConfig):
                 f"{key}: the configuration asks for {wanted} engine blocks per chunk but the "
                 f"layout has {layout.blocks_per_chunk} ({layout.tokens_per_chunk} tokens per chunk)"
             )
-
-
-def _check_range(key: str, value: object, low: int, high: int) -> None:
-    """``ConfigError`` unless ``value`` is ``None`` or an integer from ``low`` to ``high``."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{key}: expected an integer from {low} to {high}, got {value!r}")

@@ -25,7 +25,7 @@ from kvtier.core.host_slots import HostTier
 from kvtier.core.provenance import Provenance
 from kvtier.errors import InvalidArgumentError
 from kvtier.keys import ChunkKey
-from kvtier.policies.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from kvtier.policies.priority import DEFAULT_PRIORITY, checked_priority
 
 Priority = int | Sequence[int] | None
 
@@ -54,11 +54,10 @@ def request_priority(priority: int | None) -> int | None:
 
 def _checked(value: object) -> int:
     """``value`` as a priority: an integer from 0 to 100, else ``InvalidArgumentError``."""
-    if not _is_integer(value):
-        raise InvalidArgumentError(f"priority: expected an integer from 0 to 100, got {value!r}")
-    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
-        raise InvalidArgumentError(f"priority: expected 0 to 100, got {value}")
-    return int(value)
+    try:
+        return checked_priority(value)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"priority: {exc}") from None
 
 
 def expiry(duration_s: float | None) -> float | None:

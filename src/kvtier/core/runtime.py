@@ -35,7 +35,8 @@ from kvtier.core.entry_checks import serialized, under_lock
 from kvtier.core.tier_set import Finished, TierSet
 from kvtier.errors import ClosedError
 from kvtier.keys import ChunkKey
-from kvtier.telemetry.metrics import GaugeSource, ManagerMetrics, MetricsServer, TelemetryCollector
+from kvtier.telemetry.endpoint import MetricsServer
+from kvtier.telemetry.metrics import GaugeSource, ManagerMetrics, TelemetryCollector
 from kvtier.tiers.base import SecondaryTier
 
 log = logging.getLogger(__name__)

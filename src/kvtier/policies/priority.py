@@ -14,6 +14,7 @@ With every key at the default priority there is one level and ``evict`` is that 
 from __future__ import annotations
 
 import heapq
+import numbers
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 from itertools import islice
 from typing import Generic, TypeVar
@@ -23,6 +24,19 @@ from kvtier.policies import EvictionPolicy
 K = TypeVar("K", bound=Hashable)
 
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 100, 35
+
+
+def checked_priority(value: object) -> int:
+    """``value`` as a retention priority: an integer from 0 to 100 (never a bool), else
+    ``ValueError`` saying why. The one check of the range, wherever a priority comes from."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(
+            f"expected an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {value!r}"
+        )
+    number = int(value)
+    if not MIN_PRIORITY <= number <= MAX_PRIORITY:
+        raise ValueError(f"expected {MIN_PRIORITY} to {MAX_PRIORITY}, got {number}")
+    return number
 
 
 class PrioritizedPolicy(Generic[K]):

@@ -17,9 +17,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-# The HTTP endpoint (bounded threads), re-exported beside the metrics it serves.
-from kvtier.telemetry.endpoint import MetricsServer as MetricsServer
-
 #: Seconds; spans a page-cache hit (tens of µs) to a slow object store (seconds).
 LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

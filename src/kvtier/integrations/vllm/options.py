@@ -23,6 +23,7 @@ from kvtier.config.parser import parse_tier
 from kvtier.control.admission import AdmissionConfig
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.region import PrimaryRegion
+from kvtier.policies.priority import checked_priority
 from kvtier.tiers.base import TierConfig
 from kvtier.tiers.fs.config import FsTierConfig
 
@@ -60,9 +61,10 @@ def adapter_options(options: Mapping[str, Any], path: str) -> tuple[dict[str, An
         raise ConfigError(f"{path}.enable_kv_events: expected true or false")
     if not isinstance(own.get("revision", ""), str):
         raise ConfigError(f"{path}.revision: expected a string")
-    floor = own.get("secondary_min_priority", 0)
-    if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor <= 100:
-        raise ConfigError(f"{path}.secondary_min_priority: expected an integer from 0 to 100")
+    try:
+        checked_priority(own.get("secondary_min_priority", 0))
+    except ValueError as exc:
+        raise ConfigError(f"{path}.secondary_min_priority: {exc}") from None
     return own, rest
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.errors import InvalidArgumentError
-from kvtier.policies.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from kvtier.policies.priority import DEFAULT_PRIORITY, checked_priority
 from kvtier.telemetry.logs import ThrottledLog
 
 RETENTION_KEY = "kvtier_retention"
@@ -99,11 +99,10 @@ def _mapping(raw: Any, path: str, fields: set[str]) -> Mapping[str, Any]:
 
 
 def _retention(entry: Mapping[str, Any], path: str) -> Retention:
-    priority = entry.get("priority")
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidArgumentError(f"{path}.priority: expected an integer, got {priority!r}")
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidArgumentError(f"{path}.priority: expected 0 to 100, got {priority}")
+    try:
+        priority = checked_priority(entry.get("priority"))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"{path}.priority: {exc}") from None
     duration = entry.get("duration_s")
     if duration is not None and (
         isinstance(duration, bool)
