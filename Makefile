@@ -1,7 +1,8 @@
 # make test  - set everything up (.venv, every extra the tests need) and run ruff, mypy, pytest
 # make bench - set everything up and run the main job
-# make vllm-env - build the cached vLLM venv + model the tests in tests/vllm run engines in (the
-#                 tests build it themselves on first use; KVTIER_SKIP_VLLM=1 skips those tests)
+# make vllm-env - build the cached vLLM venv + model the tests in tests/integrations/vllm run
+#                 engines in (the tests build it themselves on first use; KVTIER_SKIP_VLLM=1
+#                 skips those tests)
 VENV   ?= .venv
 PYTHON ?= python3
 BIN     = $(VENV)/bin
@@ -29,7 +30,7 @@ test: lint
 	KVTIER_VLLM_CACHE=$(VLLM_CACHE) $(BIN)/pytest
 
 vllm-env:
-	bash tests/vllm/build_env.sh $(VLLM_CACHE) $(CURDIR)
+	bash tests/integrations/vllm/build_env.sh $(VLLM_CACHE) $(CURDIR)
 
 bench: $(STAMP)
 	$(BIN)/kvtier bench
