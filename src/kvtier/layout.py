@@ -332,8 +332,15 @@ class KVLayout:
         Device-side only: slots and identities always use the full layout.
         """
         heads = len(self.rank_heads(tp_rank, tp_size))
-        return KVLayout(self.num_layers, heads, self.head_dim, self.dtype, self.block_size,
-                        self.blocks_per_chunk, self.groups)  # fmt: skip
+        return KVLayout(
+            self.num_layers,
+            heads,
+            self.head_dim,
+            self.dtype,
+            self.block_size,
+            self.blocks_per_chunk,
+            self.groups,
+        )
 
     def describe(self) -> dict[str, Any]:
         """Everything that decides the bytes of a chunk, as plain JSON-able values."""

@@ -73,8 +73,11 @@ def _changed(config: AdmissionConfig) -> dict[str, Any]:
     """The fields of ``config`` that differ from their defaults (``level`` always)."""
     default = AdmissionConfig()
     names = [f.name for f in dataclasses.fields(config)]
-    return {name: getattr(config, name) for name in names
-            if name == "level" or getattr(config, name) != getattr(default, name)}  # fmt: skip
+    return {
+        name: getattr(config, name)
+        for name in names
+        if name == "level" or getattr(config, name) != getattr(default, name)
+    }
 
 
 def policies(tier_names: list[str], frequency_window: int) -> list[Policy]:
@@ -82,9 +85,11 @@ def policies(tier_names: list[str], frequency_window: int) -> list[Policy]:
     found = [
         Policy(ADMIT_ALL, ()),
         Policy("host min_reuse 2", (AdmissionConfig("host", min_reuse=2),)),
-        Policy("host frequency 2", (AdmissionConfig("host", min_frequency=2,
-                                                    frequency_window=frequency_window),)),
-    ]  # fmt: skip
+        Policy(
+            "host frequency 2",
+            (AdmissionConfig("host", min_frequency=2, frequency_window=frequency_window),),
+        ),
+    ]
     if tier_names:
         tiers = tuple(AdmissionConfig(name, min_reuse=2) for name in tier_names)
         found.append(Policy("tiers min_reuse 2", tiers))
@@ -121,8 +126,12 @@ class AdmissionBench:
         )
         window = self.options.frequency_window or 8 * slots
         one_shot = self.options.spec(1, self.bench.vocab_size).one_shot_tokens
-        return {**caps, "host_chunks": slots, "frequency_window": window,
-                "one_shot_chunks": one_shot // caps["chunk_tokens"]}  # fmt: skip
+        return {
+            **caps,
+            "host_chunks": slots,
+            "frequency_window": window,
+            "one_shot_chunks": one_shot // caps["chunk_tokens"],
+        }
 
     def policies(self) -> list[Policy]:
         names = self._tier_names()
@@ -141,15 +150,26 @@ class AdmissionBench:
         base = self.bench.tiering or TieringConfig.from_dict(
             {"cpu_bytes_to_use": caps["host_bytes"]}
         )
-        return [Strategy(policy.name, caps["device_chunks"],
-                        dataclasses.replace(base, admission=policy.admission, store_threshold=None))
-               for policy in self.policies()]  # fmt: skip
+        return [
+            Strategy(
+                policy.name,
+                caps["device_chunks"],
+                dataclasses.replace(base, admission=policy.admission, store_threshold=None),
+            )
+            for policy in self.policies()
+        ]
 
     def start(self, strategy: Strategy, spec: MixedSpec) -> StrategyRun:
         bench = self.bench
         bench._runs += 1
-        return StrategyRun(bench.model, self.identity, strategy, spec.conversations,
-                           f"bench-admission-{bench._runs}", MixedWorkload(spec))  # fmt: skip
+        return StrategyRun(
+            bench.model,
+            self.identity,
+            strategy,
+            spec.conversations,
+            f"bench-admission-{bench._runs}",
+            MixedWorkload(spec),
+        )
 
     def warm_up(self) -> None:
         """Every policy serves one conversation and a one-shot per round (the first call at a
@@ -165,8 +185,9 @@ class AdmissionBench:
                 progress.set_description(f"{num_conversations} conversations")
             spec = self.options.spec(num_conversations, self.bench.vocab_size)
             results += self._side_by_side(spec, progress)
-        return AdmissionSweep(self.options, self.identity, self.capacities(), self.policies(),
-                              results)  # fmt: skip
+        return AdmissionSweep(
+            self.options, self.identity, self.capacities(), self.policies(), results
+        )
 
     def _side_by_side(self, spec: MixedSpec, progress: Any) -> list[RunResult]:
         """All policies on one workload, taking turns request by request."""
@@ -175,6 +196,7 @@ class AdmissionBench:
 
     def num_requests(self) -> int:
         vocab = self.bench.vocab_size
-        per_policy = sum(self.options.spec(n, vocab).num_requests
-                         for n in self.options.bench.conversations)  # fmt: skip
+        per_policy = sum(
+            self.options.spec(n, vocab).num_requests for n in self.options.bench.conversations
+        )
         return per_policy * len(self.policies())

@@ -18,16 +18,30 @@ from kvtier.cli.common import int_in
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--admission`` and the options of the mixed workload."""
     group = parser.add_argument_group("admission (--admission)")
-    group.add_argument("--admission", action="store_true",
-                       help="compare admission policies on reused conversations among "
-                       "one-shot prompts")  # fmt: skip
-    group.add_argument("--one-shots", dest="one_shots_per_round", type=int_in(0, 1 << 16),
-                       metavar="N", help="one-shot prompts per round (16)")  # fmt: skip
-    group.add_argument("--one-shot-tokens", type=int_in(1, 1 << 20), metavar="TOKENS",
-                       help="tokens of a one-shot prompt (--first-prompt-tokens)")  # fmt: skip
-    group.add_argument("--frequency-window", type=int_in(1, 1 << 40), metavar="N",
-                       help="sightings between halvings of the frequency filter "
-                       "(8x host slots)")  # fmt: skip
+    group.add_argument(
+        "--admission",
+        action="store_true",
+        help="compare admission policies on reused conversations among one-shot prompts",
+    )
+    group.add_argument(
+        "--one-shots",
+        dest="one_shots_per_round",
+        type=int_in(0, 1 << 16),
+        metavar="N",
+        help="one-shot prompts per round (16)",
+    )
+    group.add_argument(
+        "--one-shot-tokens",
+        type=int_in(1, 1 << 20),
+        metavar="TOKENS",
+        help="tokens of a one-shot prompt (--first-prompt-tokens)",
+    )
+    group.add_argument(
+        "--frequency-window",
+        type=int_in(1, 1 << 40),
+        metavar="N",
+        help="sightings between halvings of the frequency filter (8x host slots)",
+    )
 
 
 def options_from(args: argparse.Namespace, bench: Any) -> Any:
@@ -38,8 +52,10 @@ def options_from(args: argparse.Namespace, bench: Any) -> Any:
 
     if args.conversations is None:
         bench = dataclasses.replace(bench, conversations=ADMISSION_CONVERSATIONS)
-    given = {name: getattr(args, name, None) for name in
-             ("one_shots_per_round", "one_shot_tokens", "frequency_window")}  # fmt: skip
+    given = {
+        name: getattr(args, name, None)
+        for name in ("one_shots_per_round", "one_shot_tokens", "frequency_window")
+    }
     return AdmissionOptions(bench, **{k: v for k, v in given.items() if v is not None})
 
 

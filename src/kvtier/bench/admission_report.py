@@ -106,8 +106,10 @@ def headline(table: list[dict[str, Any]]) -> dict[str, Any]:
 
 def format_headline(top: dict[str, Any]) -> str:
     if top["policy"] == ADMIT_ALL:
-        return (f"At {top['conversations']} conversations no admission policy beat admitting "
-                f"everything; see the table.")  # fmt: skip
+        return (
+            f"At {top['conversations']} conversations no admission policy beat admitting "
+            f"everything; see the table."
+        )
     written, all_written = top["bytes_written"], top["admit_all_bytes_written"]
     return (
         f"At {top['conversations']} conversations, {top['policy']} serves "
@@ -120,12 +122,16 @@ def format_headline(top: dict[str, Any]) -> str:
 
 def format_table(table: list[dict[str, Any]]) -> str:
     """The terminal table: one line per (N, policy)."""
-    levels = sorted({level for row in table for level in row["bytes_written"]},
-                    key=lambda level: (level != "host", level))  # fmt: skip
-    head = (f"{'N':>4} {'policy':<18} {'tok/s':>7} {'vs all':>6} {'fu TTFT':>8} "
-            f"{'served':>6} {'fu srv':>6} "
-            + " ".join(f"{'MiB ' + level[:6]:>10}" for level in levels)
-            + f" {'dropped':>8}")  # fmt: skip
+    levels = sorted(
+        {level for row in table for level in row["bytes_written"]},
+        key=lambda level: (level != "host", level),
+    )
+    head = (
+        f"{'N':>4} {'policy':<18} {'tok/s':>7} {'vs all':>6} {'fu TTFT':>8} "
+        f"{'served':>6} {'fu srv':>6} "
+        + " ".join(f"{'MiB ' + level[:6]:>10}" for level in levels)
+        + f" {'dropped':>8}"
+    )
     lines = [head, "-" * len(head)]
     for row in table:
         ratio = row["throughput_over_admit_all"]
@@ -150,8 +156,11 @@ def to_json(sweep: AdmissionSweep, table: list[dict[str, Any]]) -> dict[str, Any
     bench = {
         k: list(v) if isinstance(v, tuple) else v for k, v in vars(sweep.options.bench).items()
     }
-    options = {**bench, "one_shots_per_round": sweep.options.one_shots_per_round,
-               "one_shot_tokens": sweep.options.one_shot_tokens}  # fmt: skip
+    options = {
+        **bench,
+        "one_shots_per_round": sweep.options.one_shots_per_round,
+        "one_shot_tokens": sweep.options.one_shot_tokens,
+    }
     return {
         "mode": "admission",
         "options": options,
@@ -194,24 +203,33 @@ def write_chart(sweep: AdmissionSweep, table: list[dict[str, Any]], path: Path) 
     for axis, (title, unit, values) in zip(axes, PANELS, strict=True):
         for i, name in enumerate(names):
             mine = {row["conversations"]: values(row) for row in table if row["policy"] == name}
-            _stacked_bars(axis, [x + (i - (len(names) - 1) / 2) * width for x in range(len(sizes))],
-                          [mine.get(n, {}) for n in sizes], width, f"C{i}", name)  # fmt: skip
+            _stacked_bars(
+                axis,
+                [x + (i - (len(names) - 1) / 2) * width for x in range(len(sizes))],
+                [mine.get(n, {}) for n in sizes],
+                width,
+                f"C{i}",
+                name,
+            )
         axis.set(title=title, xlabel="conversations", ylabel=unit)
         axis.set_xticks(range(len(sizes)), [str(n) for n in sizes])
         axis.grid(alpha=0.3, axis="y")
     axes[0].legend(loc="lower left", fontsize=8)
     options = sweep.options
-    fig.suptitle(f"kvtier bench --admission: {options.bench.model} model, "
-                 f"{options.one_shots_per_round} one-shot prompts per round among the "
-                 f"conversations")  # fmt: skip
+    fig.suptitle(
+        f"kvtier bench --admission: {options.bench.model} model, "
+        f"{options.one_shots_per_round} one-shot prompts per round among the "
+        f"conversations"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def _stacked_bars(axis: Any, xs: list[float], stacks: list[dict[str, float]], width: float,
-                  color: str, label: str) -> None:  # fmt: skip
+def _stacked_bars(
+    axis: Any, xs: list[float], stacks: list[dict[str, float]], width: float, color: str, label: str
+) -> None:
     """Bars at ``xs``, each a stack of its values (host memory first, hatched tiers above)."""
     bottoms = [0.0] * len(xs)
     levels = sorted(
@@ -219,6 +237,14 @@ def _stacked_bars(axis: Any, xs: list[float], stacks: list[dict[str, float]], wi
     )
     for j, level in enumerate(levels):
         heights = [stack.get(level, 0.0) for stack in stacks]
-        axis.bar(xs, heights, width, bottom=bottoms, color=color, edgecolor="white",
-                 hatch="//" if j else None, label=label if j == 0 else None)  # fmt: skip
+        axis.bar(
+            xs,
+            heights,
+            width,
+            bottom=bottoms,
+            color=color,
+            edgecolor="white",
+            hatch="//" if j else None,
+            label=label if j == 0 else None,
+        )
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]

@@ -45,8 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a smaller workload and sweep (2,4,8 conversations; < 1 min)",
     )
-    parser.add_argument("--model", help="tiny | small | base (random weights) or a model "
-                        "directory (small)")  # fmt: skip
+    parser.add_argument(
+        "--model", help="tiny | small | base (random weights) or a model directory (small)"
+    )
     parser.add_argument(
         "--conversations",
         type=_conversations,
@@ -54,8 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="numbers of conversations to sweep (default 2,4,8,12,16,24)",
     )
     convs = float_in(0, MAX_CONVERSATIONS)
-    parser.add_argument("--device-convs", type=convs, metavar="N",
-                        help="conversations the accelerator KV pool holds (default 4)")  # fmt: skip
+    parser.add_argument(
+        "--device-convs",
+        type=convs,
+        metavar="N",
+        help="conversations the accelerator KV pool holds (default 4)",
+    )
     parser.add_argument(
         "--host-convs",
         type=convs,
@@ -70,36 +75,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tiering config for the fullest strategy (default: host + fs)",
     )
     parser.add_argument("--output-dir", metavar="DIR", help="where results go (bench-results)")
-    parser.add_argument("--json", dest="json_path", metavar="FILE",
-                        help="JSON path (OUTPUT_DIR/bench.json)")  # fmt: skip
-    parser.add_argument("--chart", dest="chart_path", metavar="FILE",
-                        help="PNG path (OUTPUT_DIR/bench.png)")  # fmt: skip
-    parser.add_argument("--threads", type=int_in(1, 1024), metavar="N",
-                        help="torch threads, 1 to 1024 (1: stable timings)")  # fmt: skip
+    parser.add_argument(
+        "--json", dest="json_path", metavar="FILE", help="JSON path (OUTPUT_DIR/bench.json)"
+    )
+    parser.add_argument(
+        "--chart", dest="chart_path", metavar="FILE", help="PNG path (OUTPUT_DIR/bench.png)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int_in(1, 1024),
+        metavar="N",
+        help="torch threads, 1 to 1024 (1: stable timings)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--metrics-port", type=int_in(0, 65535), metavar="PORT",
-                        help="serve the fullest strategy's metrics on this port "
-                        "(0: any free port, printed)")  # fmt: skip
+    parser.add_argument(
+        "--metrics-port",
+        type=int_in(0, 65535),
+        metavar="PORT",
+        help="serve the fullest strategy's metrics on this port (0: any free port, printed)",
+    )
     admission_cli.add_arguments(parser)
     vllm_cli.add_arguments(parser)
 
 
 def _add_workload_arguments(work: Any) -> None:
     tokens = int_in(1, MAX_TOKENS)
-    work.add_argument("--first-prompt-tokens", type=tokens, metavar="TOKENS",
-                      help="first prompt length (768)")  # fmt: skip
-    work.add_argument("--rounds", type=int_in(1, 1000), metavar="N",
-                      help="turns after the first, 1 to 1000 (4)")  # fmt: skip
-    work.add_argument("--user-turn-tokens", type=tokens, metavar="TOKENS",
-                      help="tokens per user turn (32)")  # fmt: skip
-    work.add_argument("--new-tokens", type=tokens, metavar="TOKENS",
-                      help="tokens generated per turn (2)")  # fmt: skip
-    work.add_argument("--block-size", type=int_in(1, 4096), metavar="TOKENS",
-                      help="engine block size in tokens (16)")  # fmt: skip
-    work.add_argument("--blocks-per-chunk", type=int_in(1, 4096), metavar="N",
-                      help="blocks per kvtier chunk (2)")  # fmt: skip
-    work.add_argument("--seed", type=int_in(0, (1 << 32) - 1),
-                      help="random seed of the workload, 0 to 2**32-1 (0)")  # fmt: skip
+    work.add_argument(
+        "--first-prompt-tokens", type=tokens, metavar="TOKENS", help="first prompt length (768)"
+    )
+    work.add_argument(
+        "--rounds", type=int_in(1, 1000), metavar="N", help="turns after the first, 1 to 1000 (4)"
+    )
+    work.add_argument(
+        "--user-turn-tokens", type=tokens, metavar="TOKENS", help="tokens per user turn (32)"
+    )
+    work.add_argument(
+        "--new-tokens", type=tokens, metavar="TOKENS", help="tokens generated per turn (2)"
+    )
+    work.add_argument(
+        "--block-size",
+        type=int_in(1, 4096),
+        metavar="TOKENS",
+        help="engine block size in tokens (16)",
+    )
+    work.add_argument(
+        "--blocks-per-chunk", type=int_in(1, 4096), metavar="N", help="blocks per kvtier chunk (2)"
+    )
+    work.add_argument(
+        "--seed",
+        type=int_in(0, (1 << 32) - 1),
+        help="random seed of the workload, 0 to 2**32-1 (0)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Any:
@@ -156,8 +182,9 @@ def check_options(options: Any) -> None:
 
     if options.model not in MODEL_PRESETS and not os.path.isdir(options.model):
         presets = ", ".join(MODEL_PRESETS)
-        raise UsageError(f"argument --model: expected {presets} or a model directory, "
-                         f"got {options.model!r}")  # fmt: skip
+        raise UsageError(
+            f"argument --model: expected {presets} or a model directory, got {options.model!r}"
+        )
     if options.config_path is not None:
         try:
             TieringConfig.load(options.config_path)
@@ -165,8 +192,10 @@ def check_options(options: Any) -> None:
             raise UsageError(f"argument --config: {exc}") from None
     longest = options.spec(1, 1).max_context_tokens
     if options.block_size * options.blocks_per_chunk > longest:
-        raise UsageError(f"a chunk of {options.block_size * options.blocks_per_chunk} tokens is "
-                         f"longer than a whole conversation ({longest} tokens)")  # fmt: skip
+        raise UsageError(
+            f"a chunk of {options.block_size * options.blocks_per_chunk} tokens is "
+            f"longer than a whole conversation ({longest} tokens)"
+        )
     if options.model in MODEL_PRESETS and longest > MAX_POSITIONS:
         raise UsageError(
             f"a conversation grows to {longest} tokens; the {options.model} model has "
@@ -201,8 +230,10 @@ def _check_capacities(bench: Any) -> None:
     caps = bench.capacities()
     flag = "--config" if bench.options.config_path else "--host-convs"
     if caps["host_bytes"] < caps["chunk_bytes"]:
-        raise UsageError(f"argument {flag}: host memory of {caps['host_bytes']} bytes holds "
-                         f"no chunk ({caps['chunk_bytes']} bytes)")  # fmt: skip
+        raise UsageError(
+            f"argument {flag}: host memory of {caps['host_bytes']} bytes holds "
+            f"no chunk ({caps['chunk_bytes']} bytes)"
+        )
     try:
         config = TieringConfig.from_dict({"cpu_bytes_to_use": caps["host_bytes"]})
         config.host_slots(caps["chunk_bytes"])
@@ -231,8 +262,9 @@ def _serve(port: int) -> tuple[Any, Any]:
         server = MetricsServer(registry, port, "127.0.0.1")
     except OSError as exc:
         reason = exc.strerror or exc
-        raise UsageError(f"argument --metrics-port: cannot listen on 127.0.0.1:{port} "
-                         f"({reason})") from None  # fmt: skip
+        raise UsageError(
+            f"argument --metrics-port: cannot listen on 127.0.0.1:{port} ({reason})"
+        ) from None
     print(f"metrics on http://127.0.0.1:{server.port}/metrics", file=sys.stderr)
     return server, collector
 

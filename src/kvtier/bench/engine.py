@@ -103,8 +103,9 @@ class StrategyRun:
         tiering = strategy.tiering
         self.manager = None if tiering is None else TieringManager(tiering, identity)
         device_cache = DeviceChunkCache(strategy.device_chunks)
-        self.tiered = TieredModel(model, identity, self.manager, device_cache=device_cache,
-                                  salt=salt)  # fmt: skip
+        self.tiered = TieredModel(
+            model, identity, self.manager, device_cache=device_cache, salt=salt
+        )
         self.spec = spec
         self.workload = Workload(spec) if workload is None else workload
         self._requests = iter(self.workload)

@@ -45,8 +45,11 @@ def output_paths(args: argparse.Namespace, output_dir: str, stem: str) -> tuple[
     out = Path(output_dir)
     json_path = Path(args.json_path) if args.json_path else out / f"{stem}.json"
     chart_path = Path(args.chart_path) if args.chart_path else out / f"{stem}.png"
-    for flag, directory in (("--output-dir", out), ("--json", json_path.parent),
-                            ("--chart", chart_path.parent)):  # fmt: skip
+    for flag, directory in (
+        ("--output-dir", out),
+        ("--json", json_path.parent),
+        ("--chart", chart_path.parent),
+    ):
         _check_writable(flag, directory)
     check_output(json_path, "argument --json" if args.json_path else "argument --output-dir")
     check_output(chart_path, "argument --chart" if args.chart_path else "argument --output-dir")

@@ -93,9 +93,10 @@ def source_columns(table: list[dict[str, Any]]) -> list[str]:
 def format_table(table: list[dict[str, Any]]) -> str:
     """The terminal table: one line per (N, strategy)."""
     sources = source_columns(table)
-    head = (f"{'N':>4} {'strategy':<14} {'tok/s':>8} {'of best':>7} {'TTFT p50':>9} "
-            f"{'p95':>8} {'p99':>8} {'follow-up':>9} "
-            + " ".join(f"{s[:8]:>8}" for s in sources))  # fmt: skip
+    head = (
+        f"{'N':>4} {'strategy':<14} {'tok/s':>8} {'of best':>7} {'TTFT p50':>9} "
+        f"{'p95':>8} {'p99':>8} {'follow-up':>9} " + " ".join(f"{s[:8]:>8}" for s in sources)
+    )
     lines = [head, "-" * len(head)]
     for row in table:
         ttft, fractions = row["ttft_ms"], row["prompt_fraction_from"]
@@ -164,8 +165,13 @@ def write_chart(sweep: Sweep, table: list[dict[str, Any]], path: Path) -> None:
     for axis, (title, unit, value) in zip(axes, PANELS, strict=True):
         for name in sweep.strategies:
             mine = [row for row in table if row["strategy"] == name]
-            axis.plot([row["conversations"] for row in mine], [value(row) for row in mine],
-                      "--" if name == CEILING else "-", marker="o", label=name)  # fmt: skip
+            axis.plot(
+                [row["conversations"] for row in mine],
+                [value(row) for row in mine],
+                "--" if name == CEILING else "-",
+                marker="o",
+                label=name,
+            )
         _shade_regimes(axis, sweep.capacities, sizes)
         axis.set(title=title, xlabel="conversations", ylabel=unit, xscale="log")
         axis.set_xticks(sizes, [str(n) for n in sizes])
@@ -174,8 +180,10 @@ def write_chart(sweep: Sweep, table: list[dict[str, Any]], path: Path) -> None:
         axis.grid(alpha=0.3)
     axes[0].legend(loc="lower left")
     options = sweep.options
-    fig.suptitle(f"kvtier bench: {options.model} model, {options.rounds + 1} turns per "
-                 f"conversation, first prompt {options.first_prompt_tokens} tokens")  # fmt: skip
+    fig.suptitle(
+        f"kvtier bench: {options.model} model, {options.rounds + 1} turns per "
+        f"conversation, first prompt {options.first_prompt_tokens} tokens"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -191,13 +199,24 @@ def _shade_regimes(axis: Any, capacities: dict[str, Any], sweep: tuple[int, ...]
     low, high = min(sweep) / 1.25, max(sweep) * 1.25
     device = capacities["device_conversations"] + 0.5
     host = capacities["host_conversations"] + 0.5
-    regimes = [(low, device, "accelerator\nholds it"), (device, host, "host offload\nholds it"),
-               (host, high, "storage tier\nholds it")]  # fmt: skip
+    regimes = [
+        (low, device, "accelerator\nholds it"),
+        (device, host, "host offload\nholds it"),
+        (host, high, "storage tier\nholds it"),
+    ]
     for (start, stop, label), color in zip(regimes, ("#e8f4e8", "#e8eef8", "#f8efe4"), strict=True):
         start, stop = max(start, low), min(stop, high)
         if start >= stop:
             continue
         axis.axvspan(start, stop, color=color, zorder=0)
-        axis.text((start * stop) ** 0.5, 0.98, label, transform=axis.get_xaxis_transform(),
-                  ha="center", va="top", fontsize=7, color="#555")  # fmt: skip
+        axis.text(
+            (start * stop) ** 0.5,
+            0.98,
+            label,
+            transform=axis.get_xaxis_transform(),
+            ha="center",
+            va="top",
+            fontsize=7,
+            color="#555",
+        )
     axis.set_xlim(low, high)

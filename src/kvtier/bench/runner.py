@@ -60,14 +60,24 @@ class BenchOptions:
 
     def spec(self, num_conversations: int, vocab_size: int) -> WorkloadSpec:
         return WorkloadSpec(
-            num_conversations, self.first_prompt_tokens, self.rounds, self.user_turn_tokens,
-            self.new_tokens, vocab_size, self.seed,
-        )  # fmt: skip
+            num_conversations,
+            self.first_prompt_tokens,
+            self.rounds,
+            self.user_turn_tokens,
+            self.new_tokens,
+            vocab_size,
+            self.seed,
+        )
 
 
 #: ``kvtier bench --quick``: fewer and shorter conversations, under a minute.
-QUICK = {"conversations": (2, 4, 8), "device_convs": 2.0, "host_convs": 4.0,
-         "first_prompt_tokens": 512, "rounds": 3}  # fmt: skip
+QUICK = {
+    "conversations": (2, 4, 8),
+    "device_convs": 2.0,
+    "host_convs": 4.0,
+    "first_prompt_tokens": 512,
+    "rounds": 3,
+}
 
 
 @dataclass
@@ -111,8 +121,11 @@ class Bench:
     def capacities(self) -> dict[str, Any]:
         per_conv = self.chunks_per_conversation
         stride = round_up(self.identity.layout.chunk_bytes, ALIGNMENT)
-        host_bytes = (self.tiering.cpu_bytes_to_use if self.tiering is not None
-                      else int(self.options.host_convs * per_conv) * stride)  # fmt: skip
+        host_bytes = (
+            self.tiering.cpu_bytes_to_use
+            if self.tiering is not None
+            else int(self.options.host_convs * per_conv) * stride
+        )
         return {
             "chunk_tokens": self.identity.layout.tokens_per_chunk,
             "chunk_bytes": self.identity.layout.chunk_bytes,
@@ -134,8 +147,12 @@ class Bench:
         caps = self.capacities()
         host = TieringConfig.from_dict({"cpu_bytes_to_use": caps["host_bytes"]})
         run_dir = self.tiers_dir / f"run-{self._runs}"
-        full = self.tiering or TieringConfig.from_dict({"cpu_bytes_to_use": caps["host_bytes"],
-            "secondary_tiers": [{"type": "fs", "root_dir": str(run_dir / "fs")}]})  # fmt: skip
+        full = self.tiering or TieringConfig.from_dict(
+            {
+                "cpu_bytes_to_use": caps["host_bytes"],
+                "secondary_tiers": [{"type": "fs", "root_dir": str(run_dir / "fs")}],
+            }
+        )
         if self.tiering is not None:
             host = dataclasses.replace(self.tiering, secondary_tiers=())
         recompute, host_name, full_name, ceiling = self.strategy_names()
@@ -173,14 +190,14 @@ class Bench:
             if progress is not None:
                 progress.set_description(f"{num_conversations} conversations")
             results += self._side_by_side(num_conversations, progress)
-        return Sweep(self.options, self.identity, self.capacities(), self.strategy_names(),
-                     results)  # fmt: skip
+        return Sweep(self.options, self.identity, self.capacities(), self.strategy_names(), results)
 
     def _side_by_side(self, num_conversations: int, progress: Any) -> list[RunResult]:
         """All strategies at one N, taking turns request by request."""
         with self.strategies() as strategies:
-            return take_turns([lambda s=s: self.start(s, num_conversations) for s in strategies],
-                              progress)  # fmt: skip
+            return take_turns(
+                [lambda s=s: self.start(s, num_conversations) for s in strategies], progress
+            )
 
     def num_requests(self) -> int:
         turns = self.options.rounds + 1

@@ -98,8 +98,12 @@ def absolute_paths(options: VllmBenchOptions) -> VllmBenchOptions:
     model = options.model
     if model not in MODEL_PRESETS:
         model = os.path.abspath(model)
-    return replace(options, output_dir=os.path.abspath(options.output_dir),
-                   vllm_python=os.path.abspath(python), model=model)  # fmt: skip
+    return replace(
+        options,
+        output_dir=os.path.abspath(options.output_dir),
+        vllm_python=os.path.abspath(python),
+        model=model,
+    )
 
 
 class VllmBench:
@@ -115,17 +119,27 @@ class VllmBench:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.model = Model.resolve(options.model, self.workdir)
         o = options
-        self.pools = Pools.size(o.max_context, o.device_convs, o.host_convs,
-                                max(o.conversations), o.concurrency)  # fmt: skip
+        self.pools = Pools.size(
+            o.max_context, o.device_convs, o.host_convs, max(o.conversations), o.concurrency
+        )
 
     def phases(self) -> list[dict[str, Any]]:
         """The workload of every N; its seed depends on N, so no N reuses another's prefixes."""
         o = self.options
-        return [{"conversations": n, "first_prompt_tokens": o.first_prompt_tokens,
-                 "rounds": o.rounds, "user_turn_tokens": o.user_turn_tokens,
-                 "new_tokens": o.new_tokens, "vocab_size": min(self.model.vocab_size, 32_000),
-                 "seed": o.seed * 100_003 + n, "one_shots": n if o.mix else 0,
-                 "one_shot_tokens": o.one_shot_tokens} for n in o.conversations]  # fmt: skip
+        return [
+            {
+                "conversations": n,
+                "first_prompt_tokens": o.first_prompt_tokens,
+                "rounds": o.rounds,
+                "user_turn_tokens": o.user_turn_tokens,
+                "new_tokens": o.new_tokens,
+                "vocab_size": min(self.model.vocab_size, 32_000),
+                "seed": o.seed * 100_003 + n,
+                "one_shots": n if o.mix else 0,
+                "one_shot_tokens": o.one_shot_tokens,
+            }
+            for n in o.conversations
+        ]
 
     def scenario(self, strategy: str) -> dict[str, Any]:
         """The runner's scenario for one strategy (see ``vllm_runner``); ``kvtier-fs-ops``
@@ -137,15 +151,19 @@ class VllmBench:
         blocks = self.pools.ceiling_blocks if strategy == CEILING else self.pools.device_blocks
         port = free_port() if strategy == KVTIER_FS_OPS else None
         scenario = {
-            "model": str(self.model.path), "load_format": "dummy" if self.model.dummy else "auto",
-            "dtype": "float32", "engine_id": engine_id,
+            "model": str(self.model.path),
+            "load_format": "dummy" if self.model.dummy else "auto",
+            "dtype": "float32",
+            "engine_id": engine_id,
             "kv_cache_memory_bytes": (blocks + 1) * block,  # + vLLM's null block
             "max_model_len": self.pools.blocks_per_conv * 128,
-            "concurrency": self.options.concurrency, "phases": self.phases(),
+            "concurrency": self.options.concurrency,
+            "phases": self.phases(),
             "kv_transfer_config": transfer_config(
-                strategy, engine_id, self.pools.host_blocks * block, fs_dir, port),
+                strategy, engine_id, self.pools.host_blocks * block, fs_dir, port
+            ),
             "disk_dirs": {strategy: str(fs_dir)} if strategy in FS_STRATEGIES else {},
-        }  # fmt: skip
+        }
         if port is not None:
             scenario["kvtier_metrics_port"] = port
         return scenario
@@ -162,8 +180,9 @@ class VllmBench:
         engines: dict[str, Engine] = {}
         try:
             for strategy in self.options.strategies:
-                engines[strategy] = Engine.start(self.options.vllm_python,
-                                                 self.scenario(strategy), self.workdir)  # fmt: skip
+                engines[strategy] = Engine.start(
+                    self.options.vllm_python, self.scenario(strategy), self.workdir
+                )
             for strategy, engine in engines.items():
                 engine.ask(None, "READY")
                 print(f"engine {strategy}: up", file=sys.stderr, flush=True)
@@ -202,10 +221,15 @@ class Engine:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
         with open(log, "w") as log_file:
             proc = subprocess.Popen(
-                [os.path.abspath(python), "-m", "kvtier.bench.vllm_runner", str(path)], env=env,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, text=True,
-                start_new_session=True, cwd=workdir,
-            )  # fmt: skip
+                [os.path.abspath(python), "-m", "kvtier.bench.vllm_runner", str(path)],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                text=True,
+                start_new_session=True,
+                cwd=workdir,
+            )
         return cls(proc, name, output, log)
 
     def ask(self, command: str | None, reply: str) -> None:
@@ -218,8 +242,10 @@ class Engine:
         if line != reply:
             self.proc.kill()
             self.proc.wait()
-            raise EngineFailed(f"engine {self.name} failed ({self.proc.returncode}), log "
-                               f"{self.log}:\n{self.log.read_text()[-3000:]}")  # fmt: skip
+            raise EngineFailed(
+                f"engine {self.name} failed ({self.proc.returncode}), log "
+                f"{self.log}:\n{self.log.read_text()[-3000:]}"
+            )
 
     def finish(self) -> dict[str, Any]:
         """Ask the engine to write its report and exit; the report."""
@@ -228,8 +254,10 @@ class Engine:
         self.proc.stdin.close()
         code = self.proc.wait(timeout=ENGINE_TIMEOUT_S)
         if code != 0 or not self.output.exists():
-            raise EngineFailed(f"engine {self.name} failed ({code}), log {self.log}:\n"
-                               f"{self.log.read_text()[-3000:]}")  # fmt: skip
+            raise EngineFailed(
+                f"engine {self.name} failed ({code}), log {self.log}:\n"
+                f"{self.log.read_text()[-3000:]}"
+            )
         report: dict[str, Any] = json.loads(self.output.read_text())
         report["load_average_1m"] = round(os.getloadavg()[0], 2)
         return report

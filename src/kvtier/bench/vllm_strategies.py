@@ -50,14 +50,24 @@ def preset_config(name: str) -> dict[str, Any]:
     """The ``config.json`` of a preset: float32, head_dim 64, 4096 tokens, 8192 positions."""
     layers, hidden, kv_heads = MODEL_PRESETS[name]
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
-        "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
-        "num_attention_heads": hidden // HEAD_DIM, "num_key_value_heads": kv_heads,
-        "head_dim": HEAD_DIM, "hidden_act": "silu", "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "float32",
-        "bos_token_id": 1, "eos_token_id": 2,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": VOCAB,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": hidden // HEAD_DIM,
+        "num_key_value_heads": kv_heads,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-    }  # fmt: skip
+    }
 
 
 @dataclass(frozen=True)
@@ -102,8 +112,14 @@ class Pools:
     host_blocks: int
 
     @classmethod
-    def size(cls, max_context: int, device_convs: float, host_convs: float,
-             max_conversations: int, concurrency: int) -> Pools:  # fmt: skip
+    def size(
+        cls,
+        max_context: int,
+        device_convs: float,
+        host_convs: float,
+        max_conversations: int,
+        concurrency: int,
+    ) -> Pools:
         """The ceiling holds every conversation plus the requests in flight."""
         per_conv = math.ceil(max_context / BLOCK_TOKENS)
         device = max(per_conv, round(device_convs * per_conv))
@@ -111,16 +127,19 @@ class Pools:
         return cls(per_conv, device, ceiling, max(1, round(host_convs * per_conv)))
 
 
-def transfer_config(strategy: str, engine_id: str, host_bytes: int, fs_dir: Path,
-                    metrics_port: int | None = None) -> Any:  # fmt: skip
+def transfer_config(
+    strategy: str, engine_id: str, host_bytes: int, fs_dir: Path, metrics_port: int | None = None
+) -> Any:
     """vLLM's ``kv_transfer_config`` of a strategy (``None``: no connector); ``metrics_port``:
     where ``kvtier-fs-ops`` serves its operator plane (required for it, unused otherwise)."""
     if strategy in (RECOMPUTE, CEILING):
         return None
     extra: dict[str, Any] = {
-        "spec_module_path": MODULE, "cpu_bytes_to_use": host_bytes, "blocks_per_chunk": 1,
+        "spec_module_path": MODULE,
+        "cpu_bytes_to_use": host_bytes,
+        "blocks_per_chunk": 1,
         "offload_prompt_only": False,
-    }  # fmt: skip
+    }
     if strategy == VLLM_HOST:
         extra["spec_name"] = "CPUHostOffloadingSpec"
     else:
@@ -130,8 +149,12 @@ def transfer_config(strategy: str, engine_id: str, host_bytes: int, fs_dir: Path
         extra |= {"spec_name": "CPUTieringOffloadingSpec", "secondary_tiers": [tier]}
     if strategy == KVTIER_FS_OPS:
         extra |= operator_plane(metrics_port)
-    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-            "engine_id": engine_id, "kv_connector_extra_config": extra}  # fmt: skip
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "engine_id": engine_id,
+        "kv_connector_extra_config": extra,
+    }
 
 
 def operator_plane(metrics_port: int | None) -> dict[str, Any]:

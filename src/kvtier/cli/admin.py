@@ -53,18 +53,28 @@ def add_admin_command(commands: Any) -> None:
         "admin", help="switch a running server's tiers off and on (its admin endpoint)"
     )
     admin.add_argument(
-        "--url", required=True, type=base_url,
+        "--url",
+        required=True,
+        type=base_url,
         help="the metrics endpoint, http://127.0.0.1:PORT (metrics_port)",
-    )  # fmt: skip
-    admin.add_argument("--timeout", type=float_in(0, 600), default=10.0, metavar="SECONDS",
-                       help="seconds to wait for an answer, at most 600 (default: 10)")  # fmt: skip
+    )
+    admin.add_argument(
+        "--timeout",
+        type=float_in(0, 600),
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds to wait for an answer, at most 600 (default: 10)",
+    )
     sub = admin.add_subparsers(dest="admin_command", required=True)
     tiers = sub.add_parser("tiers", help="list the enabled and the switched-off tiers")
     disable = sub.add_parser("disable", help="switch tier NAME off until enabled again")
     disable.add_argument("name", help="the tier's name, as `tiers` lists it")
-    disable.add_argument("--reason", type=reason, default="manual",
-                         help=f"why, 1 to {MAX_REASON} characters (a metric label; "
-                         "default: manual)")  # fmt: skip
+    disable.add_argument(
+        "--reason",
+        type=reason,
+        default="manual",
+        help=f"why, 1 to {MAX_REASON} characters (a metric label; default: manual)",
+    )
     enable = sub.add_parser("enable", help="switch tier NAME back on")
     enable.add_argument("name", help="the tier's name, as `tiers` lists it")
     admin.set_defaults(handler=run_admin, command_parser=admin)

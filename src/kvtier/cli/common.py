@@ -80,11 +80,21 @@ def add_model_shape(group: Any) -> None:
     from kvtier.layout import DTYPE_SIZES
 
     size = int_in(1, 1 << 16)
-    group.add_argument("--num-layers", type=size, default=32, metavar="N",
-                       help="layers with a KV cache, 1 to 65536")  # fmt: skip
+    group.add_argument(
+        "--num-layers",
+        type=size,
+        default=32,
+        metavar="N",
+        help="layers with a KV cache, 1 to 65536",
+    )
     heads = "KV heads per layer (after grouped-query sharing), 1 to 65536"
     group.add_argument("--num-kv-heads", type=size, default=8, metavar="N", help=heads)
-    group.add_argument("--head-dim", type=size, default=128, metavar="N",
-                       help="elements per KV head, 1 to 65536")  # fmt: skip
-    group.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES),
-                       help="element type of the KV cache")  # fmt: skip
+    group.add_argument(
+        "--head-dim", type=size, default=128, metavar="N", help="elements per KV head, 1 to 65536"
+    )
+    group.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=sorted(DTYPE_SIZES),
+        help="element type of the KV cache",
+    )

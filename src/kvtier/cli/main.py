@@ -95,8 +95,10 @@ def _config_check_vllm(args: argparse.Namespace, data: Any) -> int:
     from kvtier.integrations.vllm.check import ENGINE_BLOCK, Shape, check_vllm, installed_target
 
     if args.blocks_per_chunk is not None:
-        raise UsageError("--blocks-per-chunk: vLLM takes the chunk from the JSON only "
-                         "(blocks_per_chunk or block_size; 1 engine block by default)")  # fmt: skip
+        raise UsageError(
+            "--blocks-per-chunk: vLLM takes the chunk from the JSON only "
+            "(blocks_per_chunk or block_size; 1 engine block by default)"
+        )
     check_depth(data)
     target, why = (args.target, "--target") if args.target else installed_target()
     block = args.engine_block_size or ENGINE_BLOCK[target]
@@ -116,14 +118,25 @@ def _add_config_commands(commands: Any) -> None:
     config = commands.add_parser("config", help="inspect a configuration file")
     sub = config.add_subparsers(dest="config_command", required=True)
     check = sub.add_parser("check", help="validate FILE and print the resolved configuration")
-    check.add_argument("file", help="configuration file (JSON): kvtier's own, or vLLM's "
-                       "--kv-transfer-config or its kv_connector_extra_config")  # fmt: skip
-    check.add_argument("--as", dest="read_as", choices=("auto", "vllm", "kvtier"),
-                       default="auto", help="read FILE as vLLM reads it, or as kvtier's own "
-                       "configuration (auto: vLLM's when it has kv_connector, spec_name or a "
-                       "Kvtier* tier)")  # fmt: skip
-    check.add_argument("--target", choices=("vllm-cpu", "vllm-cuda"),
-                       help="the vLLM build (vLLM JSON; default: the installed one)")  # fmt: skip
+    check.add_argument(
+        "file",
+        help="configuration file (JSON): kvtier's own, or vLLM's "
+        "--kv-transfer-config or its kv_connector_extra_config",
+    )
+    check.add_argument(
+        "--as",
+        dest="read_as",
+        choices=("auto", "vllm", "kvtier"),
+        default="auto",
+        help="read FILE as vLLM reads it, or as kvtier's own "
+        "configuration (auto: vLLM's when it has kv_connector, spec_name or a "
+        "Kvtier* tier)",
+    )
+    check.add_argument(
+        "--target",
+        choices=("vllm-cpu", "vllm-cuda"),
+        help="the vLLM build (vLLM JSON; default: the installed one)",
+    )
     title = "model shape (sizes a chunk, so the slots host memory holds; defaults: Llama-3-8B)"
     _add_shape_arguments(check.add_argument_group(title))
     check.set_defaults(handler=_config_check, command_parser=check)
@@ -132,12 +145,21 @@ def _add_config_commands(commands: Any) -> None:
 def _add_shape_arguments(shape: Any) -> None:
     add_model_shape(shape)
     size = int_in(1, 1 << 16)
-    shape.add_argument("--engine-block-size", type=size, default=None, metavar="TOKENS",
-                       help="tokens per engine block (default 16; under vLLM: 128 on "
-                       "vllm-cpu, 16 on vllm-cuda)")  # fmt: skip
-    shape.add_argument("--blocks-per-chunk", type=size, default=None, metavar="N",
-                       help="engine blocks per kvtier chunk when a kvtier config does not say "
-                       "(default 16; not for vLLM JSON)")  # fmt: skip
+    shape.add_argument(
+        "--engine-block-size",
+        type=size,
+        default=None,
+        metavar="TOKENS",
+        help="tokens per engine block (default 16; under vLLM: 128 on vllm-cpu, 16 on vllm-cuda)",
+    )
+    shape.add_argument(
+        "--blocks-per-chunk",
+        type=size,
+        default=None,
+        metavar="N",
+        help="engine blocks per kvtier chunk when a kvtier config does not say "
+        "(default 16; not for vLLM JSON)",
+    )
 
 
 def _endpoint(text: str) -> str:
@@ -160,13 +182,24 @@ def _add_events_command(commands: Any) -> None:
         description="Subscribe to a KV event publisher (kvtier's kv_events, or vLLM's own) and "
         "print one line per event. Exit status 1 when no publisher answers within --timeout.",
     )
-    events.add_argument("--connect", required=True, type=_endpoint, metavar="ENDPOINT",
-                        help="publisher endpoint, tcp://HOST:PORT")  # fmt: skip
-    events.add_argument("--topic", default="",
-                        help="topic prefix to subscribe to (default: every topic)")  # fmt: skip
-    events.add_argument("--timeout", type=float_in(0, 86_400), default=None, metavar="SECONDS",
-                        help="stop after this many seconds without an event; exit 1 if no "
-                        "publisher answers within it (default: wait for ever)")  # fmt: skip
+    events.add_argument(
+        "--connect",
+        required=True,
+        type=_endpoint,
+        metavar="ENDPOINT",
+        help="publisher endpoint, tcp://HOST:PORT",
+    )
+    events.add_argument(
+        "--topic", default="", help="topic prefix to subscribe to (default: every topic)"
+    )
+    events.add_argument(
+        "--timeout",
+        type=float_in(0, 86_400),
+        default=None,
+        metavar="SECONDS",
+        help="stop after this many seconds without an event; exit 1 if no "
+        "publisher answers within it (default: wait for ever)",
+    )
     events.set_defaults(handler=_events, command_parser=events)
 
 
@@ -228,8 +261,9 @@ def _add_peer_commands(commands: Any) -> None:
         metavar="DIR",
         help="directory for the key files (made, mode 0700, if missing)",
     )
-    keygen.add_argument("--name", default="kvtier", type=_key_name,
-                        help="file name stem of the two key files")  # fmt: skip
+    keygen.add_argument(
+        "--name", default="kvtier", type=_key_name, help="file name stem of the two key files"
+    )
     keygen.set_defaults(handler=_peer_keygen, command_parser=keygen)
 
 
@@ -252,9 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         prog="kvtier", description=DESCRIPTION, epilog=EPILOG, formatter_class=_TopFormatter
     )
-    parser.add_argument("--version", action=_VersionAction,
-                        help="print the versions of kvtier and of the engines installed (vLLM, "
-                        "SGLang, torch), and exit")  # fmt: skip
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the versions of kvtier and of the engines installed (vLLM, "
+        "SGLang, torch), and exit",
+    )
     commands = parser.add_subparsers(
         title="commands", dest="command", required=True, metavar="COMMAND"
     )

@@ -104,8 +104,10 @@ class TieringManager:
             from kvtier.tiers.peer.server import PeerServer  # lazy: pyzmq is needed only to serve
 
             serve = self.config.serve
-            with key_path("serve"), listen_errors("serve.host, serve.port", f"{serve.host}"
-                                                  f":{serve.port}"):  # fmt: skip
+            with (
+                key_path("serve"),
+                listen_errors("serve.host, serve.port", f"{serve.host}:{serve.port}"),
+            ):
                 self.peer_server = PeerServer(serve, self.region, self.identity)
             self.add_service(self.peer_server)
             self.peer_server.drive(self._drive)

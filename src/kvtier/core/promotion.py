@@ -100,8 +100,9 @@ class Promoter:
         self.provenance.count_recomputed(len(keys), reason)
         return 0
 
-    def _finish_window(self, keys: Sequence[ChunkKey], start: int, end: int, walk: Walk,
-                       reason: str | None) -> int | Lookup:  # fmt: skip
+    def _finish_window(
+        self, keys: Sequence[ChunkKey], start: int, end: int, walk: Walk, reason: str | None
+    ) -> int | Lookup:
         ready = [k for k in keys[start:end] if self.host.is_ready(k)]
         if walk.waiting or self._start(walk.wanted, ready):
             return RETRY

@@ -95,9 +95,11 @@ class Runtime:
     # -- building ----------------------------------------------------------------------------
     @serialized
     def add_tier(
-        self, tier: SecondaryTier, admission: AdmissionConfig | None = None,
+        self,
+        tier: SecondaryTier,
+        admission: AdmissionConfig | None = None,
         min_priority: int | None = None,
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Add ``tier`` (its index is returned); ``admission`` and ``min_priority`` are rules of
         its own (vLLM's per-tier entries), applied with the config's once ``bind`` runs."""
         if self._closed:
@@ -125,8 +127,9 @@ class Runtime:
                 configs.append(dataclasses.replace(config, level=names[index]))
             if floor is not None:
                 floors[names[index]] = floor
-        self.admission = Admission(configs, names, self.metrics,
-                                   self.config.secondary_min_priority, floors)  # fmt: skip
+        self.admission = Admission(
+            configs, names, self.metrics, self.config.secondary_min_priority, floors
+        )
 
     # -- admission ----------------------------------------------------------------------------
     @serialized
@@ -196,9 +199,11 @@ class Runtime:
         stats, ``kvtier_tier_enabled``), each read under ``lock`` at scrape time."""
         own: Gauges = {
             "kvtier_tier_stat": ("Each tier's own stats() values", self._tier_stats),
-            "kvtier_tier_enabled": ("1 while a tier serves, 0 while switched off",
-                                    self.control.enabled_gauge),
-        }  # fmt: skip
+            "kvtier_tier_enabled": (
+                "1 while a tier serves, 0 while switched off",
+                self.control.enabled_gauge,
+            ),
+        }
         every = {**gauges, **own}
         locked = {name: (doc, under_lock(self._lock, read)) for name, (doc, read) in every.items()}
         return TelemetryCollector(self.metrics.telemetry, locked)
@@ -227,8 +232,12 @@ class Runtime:
         admin = admin_app(admin_target or self) if self.config.metrics_admin else None
         with listen_errors("metrics_host, metrics_port", f"{host}:{port}"):
             self._exporter = MetricsServer(self.registry(gauges), port, host, admin=admin)
-        log.info("kvtier metrics on http://%s:%d/metrics%s", host, port,
-                 " (admin endpoint on)" if admin else "")  # fmt: skip
+        log.info(
+            "kvtier metrics on http://%s:%d/metrics%s",
+            host,
+            port,
+            " (admin endpoint on)" if admin else "",
+        )
 
     @property
     def endpoint(self) -> MetricsServer | None:

@@ -39,8 +39,14 @@ LayerKV = tuple[torch.Tensor, ...]
 def chunk_shape(layout: KVLayout) -> tuple[int, ...]:
     """Shape of one chunk tensor (module docstring)."""
     if layout.is_attention_only:
-        return (layout.num_layers, layout.blocks_per_chunk, 2, layout.num_kv_heads,
-                layout.block_size, layout.head_dim)  # fmt: skip
+        return (
+            layout.num_layers,
+            layout.blocks_per_chunk,
+            2,
+            layout.num_kv_heads,
+            layout.block_size,
+            layout.head_dim,
+        )
     return (layout.chunk_bytes,)
 
 
@@ -131,8 +137,9 @@ def pack_chunks(
     return out
 
 
-def _pack_attention(out: torch.Tensor, layers: Sequence[LayerKV | None], layout: KVLayout,
-                    start: int, stop: int) -> None:  # fmt: skip
+def _pack_attention(
+    out: torch.Tensor, layers: Sequence[LayerKV | None], layout: KVLayout, start: int, stop: int
+) -> None:
     num_chunks, _, blocks, _, heads, block_size, dim = out.shape
     for index, layer in enumerate(layout.layers_of("full", "sliding")):
         kv = layers[layer]
@@ -143,8 +150,9 @@ def _pack_attention(out: torch.Tensor, layers: Sequence[LayerKV | None], layout:
             out[:, index, :, side].copy_(pages)
 
 
-def _pack_latent(out: torch.Tensor, layers: Sequence[LayerKV | None], layout: KVLayout,
-                 start: int, stop: int) -> None:  # fmt: skip
+def _pack_latent(
+    out: torch.Tensor, layers: Sequence[LayerKV | None], layout: KVLayout, start: int, stop: int
+) -> None:
     num_chunks, _, blocks, block_size, _ = out.shape
     for index, layer in enumerate(layout.layers_of("latent")):
         parts = layers[layer]
@@ -189,8 +197,14 @@ def unpack_states(chunks: torch.Tensor, layout: KVLayout) -> torch.Tensor | None
     return section_views(chunks, layout).state
 
 
-def copy_rank(local: torch.Tensor, slot: torch.Tensor, layout: KVLayout, tp_rank: int,
-              tp_size: int, to_slot: bool) -> None:  # fmt: skip
+def copy_rank(
+    local: torch.Tensor,
+    slot: torch.Tensor,
+    layout: KVLayout,
+    tp_rank: int,
+    tp_size: int,
+    to_slot: bool,
+) -> None:
     """Copy the rank's share of one chunk between its chunk tensor ``local`` and ``slot``.
 
     ``local`` is one chunk of ``layout.rank_layout(tp_rank, tp_size)``; ``slot`` the raw bytes of

@@ -101,8 +101,9 @@ class TransferEngine:
         self.local_layout = layout.rank_layout(tp_rank, tp_size)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         if region.slot_bytes != layout.chunk_bytes:
-            raise KVTierError(f"region slots hold {region.slot_bytes} bytes, chunks need "
-                              f"{layout.chunk_bytes}")  # fmt: skip
+            raise KVTierError(
+                f"region slots hold {region.slot_bytes} bytes, chunks need {layout.chunk_bytes}"
+            )
         default = "cuda" if torch.cuda.is_available() else "cpu"
         self.layout, self.region = layout, region
         self.device = torch.device(device if device is not None else default)
@@ -174,8 +175,10 @@ class TransferEngine:
     def _check(self, chunks: torch.Tensor, slots: Sequence[int]) -> None:
         expected = (len(slots), *chunk_shape(self.local_layout))
         if tuple(chunks.shape) != expected or chunks.dtype != self.dtype:
-            raise KVTierError(f"chunks of shape {tuple(chunks.shape)} {chunks.dtype}, expected "
-                              f"{expected} {self.dtype}")  # fmt: skip
+            raise KVTierError(
+                f"chunks of shape {tuple(chunks.shape)} {chunks.dtype}, expected "
+                f"{expected} {self.dtype}"
+            )
 
     def _on_stream(self) -> Any:
         if self._stream is None:

@@ -39,8 +39,12 @@ from kvtier.errors import ConfigError
 from kvtier.layout import FULL, LATENT, SLIDING, STATE, KVLayout, LayerGroup
 
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
-KINDS = {"full_attention": (FULL,), "sliding_attention": (SLIDING,),
-         "linear_attention": (STATE,), "hybrid": (FULL, STATE)}  # fmt: skip
+KINDS = {
+    "full_attention": (FULL,),
+    "sliding_attention": (SLIDING,),
+    "linear_attention": (STATE,),
+    "hybrid": (FULL, STATE),
+}
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,9 @@ def layer_types(model: Any) -> list[tuple[str, int]]:
     types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
     unsupported = sorted(set(types) - set(KINDS))
     if unsupported:
-        raise ConfigError(f"layer_types: {unsupported} are not supported (supported: "
-                          f"{sorted(KINDS)})")  # fmt: skip
+        raise ConfigError(
+            f"layer_types: {unsupported} are not supported (supported: {sorted(KINDS)})"
+        )
     return [(kind, kw.get("sliding_window") or 0) for kind, kw in zip(types, kwargs, strict=True)]
 
 
@@ -106,9 +111,15 @@ def layout_for(model: Any, block_size: int = 16, blocks_per_chunk: int = 16) -> 
     groups = _groups(kinds, [window for _, window in types], found)
     heads, head_dim = _attention_shape(found, kinds)
     plain = all(kind == (FULL,) for kind in kinds)
-    return KVLayout(num_layers=len(types), num_kv_heads=heads, head_dim=head_dim,
-                    dtype=DTYPE_NAMES[model.dtype], block_size=block_size,
-                    blocks_per_chunk=blocks_per_chunk, groups=() if plain else groups)  # fmt: skip
+    return KVLayout(
+        num_layers=len(types),
+        num_kv_heads=heads,
+        head_dim=head_dim,
+        dtype=DTYPE_NAMES[model.dtype],
+        block_size=block_size,
+        blocks_per_chunk=blocks_per_chunk,
+        groups=() if plain else groups,
+    )
 
 
 def _groups(
@@ -162,8 +173,14 @@ class CacheSession:
     layer's state tensors (``probe(model).states``).
     """
 
-    def __init__(self, model: Any, layout: KVLayout, members: dict[int, tuple[StateMember, ...]],
-                 chunks: torch.Tensor | None, first_chunk: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        layout: KVLayout,
+        members: dict[int, tuple[StateMember, ...]],
+        chunks: torch.Tensor | None,
+        first_chunk: int,
+    ) -> None:
         self.model, self.layout, self.members = model, layout, members
         self.first_chunk = first_chunk
         loaded = 0 if chunks is None else chunks.shape[0]

@@ -192,9 +192,9 @@ class TieredModel:
         self.layout = identity.layout
         self.device_cache = DeviceChunkCache(0) if device_cache is None else device_cache
         self.retry_timeout_s, self.salt = retry_timeout_s, salt
-        self.transfer = None if manager is None else TransferEngine(
-            self.layout, manager.region, model.device
-        )  # fmt: skip
+        self.transfer = (
+            None if manager is None else TransferEngine(self.layout, manager.region, model.device)
+        )
         self.members = self._state_members()
         self._stores: dict[int, list[ChunkKey]] = {}
         self._events: list[KVEvent] = []
@@ -244,8 +244,9 @@ class TieredModel:
             self.trace.record(len(prompt), keys, len(tokens))
         return Generation(tokens, logits, cached, dict(restored.sources), first_token_s, itl_s)
 
-    def _decode(self, session: CacheSession, token: int, steps: int,
-                stop: Collection[int]) -> list[int]:  # fmt: skip
+    def _decode(
+        self, session: CacheSession, token: int, steps: int, stop: Collection[int]
+    ) -> list[int]:
         tokens: list[int] = []
         while len(tokens) < steps and token not in stop:
             token = int(session.forward([token])[-1].argmax())
@@ -347,8 +348,9 @@ class TieredModel:
             sources[promoted.get(key, HOST)] += self.layout.tokens_per_chunk
 
     # -- store -------------------------------------------------------------------------------
-    def _store(self, tokens: list[int], session: CacheSession, first_chunk: int,
-               retention: dict[str, Any]) -> None:  # fmt: skip
+    def _store(
+        self, tokens: list[int], session: CacheSession, first_chunk: int, retention: dict[str, Any]
+    ) -> None:
         """Put chunks ``first_chunk ..`` of the tokens ``session`` has run everywhere.
 
         Afterwards every chunk of the sequence is marked used, its first chunk most recently,
@@ -365,8 +367,13 @@ class TieredModel:
         if self.manager is not None:
             self.manager.touch(all_keys[::-1], hit=False, **retention)
 
-    def _store_in_host(self, keys: list[ChunkKey], chunks: torch.Tensor, first_chunk: int,
-                       retention: dict[str, Any]) -> None:  # fmt: skip
+    def _store_in_host(
+        self,
+        keys: list[ChunkKey],
+        chunks: torch.Tensor,
+        first_chunk: int,
+        retention: dict[str, Any],
+    ) -> None:
         if self.manager is None or self.transfer is None:
             return
         plan = self.manager.prepare_store(keys, first_chunk=first_chunk, **retention)

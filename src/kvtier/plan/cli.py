@@ -27,27 +27,45 @@ def add_plan_commands(commands: Any) -> None:
         help="should I tier, and how big? (from a request trace)",
         description="Analyze a request trace: reuse, miss-ratio curves, a verdict, sizes.",
     )
-    plan.add_argument("trace", help="request trace, one JSON request a line: from kvtier trace "
-                      "synth or from-events, or recorded (trace_path)")  # fmt: skip
+    plan.add_argument(
+        "trace",
+        help="request trace, one JSON request a line: from kvtier trace "
+        "synth or from-events, or recorded (trace_path)",
+    )
     _model_arguments(plan)
     _machine_arguments(plan)
     out = plan.add_argument_group("outputs")
-    out.add_argument("--output-dir", default="plan-results", metavar="DIR",
-                     help="for plan.json and plan.png (made if missing)")  # fmt: skip
-    out.add_argument("--json", dest="json_path", metavar="FILE",
-                     help="JSON path (default: OUTPUT_DIR/plan.json)")  # fmt: skip
-    out.add_argument("--chart", dest="chart_path", metavar="FILE",
-                     help="PNG path (default: OUTPUT_DIR/plan.png)")  # fmt: skip
+    out.add_argument(
+        "--output-dir",
+        default="plan-results",
+        metavar="DIR",
+        help="for plan.json and plan.png (made if missing)",
+    )
+    out.add_argument(
+        "--json", dest="json_path", metavar="FILE", help="JSON path (default: OUTPUT_DIR/plan.json)"
+    )
+    out.add_argument(
+        "--chart", dest="chart_path", metavar="FILE", help="PNG path (default: OUTPUT_DIR/plan.png)"
+    )
     out.add_argument("--no-chart", action="store_true", help="skip the PNG")
     out.add_argument("--emit-config", metavar="FILE", help="write the recommended kvtier config")
     out.add_argument("--emit-vllm", metavar="FILE", help="write vLLM's --kv-transfer-config JSON")
-    out.add_argument("--config", metavar="FILE",
-                     help="a kvtier config to base the emitted configs on")  # fmt: skip
-    out.add_argument("--fs-root", type=_fs_root, default="/mnt/kv-cache", metavar="DIR",
-                     help="root_dir of an emitted fs tier")  # fmt: skip
-    out.add_argument("--target", choices=("vllm-cpu", "vllm-cuda"),
-                     help="the vLLM build the --kv-transfer-config is for (default: the one "
-                     "installed here; vllm-cuda when there is none)")  # fmt: skip
+    out.add_argument(
+        "--config", metavar="FILE", help="a kvtier config to base the emitted configs on"
+    )
+    out.add_argument(
+        "--fs-root",
+        type=_fs_root,
+        default="/mnt/kv-cache",
+        metavar="DIR",
+        help="root_dir of an emitted fs tier",
+    )
+    out.add_argument(
+        "--target",
+        choices=("vllm-cpu", "vllm-cuda"),
+        help="the vLLM build the --kv-transfer-config is for (default: the one "
+        "installed here; vllm-cuda when there is none)",
+    )
     plan.set_defaults(handler=command(_run_plan), plan_parser=plan, command_parser=plan)
     add_trace_commands(commands)
 
@@ -69,17 +87,25 @@ def _model_arguments(plan: Any) -> None:
         metavar="BYTES",
         help="KV bytes per token, all layers (instead of the shape above)",
     )
-    model.add_argument("--engine-block-size", type=size, default=None, metavar="TOKENS",
-                       help="tokens per engine block (default: the target's, 128 on vllm-cpu, "
-                       "16 on vllm-cuda)")  # fmt: skip
+    model.add_argument(
+        "--engine-block-size",
+        type=size,
+        default=None,
+        metavar="TOKENS",
+        help="tokens per engine block (default: the target's, 128 on vllm-cpu, 16 on vllm-cuda)",
+    )
     model.add_argument(
         "--chunk-tokens",
         type=int_in(1, 1 << 20),
         metavar="TOKENS",
         help="force this chunk size (default: the one the plan finds best)",
     )
-    model.add_argument("--trace-chunk-tokens", type=int_in(1, 1 << 20), metavar="TOKENS",
-                       help="chunk_tokens of a trace without a header (default 16)")  # fmt: skip
+    model.add_argument(
+        "--trace-chunk-tokens",
+        type=int_in(1, 1 << 20),
+        metavar="TOKENS",
+        help="chunk_tokens of a trace without a header (default 16)",
+    )
 
 
 def _machine_arguments(plan: Any) -> None:
@@ -93,11 +119,19 @@ def _machine_arguments(plan: Any) -> None:
         default="16GiB",
         help="the accelerator's KV pool (default 16GiB)",
     )
-    machine.add_argument("--host-memory", type=byte_size, metavar="BYTES",
-                         help="host memory (default: this machine's)")  # fmt: skip
-    machine.add_argument("--max-cpu-bytes", type=byte_size, metavar="BYTES",
-                         help="cap on cpu_bytes_to_use (default: half of this machine's "
-                         "physical memory, so that the printed line starts here)")  # fmt: skip
+    machine.add_argument(
+        "--host-memory",
+        type=byte_size,
+        metavar="BYTES",
+        help="host memory (default: this machine's)",
+    )
+    machine.add_argument(
+        "--max-cpu-bytes",
+        type=byte_size,
+        metavar="BYTES",
+        help="cap on cpu_bytes_to_use (default: half of this machine's "
+        "physical memory, so that the printed line starts here)",
+    )
     machine.add_argument(
         "--process-bytes",
         type=byte_size,
@@ -111,16 +145,32 @@ def _machine_arguments(plan: Any) -> None:
         metavar="BYTES",
         help="page cache kept for a fs tier (default 10%% of memory, <= 8GiB)",
     )
-    machine.add_argument("--max-fs-bytes", type=byte_size, default="2TiB", metavar="BYTES",
-                         help="largest fs tier to recommend")  # fmt: skip
-    machine.add_argument("--prefill-tokens-per-s", type=float_in(0, 1e9), metavar="PER_S",
-                         help="the engine's prefill rate, tokens per second (default: from a "
-                         "--calibrate bench JSON, else 10000)")  # fmt: skip
-    machine.add_argument("--fs-read-gbps", type=float_in(0, 1e4), metavar="GB_S",
-                         help="fs tier read throughput, GB/s (default: measured by --calibrate, "
-                         "else 2)")  # fmt: skip
-    machine.add_argument("--host-to-device-gbps", type=float_in(0, 1e4), metavar="GB_S",
-                         help="host-to-accelerator copy throughput, GB/s (default 20)")  # fmt: skip
+    machine.add_argument(
+        "--max-fs-bytes",
+        type=byte_size,
+        default="2TiB",
+        metavar="BYTES",
+        help="largest fs tier to recommend",
+    )
+    machine.add_argument(
+        "--prefill-tokens-per-s",
+        type=float_in(0, 1e9),
+        metavar="PER_S",
+        help="the engine's prefill rate, tokens per second (default: from a "
+        "--calibrate bench JSON, else 10000)",
+    )
+    machine.add_argument(
+        "--fs-read-gbps",
+        type=float_in(0, 1e4),
+        metavar="GB_S",
+        help="fs tier read throughput, GB/s (default: measured by --calibrate, else 2)",
+    )
+    machine.add_argument(
+        "--host-to-device-gbps",
+        type=float_in(0, 1e4),
+        metavar="GB_S",
+        help="host-to-accelerator copy throughput, GB/s (default 20)",
+    )
     machine.add_argument(
         "--calibrate",
         nargs="?",
@@ -133,9 +183,13 @@ def _machine_arguments(plan: Any) -> None:
         metavar="DIR",
         help="where --calibrate writes (default: a temporary directory)",
     )
-    machine.add_argument("--exact-limit", type=int_in(1, 1 << 40), default=2_000_000,
-                         metavar="N", help="references analyzed exactly (at least 1000); more "
-                         "are sampled (SHARDS)")  # fmt: skip
+    machine.add_argument(
+        "--exact-limit",
+        type=int_in(1, 1 << 40),
+        default=2_000_000,
+        metavar="N",
+        help="references analyzed exactly (at least 1000); more are sampled (SHARDS)",
+    )
     machine.add_argument(
         "--arc-limit",
         type=int_in(1, 1 << 40),
@@ -315,8 +369,9 @@ def _vllm(analysis: Any, recommendation: Any, args: argparse.Namespace, base: An
     from kvtier.plan.vllm_line import vllm_line
 
     line = vllm_line(recommendation, analysis, args.fs_root, args.target, base)
-    shape = Shape(args.num_layers, args.num_kv_heads, args.head_dim, args.dtype,
-                  args.engine_block_size)  # fmt: skip
+    shape = Shape(
+        args.num_layers, args.num_kv_heads, args.head_dim, args.dtype, args.engine_block_size
+    )
     if args.bytes_per_token:  # the shape flags do not describe the model: check the structure
         shape = Shape(1, 1, 1, "uint8", args.engine_block_size)
     check_vllm(line.config, args.target, shape)  # what is printed starts that vLLM

@@ -48,14 +48,27 @@ def _add_synth(sub: Any) -> None:
         description="Write the trace of a synthetic workload (JSONL, one request a line) for "
         "kvtier plan. Sizes are in tokens. Requests arrive as a Poisson process.",
     )
-    synth.add_argument("--kind", choices=("chat", "rag", "unique", "mix"), default="mix",
-                       help="chat: multi-turn conversations; rag: a shared system prompt, a "
-                       "popular document and a question; unique: prompts that share nothing; "
-                       "mix: each request one of the three, in --mix shares")  # fmt: skip
-    synth.add_argument("--out", required=True, metavar="FILE",
-                       help="trace file to write (written whole, or not at all)")  # fmt: skip
-    synth.add_argument("--requests", type=int_in(1, 1 << 40), default=10_000, metavar="N",
-                       help="requests in the trace")  # fmt: skip
+    synth.add_argument(
+        "--kind",
+        choices=("chat", "rag", "unique", "mix"),
+        default="mix",
+        help="chat: multi-turn conversations; rag: a shared system prompt, a "
+        "popular document and a question; unique: prompts that share nothing; "
+        "mix: each request one of the three, in --mix shares",
+    )
+    synth.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="trace file to write (written whole, or not at all)",
+    )
+    synth.add_argument(
+        "--requests",
+        type=int_in(1, 1 << 40),
+        default=10_000,
+        metavar="N",
+        help="requests in the trace",
+    )
     synth.add_argument(
         "--chunk-tokens",
         type=int_in(1, 1 << 20),
@@ -63,27 +76,59 @@ def _add_synth(sub: Any) -> None:
         metavar="TOKENS",
         help="tokens per chunk key (kvtier plan can coarsen it to multiples)",
     )
-    synth.add_argument("--rate", type=float_in(0, 1e9), default=20.0, metavar="PER_S",
-                       help="mean arrival rate, requests per second")  # fmt: skip
-    synth.add_argument("--seed", type=int_in(0, (1 << 64) - 2), default=0,
-                       help="random seed, 0 to 2**64-2 (same seed, same trace)")  # fmt: skip
-    synth.add_argument("--output", type=int_in(*_TOKENS), default=128, metavar="TOKENS",
-                       help="tokens generated per request (recorded; a chat's next turn "
-                       "appends --answer)")  # fmt: skip
-    synth.add_argument("--mix", default="0.4,0.4,0.2", metavar="CHAT,RAG,UNIQUE",
-                       help="shares of the three kinds with --kind mix")  # fmt: skip
-    groups = {name: synth.add_argument_group(f"{name} workload sizes")
-              for name in ("shared", "chat", "rag", "unique")}  # fmt: skip
+    synth.add_argument(
+        "--rate",
+        type=float_in(0, 1e9),
+        default=20.0,
+        metavar="PER_S",
+        help="mean arrival rate, requests per second",
+    )
+    synth.add_argument(
+        "--seed",
+        type=int_in(0, (1 << 64) - 2),
+        default=0,
+        help="random seed, 0 to 2**64-2 (same seed, same trace)",
+    )
+    synth.add_argument(
+        "--output",
+        type=int_in(*_TOKENS),
+        default=128,
+        metavar="TOKENS",
+        help="tokens generated per request (recorded; a chat's next turn appends --answer)",
+    )
+    synth.add_argument(
+        "--mix",
+        default="0.4,0.4,0.2",
+        metavar="CHAT,RAG,UNIQUE",
+        help="shares of the three kinds with --kind mix",
+    )
+    groups = {
+        name: synth.add_argument_group(f"{name} workload sizes")
+        for name in ("shared", "chat", "rag", "unique")
+    }
     for name, group, default, text in _SIZES:
         low, high = _COUNTS.get(name, _TOKENS)
         metavar = "N" if name in _COUNTS else "TOKENS"
-        groups[group].add_argument(f"--{name}", type=int_in(low, high), default=default,
-                                   metavar=metavar, help=f"{text}; {low} to {high}")  # fmt: skip
-    groups["rag"].add_argument("--zipf", type=float_in(1, 100), default=1.1, metavar="EXPONENT",
-                               help="Zipf exponent of document popularity, above 1 (higher: "
-                               "fewer documents take most requests)")  # fmt: skip
-    synth.set_defaults(handler=command(_synth, out_of_memory="lower --requests"),
-                       plan_parser=synth, command_parser=synth)  # fmt: skip
+        groups[group].add_argument(
+            f"--{name}",
+            type=int_in(low, high),
+            default=default,
+            metavar=metavar,
+            help=f"{text}; {low} to {high}",
+        )
+    groups["rag"].add_argument(
+        "--zipf",
+        type=float_in(1, 100),
+        default=1.1,
+        metavar="EXPONENT",
+        help="Zipf exponent of document popularity, above 1 (higher: "
+        "fewer documents take most requests)",
+    )
+    synth.set_defaults(
+        handler=command(_synth, out_of_memory="lower --requests"),
+        plan_parser=synth,
+        command_parser=synth,
+    )
 
 
 def _add_from_events(sub: Any) -> None:
@@ -95,23 +140,45 @@ def _add_from_events(sub: Any) -> None:
         "chosen medium becomes a request.",
     )
     events.add_argument("capture", help="capture file: concatenated msgpack KVEventBatch payloads")
-    events.add_argument("--out", required=True, metavar="FILE",
-                        help="trace file to write (written whole, or not at all)")  # fmt: skip
-    events.add_argument("--medium", default="GPU",
-                        help="medium of the stores to read: GPU (what the engine computed), "
-                        "CPU, STORAGE..., or any")  # fmt: skip
-    events.add_argument("--merge-within", type=float_in(0, 86_400, low_ok=True), default=1.0,
-                        metavar="SECONDS",
-                        help="a store this soon after the one it extends continues that "
-                        "request, 0 to 86400 s")  # fmt: skip
+    events.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="trace file to write (written whole, or not at all)",
+    )
+    events.add_argument(
+        "--medium",
+        default="GPU",
+        help="medium of the stores to read: GPU (what the engine computed), "
+        "CPU, STORAGE..., or any",
+    )
+    events.add_argument(
+        "--merge-within",
+        type=float_in(0, 86_400, low_ok=True),
+        default=1.0,
+        metavar="SECONDS",
+        help="a store this soon after the one it extends continues that request, 0 to 86400 s",
+    )
     events.set_defaults(handler=command(_from_events), plan_parser=events, command_parser=events)
 
 
 def _synth(args: argparse.Namespace) -> int:
     from kvtier.plan.synth import SynthSpec, size_problem, write
 
-    names = ("conversations", "first_prompt", "rounds", "user", "answer", "system",
-             "documents", "document", "question", "unique_prompt", "output", "zipf")  # fmt: skip
+    names = (
+        "conversations",
+        "first_prompt",
+        "rounds",
+        "user",
+        "answer",
+        "system",
+        "documents",
+        "document",
+        "question",
+        "unique_prompt",
+        "output",
+        "zipf",
+    )
     spec = SynthSpec(
         kind=args.kind,
         requests=args.requests,

@@ -85,8 +85,11 @@ def vllm_line(
     _admission(rec, extra, line.notes)
     if rec.verdict == DONT_TIER:
         line.notes.append("the verdict is don't tier: this is the host tier the plan sized")
-    line.config = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                   "kv_connector_extra_config": extra}  # fmt: skip
+    line.config = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
     return line
 
 
@@ -131,8 +134,10 @@ def _runtime_keys(inner: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
     guard = dict(inner.get("slo_guard") or {})
     dropped = [k for k in _REQUEST_BUDGETS if guard.pop(k, None) is not None]
     if dropped:
-        notes.append(f"slo_guard: {', '.join(dropped)} left out (vLLM gives request "
-                     "latencies to no plugin in the engine core process)")  # fmt: skip
+        notes.append(
+            f"slo_guard: {', '.join(dropped)} left out (vLLM gives request "
+            "latencies to no plugin in the engine core process)"
+        )
     if guard.get("promotion_p99_s") is not None:
         kept["slo_guard"] = guard
     elif guard:

@@ -185,9 +185,12 @@ class RetainedPolicy(PrioritizedPolicy[K]):
         self._ends: Expiries[K] = Expiries()
 
     def add(
-        self, key: K, priority: int = DEFAULT_PRIORITY, oldest: bool = False,
+        self,
+        key: K,
+        priority: int = DEFAULT_PRIORITY,
+        oldest: bool = False,
         until: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().add(key, priority, oldest)
         self._ends.set(key, until)
 

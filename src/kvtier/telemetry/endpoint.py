@@ -224,10 +224,14 @@ class MetricsServer:
             threading.Thread(target=self._work, name=f"kvtier-metrics-{i}", daemon=True)
             for i in range(workers)
         ]
-        self._threads.append(threading.Thread(
-            target=self._server.serve_forever, args=(POLL_INTERVAL_S,),
-            name="kvtier-metrics-accept", daemon=True,
-        ))  # fmt: skip
+        self._threads.append(
+            threading.Thread(
+                target=self._server.serve_forever,
+                args=(POLL_INTERVAL_S,),
+                name="kvtier-metrics-accept",
+                daemon=True,
+            )
+        )
         for thread in self._threads:
             thread.start()
 

@@ -68,8 +68,14 @@ class _Batch(NamedTuple):
 
     def events(self) -> Iterator[KVEvent]:
         seqs = range(self.seq, self.seq + len(self.keys))
-        fields = zip(seqs, repeat(self.kind), self.keys, repeat(self.source),
-                     repeat(self.destination), repeat(self.locality))  # fmt: skip
+        fields = zip(
+            seqs,
+            repeat(self.kind),
+            self.keys,
+            repeat(self.source),
+            repeat(self.destination),
+            repeat(self.locality),
+        )
         return map(KVEvent._make, fields)  # the C tuple constructor: no Python frames
 
 
@@ -92,8 +98,9 @@ class _Buffer:
         while left:
             oldest = self._batches.popleft()
             if len(oldest.keys) > left:  # keep its newest events
-                self._batches.appendleft(oldest._replace(seq=oldest.seq + left,
-                                                         keys=oldest.keys[left:]))  # fmt: skip
+                self._batches.appendleft(
+                    oldest._replace(seq=oldest.seq + left, keys=oldest.keys[left:])
+                )
                 break
             left -= len(oldest.keys)
         self._count -= excess

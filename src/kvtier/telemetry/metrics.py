@@ -87,10 +87,12 @@ class Telemetry:
     def histogram_snapshot(self) -> dict[str, dict[Labels, Histogram]]:
         with self._lock:
             return {
-                name: {k: Histogram(h.buckets, list(h.counts), h.total, h.count)
-                       for k, h in series.items()}
+                name: {
+                    k: Histogram(h.buckets, list(h.counts), h.total, h.count)
+                    for k, h in series.items()
+                }
                 for name, series in self.histograms.items()
-            }  # fmt: skip
+            }
 
 
 class TierMetric:
@@ -150,8 +152,9 @@ class TelemetryCollector:
         for name, series in self.telemetry.snapshot().items():
             family = families[name]
             cls = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
-            yield _filled(cls(name.removesuffix("_total"), family.doc, labels=_names(series)),
-                          series)  # fmt: skip
+            yield _filled(
+                cls(name.removesuffix("_total"), family.doc, labels=_names(series)), series
+            )
         for name, hseries in self.telemetry.histogram_snapshot().items():
             metric = HistogramMetricFamily(name, families[name].doc, labels=_names(hseries))
             for labels, hist in hseries.items():

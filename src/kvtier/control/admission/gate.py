@@ -53,8 +53,10 @@ class Admission:
         floors = (secondary_min_priority, *self._min_priority_of.values())
         self.active = bool(configs) or max(floors) > 0
         if self.active and HOST in levels:  # its level would be host memory's
-            raise ConfigError("secondary_tiers: a tier named 'host' needs another name when "
-                              "admission or secondary_min_priority is set")  # fmt: skip
+            raise ConfigError(
+                "secondary_tiers: a tier named 'host' needs another name when "
+                "admission or secondary_min_priority is set"
+            )
 
     def _policies_of(self, config: AdmissionConfig) -> list[AdmissionPolicy]:
         """The entry's built-in rules, then its policy of your own (if any): a chunk must pass
@@ -89,8 +91,9 @@ class Admission:
             answer = verdicts(policy, offer)
             reasons = [old or new for old, new in zip(reasons, answer, strict=True)]
         for reason in filter(None, set(reasons)):
-            self._metrics.count("admission_dropped", reasons.count(reason), tier=level,
-                                reason=reason)  # fmt: skip
+            self._metrics.count(
+                "admission_dropped", reasons.count(reason), tier=level, reason=reason
+            )
         return [key for key, reason in zip(offer.keys, reasons, strict=True) if reason is None]
 
     # -- between prepare_store and complete_store ------------------------------------------

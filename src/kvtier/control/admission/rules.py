@@ -64,14 +64,20 @@ def verdicts(policy: AdmissionPolicy, offer: Offer) -> Sequence[str | None]:
     try:
         answer = list(policy.admit(offer))
     except Exception as exc:
-        _log.warning(f"raised:{name}", "admission policy %s raised %r: its offer is dropped",
-                     name, exc)  # fmt: skip
+        _log.warning(
+            f"raised:{name}", "admission policy %s raised %r: its offer is dropped", name, exc
+        )
         return [POLICY_ERROR] * len(offer.keys)
     if len(answer) != len(offer.keys) or not all(
         v is None or (isinstance(v, str) and v) for v in answer
     ):
-        _log.warning(f"answer:{name}", "admission policy %s answered %d verdicts (None or a "
-                     "reason each) for %d chunks: its offer is dropped", name, len(answer),
-                     len(offer.keys))  # fmt: skip
+        _log.warning(
+            f"answer:{name}",
+            "admission policy %s answered %d verdicts (None or a "
+            "reason each) for %d chunks: its offer is dropped",
+            name,
+            len(answer),
+            len(offer.keys),
+        )
         return [POLICY_ERROR] * len(offer.keys)
     return answer

@@ -65,10 +65,14 @@ class EngineRuntime:
         elif request_retention(req_context) is not None and not self.retention_policy:
             self.runtime.metrics.count("retention_ignored", reason="no_priority_policy")
             warn.warning(
-                "retention-policy", "request %s: %s has no effect on host memory without "
+                "retention-policy",
+                "request %s: %s has no effect on host memory without "
                 '"eviction_policy": "KvtierPriorityPolicy" and "cache_policy_module_path": '
-                '"%s" in kv_connector_extra_config', req_id, RETENTION_KEY, POLICY_MODULE,
-            )  # fmt: skip
+                '"%s" in kv_connector_extra_config',
+                req_id,
+                RETENTION_KEY,
+                POLICY_MODULE,
+            )
 
 
 def join(offloading_spec: Any, chunk_bytes: int) -> EngineRuntime:
@@ -90,8 +94,10 @@ def _start(engine_id: str, offloading_spec: Any, chunk_bytes: int) -> EngineRunt
     runtime = Runtime(engine_config(extra), chunk_bytes)
     unknown = unknown_keys(extra)
     if unknown:
-        log.warning("kv_connector_extra_config: %s read by neither vLLM nor kvtier (ignored)",
-                    ", ".join(unknown))  # fmt: skip
+        log.warning(
+            "kv_connector_extra_config: %s read by neither vLLM nor kvtier (ignored)",
+            ", ".join(unknown),
+        )
     policy = extra.get("eviction_policy") in RETENTION_POLICIES
     policy = policy and extra.get("cache_policy_module_path") == POLICY_MODULE
     # this process's workers' removals at start (relayed by the spec before the tiers exist)

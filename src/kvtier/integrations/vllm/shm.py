@@ -160,8 +160,9 @@ def _remove_if_abandoned(marker: str) -> Removal | None:
         return None  # a marker whose region had already gone: nothing to report
     log.warning(
         "kvtier: removed %s (%d bytes), the host-memory region of a vLLM engine that is gone",
-        region, size,
-    )  # fmt: skip
+        region,
+        size,
+    )
     return Removal(region, size)
 
 

@@ -87,9 +87,11 @@ class CPUTieringOffloadingSpec(TieringOffloadingSpec):
                 raise
             try:
                 worker = CPUHostWorker(
-                    kv_caches, self.blocks_per_chunk, owner.region.create_next_worker_view,
+                    kv_caches,
+                    self.blocks_per_chunk,
+                    owner.region.create_next_worker_view,
                     owner.close,
-                )  # fmt: skip
+                )
             except BaseException:
                 owner.close()
                 raise

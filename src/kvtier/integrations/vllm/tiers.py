@@ -164,8 +164,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         with self._runtime.lock:
             tiers = self._runtime.tiers
             if not tiers.enabled(self._index):
-                self._runtime.metrics.count("tier_lookups", tier=self.kvtier_name,
-                                            result="disabled")  # fmt: skip
+                self._runtime.metrics.count(
+                    "tier_lookups", tier=self.kvtier_name, result="disabled"
+                )
                 return LookupResult.MISS
             answer = tiers.lookup(self._index, self._keys.chunk_key(key))
         return LookupResult.MISS if answer is None else _ANSWERS[answer]
@@ -247,8 +248,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         if self._store_events and finished.job.op == "store" and succeeded:
             self._event(list(succeeded), removed=False)
         if finished.job.op == "load":  # the prompt tokens this tier served (kvtier's metric)
-            self._runtime.metrics.count("prompt_tokens", len(succeeded) * self._chunk_tokens,
-                                        source=self.kvtier_name)  # fmt: skip
+            self._runtime.metrics.count(
+                "prompt_tokens", len(succeeded) * self._chunk_tokens, source=self.kvtier_name
+            )
         return self._vllm_result(job, succeeded, finished.job.op == "load")
 
     def _vllm_result(self, job: _Job, succeeded: tuple[bytes, ...], promotion: bool) -> JobResult:
@@ -277,8 +279,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
     def _note_removed(self, removed: list[ChunkKey]) -> None:
         if self._events is not None and removed:
             keys = [k for k in (self._keys.offload_key(c) for c in removed) if k is not None]
-            self._runtime.metrics.count("internal_errors", len(removed) - len(keys),
-                                        kind="removal_unmapped")  # fmt: skip
+            self._runtime.metrics.count(
+                "internal_errors", len(removed) - len(keys), kind="removal_unmapped"
+            )
             if keys:
                 self._event(keys, removed=True)
 

@@ -57,13 +57,15 @@ class _Copier:
             src_ids = src_spec.block_ids[src_at : src_at + n_src]
             dst_ids = dst_spec.block_ids[dst_at : dst_at + n_dst]
             for ref in refs:
-                moved += self._copy_pages(ref, size, (src_ids, per_src, src_skip),
-                                          (dst_ids, per_dst, dst_skip))  # fmt: skip
+                moved += self._copy_pages(
+                    ref, size, (src_ids, per_src, src_skip), (dst_ids, per_dst, dst_skip)
+                )
             src_at, dst_at = src_at + n_src, dst_at + n_dst
         return moved
 
-    def _copy_pages(self, ref: Any, count: int, src: tuple[Any, int, int],
-                    dst: tuple[Any, int, int]) -> int:  # fmt: skip
+    def _copy_pages(
+        self, ref: Any, count: int, src: tuple[Any, int, int], dst: tuple[Any, int, int]
+    ) -> int:
         src_ptrs = self._pointers(self._src[ref.tensor_idx], count, *src)
         dst_ptrs = self._pointers(self._dst[ref.tensor_idx], count, *dst)
         size = int(ref.page_size_bytes)

@@ -11,14 +11,14 @@ A chunk is written to a temporary file in its final directory and renamed into p
 crash leaves either a complete chunk or none under the final name. Temporary files whose writer
 is gone (same host, dead pid; or older than ``STALE_TMP_S``) are removed by ``scan``.
 
-Every entry is reached through ``fs_paths``: no link below the namespace is followed and no
+Every entry is reached through ``paths``: no link below the namespace is followed and no
 ``open`` can block; an entry that is not a regular file raises ``NotRegularError``. The
-namespace, and whether it may be written (read-only on a full disk), is ``fs_namespace``'s.
+namespace, and whether it may be written (read-only on a full disk), is ``namespace``'s.
 
-A chunk file is written or read in one call of ``fs_native`` (the compiled ``_fastio``: the
+A chunk file is written or read in one call of ``native`` (the compiled ``_fastio``: the
 GIL released once per file) where it is built; whatever it hands back, and every platform
 without it, takes the ``os``-module path (``_write_walk``, ``_read_walk``) under the same
-rules. The start-up scan is ``fs_scan``'s.
+rules. The start-up scan is ``scan``'s.
 
 Thread safety: every method may be called from any thread; per-thread scratch buffers live in
 a ``threading.local``.
@@ -297,7 +297,7 @@ class ChunkFiles:
 
     # -- start-up ---------------------------------------------------------------------------
     def scan(self, stop: threading.Event) -> ScanResult:
-        """Every chunk file in the namespace, stale temporary files removed (``fs_scan``)."""
+        """Every chunk file in the namespace, stale temporary files removed (``scan``)."""
         return scan_namespace(self.namespace, self._token, stop)
 
     def _direct_io_works(self) -> bool:

@@ -4,7 +4,7 @@
 closes a chunk file in one call. Through the ``os`` module the same work is five to seven
 calls, each a release and retake of the GIL; with 16 I/O threads every retake is a futex
 handoff, and for small chunks those handoffs cost more CPU than the I/O (issue 17: at 256 KiB,
-stores made ~90 futex calls per chunk). It follows the same rules as ``fs_paths``: no link is
+stores made ~90 futex calls per chunk). It follows the same rules as ``paths``: no link is
 followed (``openat2`` with ``RESOLVE_NO_SYMLINKS``), no ``open`` blocks, nothing but a regular
 file is read. Checksums and header checks stay in Python.
 
@@ -73,9 +73,16 @@ def store(
     levels = (name[:2].encode(), name[2:4].encode())
     try:
         _fastio.store(
-            namespace.encode(), *levels, tmp.encode(), name.encode(), *buffers, truncate_to,
-            flags, fsync, *modes,
-        )  # fmt: skip
+            namespace.encode(),
+            *levels,
+            tmp.encode(),
+            name.encode(),
+            *buffers,
+            truncate_to,
+            flags,
+            fsync,
+            *modes,
+        )
     except OSError:
         return False
     return True

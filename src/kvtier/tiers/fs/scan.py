@@ -1,6 +1,6 @@
 """The fs tier's start-up scan: which chunk files a namespace holds, and stale temporaries.
 
-A temporary file (``<key>.<host>-<pid>-<token>-<n>.tmp``, see ``fs_files``) is stale when it
+A temporary file (``<key>.<host>-<pid>-<token>-<n>.tmp``, see ``files``) is stale when it
 is older than ``STALE_TMP_S`` whoever wrote it, or when its writer was a process of this host
 that is gone; a running writer's are left alone. Nothing below the namespace is followed: a
 level that is a link, or an entry that is not what the layout expects there, is skipped and

@@ -1,13 +1,15 @@
 """FilesystemTier (``type: "fs"``): content-addressed chunk files on a local disk or shared mount.
 
-Layout, atomic writes and verified reads are in ``fs_files``; what is known to be on disk (LRU,
-capacity bound, recent misses) is in ``fs_index``. This module ties them to the tier contract:
+Layout, atomic writes and verified reads are in ``files``; what is known to be on disk (LRU,
+capacity bound, recent misses) is in ``index``. This module ties them to the tier contract:
 
 * ``lookup`` answers from memory: ``HIT`` for keys this instance wrote or has seen, ``MISS`` for
   keys found absent less than ``negative_ttl_s`` ago, otherwise ``RETRY`` while a background
   probe (``stat``) finds out;
-* loads and stores run on separate thread pools (loads never queue behind stores); every I/O
-  call is a plain ``os`` call that releases the GIL;
+* loads and stores run on separate thread pools (loads never queue behind stores); each chunk
+  file is read or written by one call into the compiled path (``native``: header, payload and
+  checksum with the GIL released once), or, where it is not built, by ``os`` calls that
+  release the GIL;
 * at start a background scan rebuilds the index from the directory (oldest ``mtime`` coldest)
   and removes temporary files left by dead writers; an entry it cannot read is skipped and
   counted (``scan_skipped.<reason>``), never the end of the scan;
@@ -19,13 +21,13 @@ capacity bound, recent misses) is in ``fs_index``. This module ties them to the 
   left as it is (``kvtier.config.file_modes``);
 * a restart on a full (or read-only) filesystem starts *read-only* (``read_only`` in stats, one
   warning): what is on disk is served, stores fail (``store_failed.read_only``), and writes
-  resume once the namespace can be written again (``fs_namespace``).
+  resume once the namespace can be written again (``namespace``).
 
 Every failure is a miss or a failed job plus a counter in ``stats()``, never wrong bytes: a
 file that fails verification is deleted (``integrity.<reason>``); a missing file is a plain miss
 (``load_missing``); a store that cannot be written fails its job (``store_failed.<errno>``)
 while loads keep being served. A FIFO, socket, device, directory or symlink at a chunk path is
-never opened in a way that blocks or followed (``fs_paths``): it is a miss (``probe_failed.
+never opened in a way that blocks or followed (``paths``): it is a miss (``probe_failed.
 not_regular``) or a failed key (``load_failed.not_regular``), left in place until a store of
 that key replaces it.
 
@@ -103,8 +105,10 @@ def _warn_if_open(root_dir: str, namespace: str, dir_mode: int) -> None:
         if problem:
             log.warning(
                 "fs tier: %s: %s; chunks hold prompt content: chmod %o it, or set dir_mode",
-                path, problem, dir_mode,
-            )  # fmt: skip
+                path,
+                problem,
+                dir_mode,
+            )
 
 
 class FilesystemTier(PooledTier):
@@ -125,9 +129,12 @@ class FilesystemTier(PooledTier):
             )
         dir_mode = parse_mode(config.dir_mode) or DEFAULT_DIR_MODE  # checked by the config
         self._files = ChunkFiles(
-            config.root_dir, identity, o_direct=config.o_direct, fsync=config.fsync,
+            config.root_dir,
+            identity,
+            o_direct=config.o_direct,
+            fsync=config.fsync,
             dir_mode=dir_mode,
-        )  # fmt: skip
+        )
         _warn_if_open(config.root_dir, self._files.namespace, dir_mode)
         self._space = SpaceGuard(self._files.namespace, config.min_free_bytes)
         self._index = ChunkIndex(config.max_bytes)
@@ -151,8 +158,10 @@ class FilesystemTier(PooledTier):
             log.warning(
                 "%s: cannot write under %s (%s): starting read-only. The chunks there are "
                 "served; stores fail (store_failed.read_only) until it can be written again",
-                self.name, self.namespace, error.strerror or error,
-            )  # fmt: skip
+                self.name,
+                self.namespace,
+                error.strerror or error,
+            )
 
     @property
     def namespace(self) -> str:

@@ -88,8 +88,10 @@ class ConnectionGuard:
         with self._lock:
             if fd < 0 and not self._blind:
                 self._blind = True
-                log.warning("peer server: libzmq does not name connections (ZMQ_SRCFD); "
-                            "unfinished messages are not bounded")  # fmt: skip
+                log.warning(
+                    "peer server: libzmq does not name connections (ZMQ_SRCFD); "
+                    "unfinished messages are not bounded"
+                )
             connection = self._connections.get(fd)
             if connection is not None:
                 connection.delivered = True
@@ -200,8 +202,10 @@ class ConnectionGuard:
                 return
             pending = read - connection.mark
         if pending > self.limit_bytes:
-            log.warning("peer server: dropped a connection that sent %d bytes without ending "
-                        "a message", pending)  # fmt: skip
+            log.warning(
+                "peer server: dropped a connection that sent %d bytes without ending a message",
+                pending,
+            )
             self.drop(fd, "runaway")
 
 

@@ -194,8 +194,9 @@ class PeerLink:
         if request is not None:
             self._on_done(self, request, None)
         if self.state is State.UP:
-            log.warning("peer %s lost our session (%s); shaking hands again", self.address,
-                        reply.reason)  # fmt: skip
+            log.warning(
+                "peer %s lost our session (%s); shaking hands again", self.address, reply.reason
+            )
             self._hello(State.CONNECTING)
 
     def _on_reply(self, reply: proto.Reply) -> None:
@@ -240,8 +241,11 @@ class PeerLink:
 
     def _fail_link(self, reason: str, quiet: bool = False) -> None:
         if self.state in (State.UP, State.CONNECTING) and not quiet:
-            log.warning("peer %s unreachable (%s); its chunks are misses until it answers",
-                        self.address, reason)  # fmt: skip
+            log.warning(
+                "peer %s unreachable (%s); its chunks are misses until it answers",
+                self.address,
+                reason,
+            )
         self._counters["peer_failures"] += 1
         self.state = State.DOWN
         self._retry_at = time.monotonic() + self._backoff.next_delay()

@@ -1,6 +1,6 @@
 """Probes: the peer tier's lookups in flight, and the re-asks of peers that answered COMING.
 
-A key's lookup goes to one or more peers, and each answers (``peer_protocol``) HELD: the key is
+A key's lookup goes to one or more peers, and each answers (``protocol``) HELD: the key is
 a hit, held by that peer; MISSING; or COMING: a storage tier of that peer holds the key and the
 peer is bringing it into its host memory. A peer that answered COMING is asked again after
 ``REASK_DELAY_S``, until ``timeout_s`` after the key's first COMING; a COMING past that counts

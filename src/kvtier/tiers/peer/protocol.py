@@ -180,9 +180,16 @@ def _meta(frames: Sequence[memoryview]) -> tuple[int, int, Any]:
     _expect(len(frames[0]) <= MAX_META_BYTES, "oversized metadata frame")
     try:
         meta = msgpack.unpackb(
-            frames[0], raw=False, use_list=True, strict_map_key=True, max_bin_len=KEY_BYTES,
-            max_str_len=MAX_REASON_CHARS, max_array_len=MAX_KEYS, max_map_len=0, max_ext_len=0,
-        )  # fmt: skip
+            frames[0],
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_bin_len=KEY_BYTES,
+            max_str_len=MAX_REASON_CHARS,
+            max_array_len=MAX_KEYS,
+            max_map_len=0,
+            max_ext_len=0,
+        )
     except Exception as exc:  # msgpack raises many types for garbage; all mean "malformed"
         raise ProtocolError(f"undecodable metadata ({type(exc).__name__})") from None
     _expect(isinstance(meta, list) and len(meta) == 3, "metadata is not [kind, req_id, body]")

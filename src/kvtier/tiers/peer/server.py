@@ -4,7 +4,7 @@ A manager service (built by the manager when its config has ``serve``) that sees
 only through ``PeerHost`` (``host.py``). Two threads share the work so that host memory is
 only ever touched on the manager's thread:
 
-* the server thread owns the listener: it validates every message (``peer_protocol``), shakes
+* the server thread owns the listener: it validates every message (``protocol``), shakes
   hands (protocol version and cache identity, else refused and logged), verifies stored chunks,
   and puts work on the inbox; it encodes fetch replies and sends each payload frame straight
   out of its host slot (zero-copy), watching the send receipt;
@@ -16,7 +16,7 @@ A lookup answers HELD for a chunk ready in host, COMING for one on its way there
 chunk that only this instance's own storage tiers hold starts its promotion
 (``TieringManager.promote_for_peer``), and the client asks again. A fetch serves host-ready
 chunks only. While tier jobs are pending the driver polls every ``BUSY_POLL_S``, so promotions
-land while the engine is idle. Holds are per client and bounded (``serve_holds``): a budget per
+land while the engine is idle. Holds are per client and bounded (``server_holds``): a budget per
 client (a CURVE key, or a connection without CURVE) and for all clients, and an absolute
 deadline (``hold_timeout_s``). A client too slow to drain its replies then gets its slot
 released while bytes may still be queued; the header's checksum was taken while the slot was
@@ -25,7 +25,7 @@ no more holds until those replies are gone.
 
 What a client may send is bounded before anything is buffered (``transport.MessageLimits``):
 single-frame requests only, unless this server accepts stores (then STOREs of at most
-``peer_protocol.max_store_keys`` chunks). A server that listens beyond loopback without CURVE
+``protocol.max_store_keys`` chunks). A server that listens beyond loopback without CURVE
 logs a warning at start (``ServeConfig`` refuses ``accept_stores`` there unless forced).
 
 Thread safety: the inbox and outbox are thread-safe queues; ``_counters`` has its own lock;

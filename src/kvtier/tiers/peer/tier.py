@@ -7,14 +7,14 @@ per peer; the manager's thread only queues commands and reads answers:
   evict); an unknown key answers ``RETRY`` and joins a batch: keys asked within
   ``LOOKUP_BATCH_S`` of each other go to each peer in one LOOKUP message. A key is a hit when
   some asked peer holds it in host memory, a miss when all said no or failed; a peer that is
-  bringing it in from a storage tier of its own is asked again shortly (``peer_probes``).
+  bringing it in from a storage tier of its own is asked again shortly (``probes``).
 * ``submit_load`` fetches each key from the peer that answered the lookup (else the hinted peer,
   else the first peer). Each payload is received straight into its host slot (one copy, out of
   the transport's buffer) and verified there against its header, the cache identity and the key
   (``codec.verify``) before the key is reported loaded; a key that fails verification is
   reported in ``integrity_failed`` (its slot's bytes are then undefined).
 * ``submit_store`` pushes the chunks to one peer that accepts stores, each payload frame sent
-  straight out of its host slot, in STOREs of at most ``peer_protocol.max_store_keys`` chunks.
+  straight out of its host slot, in STOREs of at most ``protocol.max_store_keys`` chunks.
   A store succeeds only when the peer stored every key. ``accepts_stores`` is False while no
   peer has said (in its handshake) that it accepts stores: the manager then writes nothing
   through to this tier, and a store submitted anyway fails without leaving this process.
@@ -23,7 +23,7 @@ per peer; the manager's thread only queues commands and reads answers:
   (up to ``MAX_PEERS``) and from then on asked like the configured ones.
 
 A slow or dead peer costs at most ``timeout_s``: its requests then fail (misses), and it is
-reconnected in the background (see ``peer_link``).
+reconnected in the background (see ``link``).
 
 Thread safety: ``lookup``, ``hint`` and ``submit_*`` queue commands for the I/O thread;
 ``_answers`` and ``_counters`` have their own locks; links are touched only by the I/O thread.

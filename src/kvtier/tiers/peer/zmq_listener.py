@@ -4,7 +4,7 @@ Replies go out zero-copy, each frame tracked so that ``SendReceipt.done`` says w
 longer reads the caller's buffers. A message is received frame by frame: one with more frames
 than ``max_frames`` or more bytes than ``max_message_bytes`` is dropped, its remaining frames
 taken off the socket without being kept, and its sender disconnected. Whatever a connection
-sends without ever ending a message is bounded by the ``ConnectionGuard`` (``transport_guard``):
+sends without ever ending a message is bounded by the ``ConnectionGuard`` (``connection_bounds``):
 at most the whole messages ``RECV_QUEUE_MESSAGES`` allows, and one more.
 
 Thread safety: none; a listener belongs to the thread that owns its transport.

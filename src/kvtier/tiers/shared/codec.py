@@ -68,9 +68,15 @@ def encode_header(
     """The ``HEADER_BYTES`` header block for ``payload`` (``payload_checksum`` if already known)."""
     digest = checksum(payload) if payload_checksum is None else payload_checksum
     fields = _FIELDS.pack(
-        MAGIC, FORMAT_VERSION, CHECKSUM_XXH3_128, HEADER_BYTES,
-        identity_digest, key, len(payload), digest,
-    )  # fmt: skip
+        MAGIC,
+        FORMAT_VERSION,
+        CHECKSUM_XXH3_128,
+        HEADER_BYTES,
+        identity_digest,
+        key,
+        len(payload),
+        digest,
+    )
     check = _HEADER_CHECK.pack(xxhash.xxh3_64_intdigest(fields))
     return fields + check + bytes(HEADER_BYTES - _USED)
 
