@@ -88,6 +88,7 @@ class Package:
         }
         self.defined = {name: defined_names(tree) for name, tree in self.trees.items()}
         self.words: set[str] = {part for name in self.paths for part in name.split(".")}
+        self.basenames = {path.stem for path in self.paths.values()}
         self.foreign = {m.split(".")[0] for t in self.trees.values() for m in _imported(t)} - {
             "kvtier"
         }
@@ -112,6 +113,9 @@ class Package:
             if token.startswith("kvtier."):
                 continue  # checked as a dotted path above
             words = token.removesuffix(".py").split(".")
+            if token.endswith(".py") and words[-1] not in self.basenames:
+                found.append(token)
+                continue
             if words[0] in self.foreign or token in EXTERNAL:
                 continue  # another project's name (``os.makedirs``, ``vllm.config``)
             if "_" not in token and not token.endswith(".py") and len(words) == 1:
@@ -137,6 +141,7 @@ def test_the_check_sees_planted_stale_names():
     assert package.stale("see ``kvtier.fs_paths``") == ["kvtier.fs_paths"]
     assert package.stale("``serve_holds`` keeps them") == ["serve_holds"]
     assert package.stale("``transport_guard.py``") == ["transport_guard.py"]
+    assert package.stale("``host.py`` is gone, ``host_slots.py`` is not") == ["host.py"]
     assert package.stale("``kvtier.core.manager.TieringManager``, ``host_slots``") == []
     assert package.stale("``kvtier.core.manager.NoSuchThing``") == [
         "kvtier.core.manager.NoSuchThing"

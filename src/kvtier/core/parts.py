@@ -30,7 +30,7 @@ from kvtier.identity import CacheIdentity
 from kvtier.region import HostRegion
 from kvtier.telemetry.kv_events import EventKind, EventLog, EventPublisher
 from kvtier.telemetry.metrics import ManagerMetrics
-from kvtier.telemetry.transfer_meter import TransferClock
+from kvtier.telemetry.transfer_meter import TransferMeter
 from kvtier.tiers.base import SecondaryTier
 from kvtier.tiers.registry import build_tier
 
@@ -51,7 +51,7 @@ class ManagerParts:
     retention: HostRetention
     promoter: Promoter
     progress: Progress
-    clock: TransferClock
+    clock: TransferMeter
     publisher: EventPublisher | None
 
 
@@ -81,7 +81,7 @@ def build_parts(
     slots = SlotAllocator(host, provenance, metrics, events)
     promoter = Promoter(host, runtime.tiers, slots, provenance, metrics, events)
     retention = HostRetention(host, runtime.admission, provenance)
-    clock = TransferClock(metrics, chunk_bytes)
+    clock = TransferMeter(metrics, chunk_bytes)
     return ManagerParts(
         region,
         host,

@@ -1,4 +1,4 @@
-"""TransferClock: accelerator <-> host copy throughput, from ``prepare_*`` to ``complete_*``.
+"""TransferMeter: accelerator <-> host copy throughput, from ``prepare_*`` to ``complete_*``.
 
 Thread safety: none; it belongs to the manager (called under its lock).
 """
@@ -12,7 +12,7 @@ from itertools import repeat
 from kvtier.telemetry.metrics import ManagerMetrics
 
 
-class TransferClock:
+class TransferMeter:
     """Accelerator <-> host copy throughput: when each chunk's copy started, until it ends."""
 
     def __init__(self, metrics: ManagerMetrics, chunk_bytes: int) -> None:

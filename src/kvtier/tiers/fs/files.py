@@ -44,7 +44,7 @@ from kvtier.region import HostRegion
 from kvtier.tiers.fs import native
 from kvtier.tiers.fs.io import payload_checksum, pread_all, pwrite_all
 from kvtier.tiers.fs.namespace import Namespace
-from kvtier.tiers.fs.page_cache import CACHESTAT, PageCachePolicy
+from kvtier.tiers.fs.page_cache import CACHESTAT, PageCacheBudget
 from kvtier.tiers.fs.paths import (
     check_regular,
     chunk_dir,
@@ -73,7 +73,7 @@ class ChunkFiles:
     files ``file_mode(dir_mode)`` (``kvtier.config.file_modes``; the umask may narrow both).
     ``o_direct`` is ``"on"`` (``TierError`` if the filesystem refuses it), ``"off"``, or
     ``"auto"``: when a probe write and read succeed and the kernel has ``cachestat``, page cache
-    or O_DIRECT chunk by chunk (``adaptive``, see ``cache_policy``); O_DIRECT throughout where
+    or O_DIRECT chunk by chunk (``adaptive``, see ``page_cache``); O_DIRECT throughout where
     only the probe succeeds. A read-only namespace
     cannot probe, so "auto" reads through the page cache and "on" is trusted.
     """
@@ -104,9 +104,9 @@ class ChunkFiles:
             self.o_direct = o_direct != "off" and self._direct_io_works()
         if o_direct == "on" and not self.o_direct:
             raise TierError(f"fs tier: o_direct is 'on' but {root_dir} does not allow O_DIRECT")
-        #: "auto": page cache or O_DIRECT chunk by chunk (``cache_policy``).
+        #: "auto": page cache or O_DIRECT chunk by chunk (``page_cache``).
         self.adaptive = o_direct == "auto" and self.o_direct and CACHESTAT.available
-        self._policy = PageCachePolicy()
+        self._page_cache = PageCacheBudget()
         self._write_turns: queue.SimpleQueue[None] = queue.SimpleQueue()
         for _ in range(BUFFERED_WRITERS):
             self._write_turns.put(None)
@@ -143,7 +143,7 @@ class ChunkFiles:
     def _direct_write(self, nbytes: int) -> bool:
         if not self.o_direct:
             return False
-        return not (self.adaptive and self._policy.write_buffered(nbytes))
+        return not (self.adaptive and self._page_cache.write_buffered(nbytes))
 
     def _file_buffers(
         self, key: ChunkKey, region: HostRegion, slot: int, direct: bool

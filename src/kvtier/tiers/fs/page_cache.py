@@ -112,7 +112,7 @@ def read_meminfo(path: str = MEMINFO) -> tuple[int, int] | None:
     return fields[b"MemTotal"], fields[b"MemFree"]
 
 
-class PageCachePolicy:
+class PageCacheBudget:
     """Whether a write of ``nbytes`` may go through the page cache; see the module docstring."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""ConnectionGuard: bounds what one TCP connection can make a listener's libzmq buffer.
+"""ConnectionBounds: bounds what one TCP connection can make a listener's libzmq buffer.
 
 libzmq hands a message to the application only once its last frame has arrived, and bounds only
 the size of each frame (``MAXMSGSIZE``) and the number of *whole* messages queued (``RCVHWM``).
@@ -63,7 +63,7 @@ class _Connection:
     delivered: bool = False
 
 
-class ConnectionGuard:
+class ConnectionBounds:
     """Watches the connections of one router socket; see the module docstring."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """PeerServer: answers other instances' lookups, fetches and stores out of this host tier.
 
 A manager service (built by the manager when its config has ``serve``) that sees host memory
-only through ``PeerHost`` (``host.py``). Two threads share the work so that host memory is
+only through ``PeerHost`` (``host_view``). Two threads share the work so that host memory is
 only ever touched on the manager's thread:
 
 * the server thread owns the listener: it validates every message (``protocol``), shakes

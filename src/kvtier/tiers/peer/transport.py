@@ -16,7 +16,7 @@ Bounds: every socket refuses frames longer than its ``max_frame_bytes`` plus
 ``FRAME_MARGIN_BYTES`` (the sender is disconnected by libzmq; the margin covers CURVE, which
 carries each frame in a MESSAGE command 33 bytes longer). A listener also takes its
 ``MessageLimits``: at most ``RECV_QUEUE_MESSAGES`` whole messages queued per connection, a
-``ConnectionGuard`` that cuts off a connection whose unfinished message grows past what that
+``ConnectionBounds`` that cuts off a connection whose unfinished message grows past what that
 queue may hold, and a receive loop that takes a message frame by frame and drops (without
 keeping its frames) one with too many frames or bytes, disconnecting its sender.
 

@@ -4,7 +4,7 @@ Replies go out zero-copy, each frame tracked so that ``SendReceipt.done`` says w
 longer reads the caller's buffers. A message is received frame by frame: one with more frames
 than ``max_frames`` or more bytes than ``max_message_bytes`` is dropped, its remaining frames
 taken off the socket without being kept, and its sender disconnected. Whatever a connection
-sends without ever ending a message is bounded by the ``ConnectionGuard`` (``connection_bounds``):
+sends without ever ending a message is bounded by the ``ConnectionBounds`` (``connection_bounds``):
 at most the whole messages ``RECV_QUEUE_MESSAGES`` allows, and one more.
 
 Thread safety: none; a listener belongs to the thread that owns its transport.
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
-from kvtier.tiers.peer.connection_bounds import ConnectionGuard
+from kvtier.tiers.peer.connection_bounds import ConnectionBounds
 from kvtier.tiers.peer.transport import (
     RECV_QUEUE_MESSAGES,
     Buffer,
@@ -42,7 +42,7 @@ class _Tracked:
 
 
 class ZmqListener:
-    """A ROUTER listener with its ``ConnectionGuard``; see the module docstring."""
+    """A ROUTER listener with its ``ConnectionBounds``; see the module docstring."""
 
     def __init__(
         self,
@@ -55,7 +55,7 @@ class ZmqListener:
         self.socket, self.port, self._forget = socket, port, forget
         self._limits, self._counters, self._monitor = limits, Counter[str](), monitor
         limit = (RECV_QUEUE_MESSAGES + 1) * limits.wire_bytes + HANDSHAKE_BYTES
-        self._guard = ConnectionGuard(monitor, limit, self._counters)
+        self._guard = ConnectionBounds(monitor, limit, self._counters)
 
     def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt:
         """Queue one message; its receipt is done once libzmq no longer reads ``frames``.
