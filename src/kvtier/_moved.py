@@ -39,7 +39,7 @@ MOVED = {
     "kvtier.manager": "kvtier.core.manager",
     "kvtier.metrics": "kvtier.telemetry.metrics",
     "kvtier.metrics_http": "kvtier.telemetry.endpoint",
-    "kvtier.operations": "kvtier.core.operations",
+    "kvtier.operations": "kvtier.core.manager",
     "kvtier.peer_host": "kvtier.core.peer_service",
     "kvtier.plan.events": "kvtier.plan.trace_from_events",
     "kvtier.progress": "kvtier.core.progress",
@@ -59,10 +59,12 @@ MOVED = {
     "kvtier.tiers.peer.server_listen": "kvtier.tiers.peer.server_transport",
 }
 
+_LONGEST_FIRST = sorted(MOVED.items(), key=lambda item: -len(item[0]))
+
 
 def new_name(name: str) -> str | None:
     """Where module ``name`` lives now, or ``None`` if it did not move."""
-    for old, new in MOVED.items():
+    for old, new in _LONGEST_FIRST:
         if name == old or name.startswith(old + "."):
             return new + name[len(old) :]
     return None
