@@ -20,7 +20,8 @@ from kvtier.bench.workload import Request, Workload, WorkloadSpec
 from kvtier.config.schema import TieringConfig
 from kvtier.core.manager import TieringManager
 from kvtier.identity import CacheIdentity
-from kvtier.integrations.transformers import DeviceChunkCache, Generation, TieredModel
+from kvtier.integrations.device_chunk_cache import DeviceChunkCache
+from kvtier.integrations.transformers import Generation, TieredModel
 
 #: Llama-shaped models with random weights (head dim 64 throughout).
 MODEL_PRESETS: dict[str, dict[str, Any]] = {

@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +53,7 @@ from kvtier.core.manager import TieringManager
 from kvtier.device.transfer import TransferEngine
 from kvtier.errors import ConfigError, KVTierError
 from kvtier.identity import CacheIdentity
+from kvtier.integrations.device_chunk_cache import DeviceChunkCache
 from kvtier.integrations.hf_cache import CacheSession, StateMember, layout_for, probe
 from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.layout import KVLayout
@@ -82,60 +83,6 @@ def identity_for(model: Any, layout: KVLayout, name: str | None = None) -> Cache
         revision=f"weights-xxh3-{digest.hexdigest()}",
         extra={"config_sha256": hashlib.sha256(config_text.encode()).hexdigest()},
     )
-
-
-class DeviceChunkCache:
-    """The engine's accelerator-side prefix cache: chunk key -> canonical chunk tensor, LRU.
-
-    ``capacity`` counts chunks; ``None`` never evicts, ``0`` keeps nothing.
-    """
-
-    def __init__(self, capacity: int | None) -> None:
-        self.capacity = capacity
-        self._chunks: OrderedDict[ChunkKey, torch.Tensor] = OrderedDict()
-        self.num_evicted = 0
-
-    def __len__(self) -> int:
-        return len(self._chunks)
-
-    def match(self, keys: Sequence[ChunkKey]) -> int:
-        """How many leading ``keys`` are cached."""
-        count = 0
-        while count < len(keys) and keys[count] in self._chunks:
-            count += 1
-        return count
-
-    def match_window(self, keys: Sequence[ChunkKey], window: int) -> int:
-        """The longest prefix of ``keys`` whose last ``window`` chunks are all cached."""
-        end = len(keys)
-        while end > 0:
-            missing = [i for i in range(max(0, end - window), end) if keys[i] not in self._chunks]
-            if not missing:
-                return end
-            end = missing[-1]
-        return 0
-
-    def get(self, keys: Sequence[ChunkKey]) -> list[torch.Tensor]:
-        """The chunks of ``keys`` (all cached), marked most recently used."""
-        self.touch(keys)
-        return [self._chunks[key] for key in keys]
-
-    def touch(self, keys: Sequence[ChunkKey]) -> None:
-        """Mark the cached ``keys`` used, the first most recently: a prefix outlives its tail."""
-        for key in reversed(keys):
-            if key in self._chunks:
-                self._chunks.move_to_end(key)
-
-    def put(self, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor]) -> None:
-        """Cache ``chunks`` under ``keys``, evicting the least recently used beyond capacity."""
-        if self.capacity == 0:
-            return
-        for key, chunk in zip(reversed(keys), reversed(chunks), strict=True):
-            self._chunks[key] = chunk
-            self._chunks.move_to_end(key)
-        while self.capacity is not None and len(self._chunks) > self.capacity:
-            self._chunks.popitem(last=False)
-            self.num_evicted += 1
 
 
 @dataclass
