@@ -2,7 +2,8 @@
 
 * Every relative link (and image) in ``README.md`` and ``docs/**/*.md`` resolves to a file,
   and a ``#anchor`` to a heading of that file; every page under ``docs/`` is linked from
-  another page.
+  another page. Every repository path given in backticks exists, and every ``kvtier.*`` name
+  imports under that name.
 * Fenced blocks marked ``runnable`` (the convention is stated in ``docs/README.md``) run:
   ``sh`` blocks exit 0 in a scratch directory, with this venv's ``bin`` first on ``PATH``;
   ``json`` blocks parse as kvtier configurations and pass ``kvtier config check``.
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -207,6 +209,56 @@ def test_the_link_checker_sees_links_and_anchors(tmp_path: Path) -> None:
     assert links(page) == ["other.md#part-two", "pic.png"]
     assert anchors(page) == {"a-title-here"}
     assert anchors(tmp_path / "other.md") == {"part-two"}
+
+
+REPO_PATH = re.compile(r"`((?:tests|benchmarks|examples|docs|src)/[\w./-]*)`")
+DOTTED = re.compile(r"`(kvtier(?:\.[A-Za-z_]\w*)+)")
+FILE_SUFFIXES = {"json", "jsonl", "md", "py", "png"}
+
+
+def named_paths(page: Path) -> list[str]:
+    return REPO_PATH.findall(page.read_text())
+
+
+def named_objects(page: Path) -> list[str]:
+    names = DOTTED.findall(page.read_text())
+    return [n for n in names if n.rpartition(".")[2] not in FILE_SUFFIXES]
+
+
+def resolve_object(dotted: str) -> str | None:
+    """``None`` if ``dotted`` names a module of kvtier under its own name (not an old name kept
+    for compatibility), or an attribute of one; else why not."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            found: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if found.__name__ != module_name:
+            return f"{module_name} is an old name of {found.__name__}"
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return f"{module_name} has no {'.'.join(parts[cut:])}"
+            found = getattr(found, attribute)
+        return None
+    return "no such module"
+
+
+@pytest.mark.parametrize("page", pages(), ids=name)
+def test_every_path_and_kvtier_name_the_docs_give_exists(page: Path) -> None:
+    problems = [f"{p}: no such file" for p in named_paths(page) if not (REPO / p).exists()]
+    for dotted in named_objects(page):
+        problem = resolve_object(dotted)
+        if problem:
+            problems.append(f"{dotted}: {problem}")
+    assert not problems, f"{name(page)}:\n" + "\n".join(problems)
+
+
+def test_the_name_check_sees_a_stale_name() -> None:
+    assert resolve_object("kvtier.config.TieringConfig") is None
+    assert resolve_object("kvtier.config.NoSuchConfig") is not None
+    assert resolve_object("kvtier.no_such_module") is not None
 
 
 # -- runnable blocks ---------------------------------------------------------------------------
