@@ -43,8 +43,8 @@ examples:
   kvtier admin --url http://127.0.0.1:9100 tiers
   kvtier peer keygen --out keys --name server
 
-`kvtier COMMAND --help` lists a command's options. Install, configuration and security: the
-README.md of kvtier's repository."""
+`kvtier COMMAND --help` lists a command's options. The manual is in kvtier's repository:
+docs/configuration.md, docs/operating.md, docs/security.md, and docs/README.md for the rest."""
 
 
 class CliParser(argparse.ArgumentParser):
