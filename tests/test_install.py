@@ -81,7 +81,7 @@ def test_the_version_is_the_package_version():
 
 
 def test_the_readme_states_the_fs_tier_defaults_the_code_has():
-    from kvtier.config.schema import FsTierConfig
+    from kvtier.config import FsTierConfig
 
     readme = (REPO / "README.md").read_text()
     default = FsTierConfig(root_dir="/x").dir_mode

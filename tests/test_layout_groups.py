@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvtier import CacheIdentity, ConfigError, KVLayout, TieringManager
-from kvtier.config.schema import MemoryTierConfig
+from kvtier.config import MemoryTierConfig
 from kvtier.device.pages import pack_chunks, unpack_chunks, unpack_states
 from kvtier.device.transfer import TransferEngine
 from kvtier.layout import LAYOUT_VERSION, LayerGroup

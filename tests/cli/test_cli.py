@@ -67,7 +67,7 @@ def test_config_check_prints_slots_and_tiers_in_order(tmp_path, capsys):
 def test_config_check_reports_the_error(tmp_path):
     path = write(tmp_path, {"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "fs"}]})
     result = subprocess.run(
-        [sys.executable, "-m", "kvtier.cli.main", "config", "check", path],
+        [sys.executable, "-m", "kvtier.cli", "config", "check", path],
         capture_output=True,
         text=True,
     )

@@ -14,7 +14,7 @@ from tests.control.test_admin import served as served_port  # noqa: F401 (a fixt
 
 def kvtier(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kvtier.cli.main", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "kvtier.cli", *args], capture_output=True, text=True, timeout=60
     )
 
 

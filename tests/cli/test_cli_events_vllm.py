@@ -59,7 +59,7 @@ EXPECTED = [
     "stored   GPU      blocks=1 tokens=128 hashes=0001020304050607 lora=adapter group=1",
     "cleared  -        all blocks",
 ]
-CLI = [sys.executable, "-m", "kvtier.cli.main", "events"]
+CLI = [sys.executable, "-m", "kvtier.cli", "events"]
 
 
 def frames(payload: bytes, seq: int = 0) -> list[bytes]:

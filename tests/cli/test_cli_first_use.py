@@ -22,7 +22,7 @@ import kvtier
 from kvtier.cli.main import build_parser
 from tests.cli.test_cli_hostile import check
 
-CLI = [sys.executable, "-m", "kvtier.cli.main"]
+CLI = [sys.executable, "-m", "kvtier.cli"]
 
 
 def run(argv, capsys):

@@ -21,7 +21,7 @@ from kvtier.config.checks import physical_memory_bytes
 from kvtier.keys import ChunkKey
 from kvtier.telemetry.kv_events import EventKind, KVEvent, encode_batch
 
-CLI = [sys.executable, "-m", "kvtier.cli.main"]
+CLI = [sys.executable, "-m", "kvtier.cli"]
 
 
 def write(tmp_path, data, name="kv.json"):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvtier import ConfigError, TieringConfig
-from kvtier.config.schema import (
+from kvtier.config import (
     ExternalTierConfig,
     FaultTierConfig,
     FsTierConfig,

@@ -16,20 +16,20 @@ import typing
 import pytest
 
 from kvtier import TieringConfig, TieringManager
-from kvtier.config.checks import (
-    check_fields,
-    field_marks,
-    listen_errors,
-    physical_memory_bytes,
-    redact_url,
-)
-from kvtier.config.schema import (
+from kvtier.config import (
     TIER_CONFIGS,
     KVEventsConfig,
     ObjTierConfig,
     P2PTierConfig,
     PeerAddress,
     ServeConfig,
+)
+from kvtier.config.checks import (
+    check_fields,
+    field_marks,
+    listen_errors,
+    physical_memory_bytes,
+    redact_url,
 )
 from kvtier.errors import ConfigError, KVTierError
 from tests.conftest import config, free_port

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from kvtier import RETRY, ConfigError, KVTierError, TieringManager
-from kvtier.config.schema import FsTierConfig, MemoryTierConfig
+from kvtier.config import FsTierConfig, MemoryTierConfig
 from kvtier.control.slo_guard import SLOGuard, SLOGuardConfig
 from kvtier.errors import ClosedError, InvalidArgumentError
 from kvtier.tiers.fault import FaultInjectingTier

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from kvtier import RETRY, ConfigError, KVTierError, TieringConfig, TieringManager
-from kvtier.config.schema import MemoryTierConfig
+from kvtier.config import MemoryTierConfig
 from kvtier.region import HostRegion
 from kvtier.telemetry.kv_events import EventKind
 from kvtier.tiers.fault import FaultInjectingTier

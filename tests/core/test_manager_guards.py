@@ -17,7 +17,7 @@ from kvtier import (
     TieringConfig,
     TieringManager,
 )
-from kvtier.config.schema import FsTierConfig
+from kvtier.config import FsTierConfig
 from kvtier.core.promotion import PROBE_AHEAD
 from kvtier.errors import ClosedError, HoldError, InvalidKeyError
 from kvtier.telemetry.kv_events import EventKind

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvtier import RETRY, TieringManager
-from kvtier.config.schema import FsTierConfig, MemoryTierConfig
+from kvtier.config import FsTierConfig, MemoryTierConfig
 from kvtier.core.progress import Progress
 from kvtier.identity import CacheIdentity
 from kvtier.region import HostRegion

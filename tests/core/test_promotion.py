@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtier import RETRY, ChunkKey, TieringManager
-from kvtier.config.schema import MemoryTierConfig
+from kvtier.config import MemoryTierConfig
 from kvtier.tiers.base import Lookup
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.memory import MemoryTier

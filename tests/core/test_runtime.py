@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from kvtier.config.schema import MemoryTierConfig, RuntimeConfig
+from kvtier.config import MemoryTierConfig, RuntimeConfig
 from kvtier.control.slo_guard import SLOGuardConfig
 from kvtier.core.runtime import Runtime
 from kvtier.core.tier_set import Retired

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvtier.cli.main import main
-from kvtier.config.schema import TieringConfig
+from kvtier.config import TieringConfig
 from kvtier.integrations.vllm import check
 from kvtier.integrations.vllm.engine_config import engine_config
 

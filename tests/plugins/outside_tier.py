@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.config.schema import MemoryTierConfig
+from kvtier.config import MemoryTierConfig
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion

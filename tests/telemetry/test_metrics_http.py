@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvtier.telemetry.metrics import ManagerMetrics, MetricsServer, TelemetryCollector
+from kvtier.telemetry.endpoint import MetricsServer
+from kvtier.telemetry.metrics import ManagerMetrics, TelemetryCollector
 
 IDLE = 250
 DEADLINE_S = 30.0

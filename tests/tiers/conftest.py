@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kvtier.config.schema import FsTierConfig, MemoryTierConfig
+from kvtier.config import FsTierConfig, MemoryTierConfig
 from kvtier.identity import CacheIdentity
 from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier

@@ -23,7 +23,7 @@ from tests.child_process import ROOT, child_env
 
 # isort: split
 from kvtier import CacheIdentity, TieringManager
-from kvtier.config.schema import P2PTierConfig
+from kvtier.config import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.peer.tier import PeerTier

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kvtier.config.schema import ObjTierConfig
+from kvtier.config import ObjTierConfig
 from kvtier.identity import CacheIdentity
 from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvtier.config.schema import FsTierConfig, ObjTierConfig
+from kvtier.config import FsTierConfig, ObjTierConfig
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.identity import (
     KeyMap,

@@ -144,7 +144,7 @@ class Printer:
     """``kvtier events`` (the main venv's) subscribed to the server; its lines as they come."""
 
     def __init__(self, endpoint: str) -> None:
-        command = [sys.executable, "-m", "kvtier.cli.main", "events", "--connect", endpoint,
+        command = [sys.executable, "-m", "kvtier.cli", "events", "--connect", endpoint,
                    "--timeout", "300"]  # fmt: skip
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)  # fmt: skip

@@ -42,7 +42,7 @@ def plan_line(env: VllmEnv, workdir: Path, fs_root: Path) -> tuple[str, dict[str
     """Run ``kvtier trace synth`` and ``kvtier plan`` in the vLLM venv; (report, the JSON of
     the printed ``--kv-transfer-config``)."""
     trace = workdir / "chat.jsonl"
-    kvtier = [str(env.python), "-m", "kvtier.cli.main"]
+    kvtier = [str(env.python), "-m", "kvtier.cli"]
     synth = ["trace", "synth", "--kind", "chat", "--requests", "400", "--seed", "1"]
     subprocess.run([*kvtier, *synth, "--out", str(trace)], check=True, capture_output=True)
     plan = [*kvtier, "plan", str(trace), *SMOLLM2, *MACHINE, "--chunk-tokens", str(CHUNK_TOKENS),

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.config.schema import RuntimeConfig
+from kvtier.config import RuntimeConfig
 from kvtier.core.runtime import Runtime
 from kvtier.core.tier_set import Retired
 from kvtier.errors import ConfigError, InvalidArgumentError

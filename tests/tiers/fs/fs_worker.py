@@ -23,7 +23,7 @@ import tests.child_process  # noqa: F401  (first: the kvtier of this checkout)
 
 # isort: split
 from kvtier import CacheIdentity, ChunkKey, KVLayout
-from kvtier.config.schema import FsTierConfig
+from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.fs.tier import FilesystemTier

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvtier import CacheIdentity, ChunkKey
-from kvtier.config.schema import FsTierConfig
+from kvtier.config import FsTierConfig
 from kvtier.errors import ConfigError, TierError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, RETRY, TransferJob

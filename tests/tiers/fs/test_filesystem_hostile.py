@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from kvtier import CacheIdentity, ChunkKey, TieringManager
-from kvtier.config.schema import FsTierConfig
+from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier, TransferJob
 from kvtier.tiers.registry import build_tier

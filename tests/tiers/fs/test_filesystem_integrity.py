@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvtier import CacheIdentity, ChunkKey, TieringManager
-from kvtier.config.schema import FsTierConfig
+from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.fs.tier import FilesystemTier

@@ -15,7 +15,7 @@ import pytest
 
 from kvtier import CacheIdentity
 from kvtier.cli.main import main
-from kvtier.config.schema import FsTierConfig, TieringConfig
+from kvtier.config import FsTierConfig, TieringConfig
 from kvtier.errors import ConfigError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from kvtier import CacheIdentity
-from kvtier.config.schema import FsTierConfig
+from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.fs import files as fs_files

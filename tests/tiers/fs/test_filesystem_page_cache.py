@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from kvtier import CacheIdentity, ChunkKey
-from kvtier.config.schema import FsTierConfig
+from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.fs import files as fs_files
 from kvtier.tiers.fs import paths as fs_paths
-from kvtier.tiers.fs.page_cache import CACHESTAT, PageCachePolicy, read_meminfo
+from kvtier.tiers.fs.page_cache import CACHESTAT, PageCacheBudget, read_meminfo
 from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, fill, holds, make_keys
@@ -123,11 +123,11 @@ def test_writes_use_the_cache_only_while_memory_is_free(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:        1000 kB\nMemFree:          450 kB\nCached: 7 kB\n")
     assert read_meminfo(str(meminfo)) == (1000 * 1024, 450 * 1024)
-    policy = PageCachePolicy(reserve_fraction=0.25, interval_s=3600, meminfo=str(meminfo))
+    policy = PageCacheBudget(reserve_fraction=0.25, interval_s=3600, meminfo=str(meminfo))
     assert policy.write_buffered(100 * 1024)  # 450 - 250 kB reserve = 200 kB of room
     assert policy.write_buffered(100 * 1024)
     assert not policy.write_buffered(1)  # room spent until the next look at meminfo
-    unreadable = PageCachePolicy(meminfo=str(tmp_path / "missing"))
+    unreadable = PageCacheBudget(meminfo=str(tmp_path / "missing"))
     assert not unreadable.write_buffered(1)  # unknown: O_DIRECT, the safe side
 
 

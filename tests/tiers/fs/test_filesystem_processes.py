@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvtier.config.schema import FsTierConfig
+from kvtier.config import FsTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvtier import RETRY, CacheIdentity, TieringManager
-from kvtier.config.schema import P2PTierConfig
+from kvtier.config import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.telemetry.kv_events import EventKind

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvtier import CacheIdentity
-from kvtier.config.schema import ServeConfig
+from kvtier.config import ServeConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.peer.server import PeerServer
 from tests.conftest import free_port

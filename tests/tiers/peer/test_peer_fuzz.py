@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtier import CacheIdentity, TieringManager
-from kvtier.config.schema import P2PTierConfig
+from kvtier.config import P2PTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, TransferJob
 from kvtier.tiers.peer import protocol as proto

@@ -18,15 +18,15 @@ import zmq
 
 from kvtier import CacheIdentity, KVLayout, TieringManager
 from kvtier.cli.main import main
-from kvtier.config.schema import P2PTierConfig
+from kvtier.config import P2PTierConfig
 from kvtier.core.host_slots import HostTier
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer.curve_keys import read_key
 from kvtier.tiers.peer.server_holds import PeerHolds, owner_of
 from kvtier.tiers.peer.tier import PeerTier
-from kvtier.tiers.peer.transport import read_key
 from tests.conftest import collect, config, fill, holds, make_keys, wait_for
 from tests.tiers.s3_server import free_port
 

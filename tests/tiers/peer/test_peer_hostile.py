@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from kvtier import CacheIdentity, TieringManager
-from kvtier.config.schema import P2PTierConfig
+from kvtier.config import P2PTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.peer import protocol as proto

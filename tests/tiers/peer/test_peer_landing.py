@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from kvtier import CacheIdentity
-from kvtier.config.schema import P2PTierConfig
+from kvtier.config import P2PTierConfig
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import JobResult, TransferJob

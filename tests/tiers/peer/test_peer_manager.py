@@ -13,7 +13,7 @@ import pytest
 
 from kvtier import MISS, RETRY, TieringManager
 from kvtier import promotion as promotion_module
-from kvtier.config.schema import P2PTierConfig
+from kvtier.config import P2PTierConfig
 from kvtier.region import HostRegion
 from kvtier.telemetry.kv_events import EventKind
 from kvtier.tiers.peer.tier import PeerTier

@@ -13,12 +13,12 @@ import pytest
 
 from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager
 from kvtier.cli.main import main
-from kvtier.config.schema import P2PTierConfig, ServeConfig
+from kvtier.config import P2PTierConfig, ServeConfig
 from kvtier.errors import ConfigError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, TransferJob
+from kvtier.tiers.peer.curve_keys import server_keys
 from kvtier.tiers.peer.tier import PeerTier
-from kvtier.tiers.peer.transport import server_keys
 from tests.conftest import collect, config, fill, holds, make_keys, settle_lookup, wait_for
 from tests.tiers.peer_node import PeerNode
 from tests.tiers.s3_server import free_port

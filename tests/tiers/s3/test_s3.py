@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager
-from kvtier.cli.main import describe_tier
+from kvtier.config.describe import describe_tier
 from kvtier.errors import ConfigError, TierError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, RETRY, SecondaryTier, TransferJob
