@@ -99,8 +99,9 @@ def raw_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> l
 def tier_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> list[Timing]:
     """[store, load] timings through a FilesystemTier, one job per thread."""
     mode = "on" if direct else "off"
-    config = FsTierConfig(str(root), n_read_threads=n_threads, n_write_threads=n_threads,
-                          o_direct=mode)  # fmt: skip
+    config = FsTierConfig(
+        str(root), n_read_threads=n_threads, n_write_threads=n_threads, o_direct=mode
+    )
     tier = FilesystemTier(config, region, IDENTITY)
     try:
         tier.wait_scanned()
@@ -181,21 +182,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-o-direct", action="store_true", help="skip the O_DIRECT rows")
     args = parser.parse_args()
-    modes = [False] + ([True] if O_DIRECT and not args.no_o_direct and o_direct_allowed(args.dir)
-                       else [])  # fmt: skip
+    modes = [False] + (
+        [True] if O_DIRECT and not args.no_o_direct and o_direct_allowed(args.dir) else []
+    )
     results = [measure(size, args, direct) for direct in modes for size in SIZES]
-    print(json.dumps({
-        "benchmark": "fs_tier",
-        "directory": args.dir or tempfile.gettempdir(),
-        "threads": args.threads,
-        "bytes_per_round": args.total_mib << 20,
-        "statistic": f"best of {args.repeats} rounds, raw and tier interleaved",
-        "tier_level_dirs": "created before timing (steady state)",
-        "results": results,
-        "cpus": os.cpu_count(),
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-    }, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "fs_tier",
+                "directory": args.dir or tempfile.gettempdir(),
+                "threads": args.threads,
+                "bytes_per_round": args.total_mib << 20,
+                "statistic": f"best of {args.repeats} rounds, raw and tier interleaved",
+                "tier_level_dirs": "created before timing (steady state)",
+                "results": results,
+                "cpus": os.cpu_count(),
+                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                "python": platform.python_version(),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

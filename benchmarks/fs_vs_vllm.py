@@ -91,8 +91,14 @@ class Side:
 
 
 class KvtierSide(Side):
-    def __init__(self, pkg: str, region: HostRegion, root: Path, args: argparse.Namespace,
-                 extra: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pkg: str,
+        region: HostRegion,
+        root: Path,
+        args: argparse.Namespace,
+        extra: dict[str, Any],
+    ) -> None:
         config = importlib.import_module(f"{pkg}.config")
         tier_mod = importlib.import_module(f"{pkg}.tiers.fs.tier")
         keys_mod = importlib.import_module(f"{pkg}.keys")
@@ -107,8 +113,9 @@ class KvtierSide(Side):
         keys = [keys_mod.ChunkKey(os.urandom(32)) for _ in range(region.num_slots)]
         slots = list(range(region.num_slots))
         k = args.keys_per_job
-        self._jobs = [(tuple(keys[i : i + k]), tuple(slots[i : i + k])) for i in
-                      range(0, len(keys), k)]  # fmt: skip
+        self._jobs = [
+            (tuple(keys[i : i + k]), tuple(slots[i : i + k])) for i in range(0, len(keys), k)
+        ]
 
     def _run(self, submit: Callable[[Any], None]) -> None:
         for job_id, (keys, slots) in enumerate(self._jobs):
@@ -144,8 +151,10 @@ class VllmSide(Side):
         self.o_direct = bool(self.tier._use_o_direct)
         keys = [make_offload_key(os.urandom(32), 0) for _ in range(region.num_slots)]
         k = args.keys_per_job
-        self._jobs = [(keys[i : i + k], np.arange(i, min(i + k, len(keys)), dtype=np.int64))
-                      for i in range(0, len(keys), k)]  # fmt: skip
+        self._jobs = [
+            (keys[i : i + k], np.arange(i, min(i + k, len(keys)), dtype=np.int64))
+            for i in range(0, len(keys), k)
+        ]
 
     def _run(self, submit: Callable[[Any], None], promotion: bool) -> None:
         for job_id, (keys, ids) in enumerate(self._jobs):
@@ -177,21 +186,26 @@ def _whole(region: HostRegion) -> memoryview:
 
 def _vllm_spec() -> SimpleNamespace:
     """What vLLM's fs tier reads from its ``OffloadingSpec``: naming fields and events off."""
-    parallel = SimpleNamespace(tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, rank=0,
-                               is_parallelism_agnostic=True)  # fmt: skip
+    parallel = SimpleNamespace(
+        tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, rank=0, is_parallelism_agnostic=True
+    )
     config = SimpleNamespace(
         groups=[SimpleNamespace(tokens_per_block=16, layer_names=["layer.0"])],
-        parallel=parallel, model=SimpleNamespace(name="bench/model", dtype="bfloat16"),
-        cache=SimpleNamespace(tokens_per_hash=16), canonical_layout=False,
-        replicated_layout=False, kv_cache_layout=None,
-    )  # fmt: skip
+        parallel=parallel,
+        model=SimpleNamespace(name="bench/model", dtype="bfloat16"),
+        cache=SimpleNamespace(tokens_per_hash=16),
+        canonical_layout=False,
+        replicated_layout=False,
+        kv_cache_layout=None,
+    )
     events = SimpleNamespace(enable_kv_cache_events=False)
     return SimpleNamespace(config=config, blocks_per_chunk=1, kv_events_config=events)
 
 
 class RawSide(Side):
-    def __init__(self, region: HostRegion, root: Path, args: argparse.Namespace,
-                 direct: bool) -> None:  # fmt: skip
+    def __init__(
+        self, region: HostRegion, root: Path, args: argparse.Namespace, direct: bool
+    ) -> None:
         self._region, self._direct, self._threads = region, direct, args.threads
         self._paths = [str(root / f"chunk-{i}") for i in range(region.num_slots)]
 
@@ -200,8 +214,9 @@ class RawSide(Side):
 
     def _each(self, work: Callable[[int], None]) -> None:
         n, t = self._region.num_slots, self._threads
-        threads = [threading.Thread(target=lambda f=f: [work(i) for i in range(f, n, t)])
-                   for f in range(t)]  # fmt: skip
+        threads = [
+            threading.Thread(target=lambda f=f: [work(i) for i in range(f, n, t)]) for f in range(t)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -236,8 +251,13 @@ class RawSide(Side):
 Times = dict[str, tuple[float, float]]  # phase -> (wall seconds, CPU seconds)
 
 
-def one_round(make: Callable[[Path], Side], region: HostRegion, original: np.ndarray,
-              args: argparse.Namespace, roots: list[Path]) -> Times:  # fmt: skip
+def one_round(
+    make: Callable[[Path], Side],
+    region: HostRegion,
+    original: np.ndarray,
+    args: argparse.Namespace,
+    roots: list[Path],
+) -> Times:
     """One side's store, hot load and cold load in a fresh directory, added to ``roots`` (left
     in place: deleting it here would slow the next side's stores, see ``settle``)."""
     root = Path(tempfile.mkdtemp(prefix="fs-vs-vllm-", dir=args.dir))
@@ -306,25 +326,37 @@ def measure(size: int, args: argparse.Namespace, roots: list[Path]) -> dict[str,
         "kvtier": lambda root: KvtierSide("kvtier", region, root, args, {}),
     }
     for spec in args.extra_kvtier:
-        extra = {k: int(v) if v.isdigit() else v for k, v in
-                 (item.split("=", 1) for item in spec.split(","))}  # fmt: skip
-        sides[f"kvtier[{spec}]"] = lambda root, e=extra: KvtierSide("kvtier", region, root, args,
-                                                                     e)  # fmt: skip
+        extra = {
+            k: int(v) if v.isdigit() else v
+            for k, v in (item.split("=", 1) for item in spec.split(","))
+        }
+        sides[f"kvtier[{spec}]"] = lambda root, e=extra: KvtierSide("kvtier", region, root, args, e)
     if args.baseline_pkg:
-        sides[args.baseline_pkg] = lambda root: KvtierSide(args.baseline_pkg, region, root,
-                                                           args, {})  # fmt: skip
+        sides[args.baseline_pkg] = lambda root: KvtierSide(
+            args.baseline_pkg, region, root, args, {}
+        )
     rounds: dict[str, list[Times]] = {name: [] for name in sides}
     order = list(sides)
     for index in range(args.rounds):  # each round starts with another side
         for name in order[index % len(order) :] + order[: index % len(order)]:
             rounds[name].append(one_round(sides[name], region, original, args, roots))
     gbytes = n_chunks * size / 1e9
-    gbps = {name: {p: round(gbytes / wall, 3) for p, wall in _medians(runs, 0).items()}
-            for name, runs in rounds.items()}  # fmt: skip
-    cpu = {name: {p: round(used / n_chunks * 1e6) for p, used in _medians(runs, 1).items()}
-           for name, runs in rounds.items()}  # fmt: skip
-    return {"chunk_bytes": size, "chunks": n_chunks, "raw_o_direct": direct, "GBps": gbps,
-            "ratios": _ratios(gbps), "cpu_us_per_chunk": cpu}  # fmt: skip
+    gbps = {
+        name: {p: round(gbytes / wall, 3) for p, wall in _medians(runs, 0).items()}
+        for name, runs in rounds.items()
+    }
+    cpu = {
+        name: {p: round(used / n_chunks * 1e6) for p, used in _medians(runs, 1).items()}
+        for name, runs in rounds.items()
+    }
+    return {
+        "chunk_bytes": size,
+        "chunks": n_chunks,
+        "raw_o_direct": direct,
+        "GBps": gbps,
+        "ratios": _ratios(gbps),
+        "cpu_us_per_chunk": cpu,
+    }
 
 
 def _medians(runs: list[Times], index: int) -> dict[str, float]:
@@ -350,8 +382,12 @@ def main() -> None:
     parser.add_argument("--keys-per-job", type=int, default=4)
     parser.add_argument("--total-mib", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--settle-s", type=float, default=65.0,
-                        help="wait after deleting, before each size (0: none)")  # fmt: skip
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=65.0,
+        help="wait after deleting, before each size (0: none)",
+    )
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
     parser.add_argument("--extra-kvtier", action="append", default=[])
     parser.add_argument("--baseline-pkg", default=None)
@@ -364,18 +400,26 @@ def main() -> None:
         settle(roots, args.settle_s)
         results.append(measure(int(size), args, roots))
     settle(roots, 0)
-    print(json.dumps({
-        "benchmark": "fs_vs_vllm",
-        "directory": args.dir or tempfile.gettempdir(),
-        "threads": args.threads, "keys_per_job": args.keys_per_job,
-        "bytes_per_size": args.total_mib << 20,
-        "statistic": f"median of {args.rounds} rounds, sides interleaved",
-        "cold_cache": args.cache_drop, "vllm_c_extension": _vllm_has_c(),
-        "results": results, "cpus": os.cpu_count(),
-        "load_average_at_start": load_before,
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-    }, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "fs_vs_vllm",
+                "directory": args.dir or tempfile.gettempdir(),
+                "threads": args.threads,
+                "keys_per_job": args.keys_per_job,
+                "bytes_per_size": args.total_mib << 20,
+                "statistic": f"median of {args.rounds} rounds, sides interleaved",
+                "cold_cache": args.cache_drop,
+                "vllm_c_extension": _vllm_has_c(),
+                "results": results,
+                "cpus": os.cpu_count(),
+                "load_average_at_start": load_before,
+                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                "python": platform.python_version(),
+            },
+            indent=2,
+        )
+    )
 
 
 def _vllm_has_c() -> bool:

@@ -55,8 +55,9 @@ HOST_CHUNKS = 4 * NUM_CHUNKS
 OPS = ("lookup_warm", "lookup_cold", "store", "load")
 #: issue 17's aims for kvtier, µs per chunk.
 AIMS_US = {"lookup_warm": 0.5, "lookup_cold": 0.5, "store": 3.0, "load": 1.0}
-LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=64, dtype="float16", block_size=16,
-                  blocks_per_chunk=1)  # fmt: skip
+LAYOUT = KVLayout(
+    num_layers=1, num_kv_heads=1, head_dim=64, dtype="float16", block_size=16, blocks_per_chunk=1
+)
 IDENTITY = CacheIdentity(model="bench/model", layout=LAYOUT)
 
 
@@ -82,8 +83,9 @@ class KvtierSide(Side):
     def __init__(self, root: Path) -> None:
         stride = -(-LAYOUT.chunk_bytes // 4096) * 4096
         tiers = [{"type": "fs", "root_dir": str(root)}]
-        config = TieringConfig.from_dict({"cpu_bytes_to_use": HOST_CHUNKS * stride,
-                                          "secondary_tiers": tiers})  # fmt: skip
+        config = TieringConfig.from_dict(
+            {"cpu_bytes_to_use": HOST_CHUNKS * stride, "secondary_tiers": tiers}
+        )
         self.manager = TieringManager(config, IDENTITY)
         self.manager.tiers[0].wait_scanned()  # type: ignore[attr-defined]
 
@@ -123,8 +125,9 @@ class VllmSide(Side):
         )
 
         self._base, self._end = base, ScheduleEndContext((), ())
-        region = SharedOffloadRegion(f"kvtier-bench-{uuid.uuid4().hex}", HOST_CHUNKS, None, 4096,
-                                     4096)  # fmt: skip
+        region = SharedOffloadRegion(
+            f"kvtier-bench-{uuid.uuid4().hex}", HOST_CHUNKS, None, 4096, 4096
+        )
         primary = CPUPrimaryTierOffloadingManager(HOST_CHUNKS, region)
         fs = FileSystemTierManager(_vllm_spec(), primary.get_kv_memoryview(), "fs", str(root))
         self.manager = TieringOffloadingManager(primary, [fs])
@@ -184,8 +187,13 @@ def fresh_keys(tag: str) -> list[ChunkKey]:
     return chunk_keys(np.arange(NUM_CHUNKS * LAYOUT.tokens_per_chunk), IDENTITY, salt=tag)
 
 
-def measure(sides: list[Side], op: str, keys_for: Callable[[int], list[ChunkKey]],
-            expect: Callable[[object], bool], repeat: int) -> dict[str, float]:  # fmt: skip
+def measure(
+    sides: list[Side],
+    op: str,
+    keys_for: Callable[[int], list[ChunkKey]],
+    expect: Callable[[object], bool],
+    repeat: int,
+) -> dict[str, float]:
     """Best-of-``repeat`` µs per chunk of ``op`` for each side, the sides interleaved."""
     best = {side.name: float("inf") for side in sides}
     for rep in range(repeat):
@@ -236,12 +244,24 @@ def hashing_us() -> float:
 
 def report(figures: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Ratios (vLLM's time over kvtier's) and kvtier against the aims."""
-    ratios = {op: round(figures[op]["vllm"] / figures[op]["kvtier"], 2) for op in OPS
-              if "vllm" in figures[op]}  # fmt: skip
-    aims = {op: {"aim_us": AIMS_US[op], "kvtier_us": figures[op]["kvtier"],
-                 "met": figures[op]["kvtier"] <= AIMS_US[op]} for op in OPS}  # fmt: skip
-    return {"us_per_chunk": {op: figures[op] for op in OPS}, "vllm_over_kvtier": ratios,
-            "aims": aims}  # fmt: skip
+    ratios = {
+        op: round(figures[op]["vllm"] / figures[op]["kvtier"], 2)
+        for op in OPS
+        if "vllm" in figures[op]
+    }
+    aims = {
+        op: {
+            "aim_us": AIMS_US[op],
+            "kvtier_us": figures[op]["kvtier"],
+            "met": figures[op]["kvtier"] <= AIMS_US[op],
+        }
+        for op in OPS
+    }
+    return {
+        "us_per_chunk": {op: figures[op] for op in OPS},
+        "vllm_over_kvtier": ratios,
+        "aims": aims,
+    }
 
 
 def main() -> None:
@@ -261,16 +281,27 @@ def main() -> None:
         for side in sides:
             side.close()
         shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps({
-        "benchmark": "manager_ops", "prefix_chunks": NUM_CHUNKS, "host_chunks": HOST_CHUNKS,
-        "chunk_bytes": LAYOUT.chunk_bytes, "fs_tier_attached": True, "vllm": version,
-        "statistic": f"best of {args.repeat} (lookup_warm, load) or {max(10, args.repeat // 4)}"
-                     " (lookup_cold, store) repetitions, sides interleaved",
-        **report(figures), "chunk_keys_us_per_chunk": hashing_us(), "cpus": os.cpu_count(),
-        "load_average_at_start": load_before,
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-    }, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "manager_ops",
+                "prefix_chunks": NUM_CHUNKS,
+                "host_chunks": HOST_CHUNKS,
+                "chunk_bytes": LAYOUT.chunk_bytes,
+                "fs_tier_attached": True,
+                "vllm": version,
+                "statistic": f"best of {args.repeat} (lookup_warm, load) or "
+                f"{max(10, args.repeat // 4)} (lookup_cold, store) repetitions, sides interleaved",
+                **report(figures),
+                "chunk_keys_us_per_chunk": hashing_us(),
+                "cpus": os.cpu_count(),
+                "load_average_at_start": load_before,
+                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                "python": platform.python_version(),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -83,16 +83,25 @@ class Raw:
     def __init__(self, endpoint: str, threads: int) -> None:
         self.threads = threads
         self.obstore = S3Store(
-            BUCKET, endpoint=endpoint, region="us-east-1", access_key_id=ACCESS,
-            secret_access_key=SECRET, client_options={"allow_http": True},
-        )  # fmt: skip
+            BUCKET,
+            endpoint=endpoint,
+            region="us-east-1",
+            access_key_id=ACCESS,
+            secret_access_key=SECRET,
+            client_options={"allow_http": True},
+        )
         self.boto3 = boto3.client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=ACCESS,
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=ACCESS,
             aws_secret_access_key=SECRET,
-            config=Config(max_pool_connections=max(10, threads),
-                          request_checksum_calculation="when_required",
-                          response_checksum_validation="when_required"),
-        )  # fmt: skip
+            config=Config(
+                max_pool_connections=max(10, threads),
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            ),
+        )
 
     def obstore_put(self, data: bytes, n: int) -> float:
         put = lambda i: obstore.put(self.obstore, f"raw/{i}", data, use_multipart=False)  # noqa: E731
@@ -113,8 +122,14 @@ class Raw:
 
 def layout_of(size: int) -> KVLayout:
     """A layout whose chunk is exactly ``size`` bytes (1 MiB per layer: 16 blocks of 64 KiB)."""
-    return KVLayout(num_layers=size >> 20, num_kv_heads=8, head_dim=128,
-                    dtype="float16", block_size=16, blocks_per_chunk=16)  # fmt: skip
+    return KVLayout(
+        num_layers=size >> 20,
+        num_kv_heads=8,
+        head_dim=128,
+        dtype="float16",
+        block_size=16,
+        blocks_per_chunk=16,
+    )
 
 
 def tier_rounds(endpoint: str, size: int, n: int, threads: int) -> tuple[float, float]:
@@ -127,8 +142,14 @@ def tier_rounds(endpoint: str, size: int, n: int, threads: int) -> tuple[float, 
         region.numpy(slot)[:] = rng.integers(0, 256, size, dtype=np.uint8)
         region.numpy(n + slot)[:] = 0  # touched, as a long-lived host region is
     keys = tuple(ChunkKey(rng.bytes(32)) for _ in range(n))
-    config = ObjTierConfig(bucket=BUCKET, endpoint_override=endpoint, access_key=ACCESS,
-                           secret_key=SECRET, io_threads=threads, timeout_s=60.0)  # fmt: skip
+    config = ObjTierConfig(
+        bucket=BUCKET,
+        endpoint_override=endpoint,
+        access_key=ACCESS,
+        secret_key=SECRET,
+        io_threads=threads,
+        timeout_s=60.0,
+    )
     tier = ObjectStoreTier(config, region, identity)
     try:
         store_s = timed(lambda: wait(tier, TransferJob(1, keys, tuple(range(n)))))
@@ -210,11 +231,15 @@ def main() -> None:
     try:
         raw = Raw(endpoint, args.concurrency)
         report: dict[str, Any] = {
-            "benchmark": "obj_tier", "server": "moto (own process, 127.0.0.1)",
-            "python": platform.python_version(), "cpus": _cpus(),
-            "concurrency": args.concurrency, "total_mib": args.total_mib,
-            "clients": {}, "tier": {},
-        }  # fmt: skip
+            "benchmark": "obj_tier",
+            "server": "moto (own process, 127.0.0.1)",
+            "python": platform.python_version(),
+            "cpus": _cpus(),
+            "concurrency": args.concurrency,
+            "total_mib": args.total_mib,
+            "clients": {},
+            "tier": {},
+        }
         for size in SIZES:
             n = max(1, (args.total_mib << 20) // size)
             label = f"{size >> 20}MiB"

@@ -54,8 +54,14 @@ Keys = dict[str, str]  # CURVE key file paths by role; empty: CURVE off
 
 
 def identity_for(chunk_bytes: int) -> CacheIdentity:
-    layout = KVLayout(num_layers=8, num_kv_heads=8, head_dim=128, dtype="bfloat16",
-                      block_size=16, blocks_per_chunk=BLOCKS_PER_CHUNK[chunk_bytes])  # fmt: skip
+    layout = KVLayout(
+        num_layers=8,
+        num_kv_heads=8,
+        head_dim=128,
+        dtype="bfloat16",
+        block_size=16,
+        blocks_per_chunk=BLOCKS_PER_CHUNK[chunk_bytes],
+    )
     return CacheIdentity(model="bench/model", layout=layout)
 
 
@@ -76,16 +82,22 @@ def make_keys(folder: Path) -> Keys:
     client_public, client_secret = write_keypair(folder, "client")
     (folder / "clients").mkdir()
     shutil.copy(client_public, folder / "clients" / "client.public")
-    return {"server_secret": str(server_secret), "server_public": str(server_public),
-            "client_secret": str(client_secret), "clients": str(folder / "clients")}  # fmt: skip
+    return {
+        "server_secret": str(server_secret),
+        "server_public": str(server_public),
+        "client_secret": str(client_secret),
+        "clients": str(folder / "clients"),
+    }
 
 
 # -- serving processes ------------------------------------------------------------------------
 def serve_tier(chunk_bytes: int, n: int, port: int, keys: Keys, conn: Connection) -> None:
     serve: dict[str, Any] = {"port": port}
     if keys:
-        serve |= {"curve_secret_key_file": keys["server_secret"],
-                  "curve_client_keys_dir": keys["clients"]}  # fmt: skip
+        serve |= {
+            "curve_secret_key_file": keys["server_secret"],
+            "curve_client_keys_dir": keys["clients"],
+        }
     config = TieringConfig.from_dict({"cpu_bytes_to_use": (n + 1) * chunk_bytes, "serve": serve})
     with TieringManager(config, identity_for(chunk_bytes)) as manager:
         plan = manager.prepare_store(keys_for(n))
@@ -153,9 +165,13 @@ def raw_dealer(context: zmq.Context[Any], port: int, keys: Keys) -> zmq.Socket[b
 
 
 def peer_tier(chunk_bytes: int, n: int, port: int, keys: Keys) -> PeerTier:
-    config = P2PTierConfig(host="127.0.0.1", port=port, timeout_s=10.0,
-                           curve_secret_key_file=keys.get("client_secret"),
-                           curve_server_key_file=keys.get("server_public"))  # fmt: skip
+    config = P2PTierConfig(
+        host="127.0.0.1",
+        port=port,
+        timeout_s=10.0,
+        curve_secret_key_file=keys.get("client_secret"),
+        curve_server_key_file=keys.get("server_public"),
+    )
     return PeerTier(config, HostRegion(n, chunk_bytes, pin=False), identity_for(chunk_bytes))
 
 
@@ -204,9 +220,12 @@ def summary(payload: int, rounds: list[tuple[float, float]]) -> dict[str, float]
     round's tier/raw throughput ratio, so that load that changes between rounds cancels out."""
     raw_s, tier_s = [r for r, _ in rounds], [t for _, t in rounds]
     mid = statistics.median
-    gbps = {"raw_gbps": payload / mid(raw_s), "tier_gbps": payload / mid(tier_s),
-            "raw_best_gbps": payload / min(raw_s),
-            "tier_best_gbps": payload / min(tier_s)}  # fmt: skip
+    gbps = {
+        "raw_gbps": payload / mid(raw_s),
+        "tier_gbps": payload / mid(tier_s),
+        "raw_best_gbps": payload / min(raw_s),
+        "tier_best_gbps": payload / min(tier_s),
+    }
     ratio = statistics.median(r / t for r, t in rounds)
     return {k: round(v / 1e9, 3) for k, v in gbps.items()} | {"ratio": round(ratio, 3)}
 
@@ -224,9 +243,19 @@ def main() -> None:
             for size in sorted(BLOCKS_PER_CHUNK):
                 rows.append(measure(size, args.total_mib, args.repeats, keys if curve else {}))
     load = [round(load_start, 2), round(os.getloadavg()[0], 2)]
-    print(json.dumps({"benchmark": "p2p_tier", "machine": platform.machine(),
-                      "cpus": os.cpu_count(), "zmq": zmq.zmq_version(), "load": load,
-                      "rows": rows}, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "p2p_tier",
+                "machine": platform.machine(),
+                "cpus": os.cpu_count(),
+                "zmq": zmq.zmq_version(),
+                "load": load,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

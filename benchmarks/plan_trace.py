@@ -59,25 +59,30 @@ def main() -> None:
 
     report = timed(phases, "outputs_s", outputs)
     planned = round(sum(v for k, v in phases.items() if k != "synth_s"), 2)
-    print(json.dumps({
-        "benchmark": "plan_trace",
-        "requests": trace.num_requests,
-        "trace_chunks": trace.num_chunks,
-        "trace_bytes": path.stat().st_size,
-        "chunk_tokens_chosen": analysis.chunk.chunk_tokens,
-        "references_analyzed": len(analysis.stream),
-        "method": analysis.curves["lru"].method,
-        "lru_standard_error": round(analysis.curves["lru"].error, 5),
-        "arc_error": round(analysis.arc_error, 5),
-        "verdict": rec.verdict,
-        "plan_s": planned,
-        "phases_s": phases,
-        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-        "report": report.splitlines(),
-        "cpus": os.cpu_count(),
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-    }, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "plan_trace",
+                "requests": trace.num_requests,
+                "trace_chunks": trace.num_chunks,
+                "trace_bytes": path.stat().st_size,
+                "chunk_tokens_chosen": analysis.chunk.chunk_tokens,
+                "references_analyzed": len(analysis.stream),
+                "method": analysis.curves["lru"].method,
+                "lru_standard_error": round(analysis.curves["lru"].error, 5),
+                "arc_error": round(analysis.arc_error, 5),
+                "verdict": rec.verdict,
+                "plan_s": planned,
+                "phases_s": phases,
+                "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                "report": report.splitlines(),
+                "cpus": os.cpu_count(),
+                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                "python": platform.python_version(),
+            },
+            indent=2,
+        )
+    )
     if not args.keep:
         for file in root.iterdir():
             file.unlink()

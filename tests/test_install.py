@@ -80,14 +80,16 @@ def test_the_version_is_the_package_version():
     assert kvtier.__version__ == PYPROJECT["project"]["version"]
 
 
-def test_the_readme_states_the_fs_tier_defaults_the_code_has():
+def test_the_security_page_states_the_fs_tier_defaults_the_code_has():
+    """(docs/configuration.md's default is checked against the code by tests/docs.)"""
     from kvtier.config import FsTierConfig
 
-    readme = (REPO / "README.md").read_text()
-    default = FsTierConfig(root_dir="/x").dir_mode
-    assert "| `dir_mode` |" in readme and f'`"{default}"` (files 0600) |' in readme
-    security = readme.split("## Security", 1)[1].split("\n## ", 1)[0]
-    assert "directories 0700, files 0600 (`dir_mode`)" in security
+    default = FsTierConfig(root_dir="/x").dir_mode.lstrip("0")
+    files = oct(int(default, 8) & 0o666)[2:]
+    security = (REPO / "docs" / "security.md").read_text()
+    section = security.split("## Files kvtier creates", 1)[1].split("\n## ", 1)[0]
+    assert f"`dir_mode`, 0{default} by default" in section
+    assert f"without execute, 0{files} by default" in section
 
 
 def clone(destination: Path) -> Path:
@@ -109,26 +111,60 @@ def test_a_fresh_clone_builds_and_installs(tmp_path):
     source = clone(tmp_path / "kvtier")
     wheels, venv = tmp_path / "wheels", tmp_path / "venv"
     pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                    "-w", str(wheels), str(source)], check=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [
+            *pip,
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
+        check=True,
+        timeout=600,
+    )
     (wheel,) = wheels.glob("kvtier-*.whl")
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
     )
     python = venv / "bin" / "python"
-    subprocess.run([*pip, "--python", str(python), "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, timeout=600)  # fmt: skip
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
+    subprocess.run(
+        [*pip, "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        timeout=600,
+    )
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "borrowed.pth").write_text(sysconfig.get_path("purelib") + "\n")  # numpy, xxhash...
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([str(venv / "bin" / "kvtier"), "--version"], capture_output=True,
-                            text=True, timeout=120, env=env, cwd=tmp_path)  # fmt: skip
+    result = subprocess.run(
+        [str(venv / "bin" / "kvtier"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == f"kvtier {kvtier.__version__} ({site / 'kvtier'})"
     check = "import kvtier.tiers.fs.native as n, kvtier, importlib.metadata as m; "
     check += "print(n.AVAILABLE, sorted(m.metadata('kvtier').get_all('Provides-Extra')))"
-    result = subprocess.run([str(python), "-c", check], capture_output=True, text=True,
-                            timeout=120, env=env, cwd=tmp_path)  # fmt: skip
+    result = subprocess.run(
+        [str(python), "-c", check],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     compiled = sys.platform.startswith("linux") and shutil.which("cc") is not None
     assert result.stdout.split(" ", 1) == [str(compiled), f"{sorted(EXTRAS)}\n"], result.stderr

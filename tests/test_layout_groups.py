@@ -17,11 +17,20 @@ from kvtier.region import HostRegion
 from kvtier.tiers.memory import MemoryTier
 from tests.conftest import config, make_keys, push_out, read, settle, store
 
-HYBRID = KVLayout(4, 2, 8, "float32", block_size=4, blocks_per_chunk=2, groups=(
-    LayerGroup("full", (1,)), LayerGroup("sliding", (3,), window=9),
-    LayerGroup("latent", (0, 2), latent_dims=(6, 2)),
-    LayerGroup("state", (0, 1), state_shapes=((3, 4), (2, 5))),
-))  # fmt: skip
+HYBRID = KVLayout(
+    4,
+    2,
+    8,
+    "float32",
+    block_size=4,
+    blocks_per_chunk=2,
+    groups=(
+        LayerGroup("full", (1,)),
+        LayerGroup("sliding", (3,), window=9),
+        LayerGroup("latent", (0, 2), latent_dims=(6, 2)),
+        LayerGroup("state", (0, 1), state_shapes=((3, 4), (2, 5))),
+    ),
+)
 
 
 def test_every_layer_kind_has_its_section_and_the_chunk_one_size() -> None:

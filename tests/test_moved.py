@@ -41,7 +41,18 @@ def test_a_moved_packages_submodules_follow_it() -> None:
 def test_the_config_names_users_import_are_still_in_kvtier_config() -> None:
     import kvtier.config as config
 
-    for name in ("TieringConfig", "FsTierConfig", "ObjTierConfig", "P2PTierConfig",
-                 "MemoryTierConfig", "FaultTierConfig", "ExternalTierConfig", "ServeConfig",
-                 "PeerAddress", "KVEventsConfig", "RuntimeConfig", "TIER_CONFIGS"):  # fmt: skip
+    for name in (
+        "TieringConfig",
+        "FsTierConfig",
+        "ObjTierConfig",
+        "P2PTierConfig",
+        "MemoryTierConfig",
+        "FaultTierConfig",
+        "ExternalTierConfig",
+        "ServeConfig",
+        "PeerAddress",
+        "KVEventsConfig",
+        "RuntimeConfig",
+        "TIER_CONFIGS",
+    ):
         assert hasattr(config, name), name

@@ -19,10 +19,19 @@ from kvtier.cli.main import build_parser
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     torch.set_num_threads(1)
-    options = BenchOptions(model="tiny", conversations=(1, 2, 4), device_convs=1.0,
-                           host_convs=2.0, first_prompt_tokens=40, rounds=2, user_turn_tokens=6,
-                           new_tokens=2, block_size=4, blocks_per_chunk=2,
-                           output_dir=str(tmp_path_factory.mktemp("bench")))  # fmt: skip
+    options = BenchOptions(
+        model="tiny",
+        conversations=(1, 2, 4),
+        device_convs=1.0,
+        host_convs=2.0,
+        first_prompt_tokens=40,
+        rounds=2,
+        user_turn_tokens=6,
+        new_tokens=2,
+        block_size=4,
+        blocks_per_chunk=2,
+        output_dir=str(tmp_path_factory.mktemp("bench")),
+    )
     return Bench(options).sweep()
 
 

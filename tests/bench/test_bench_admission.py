@@ -13,10 +13,33 @@ from kvtier.bench.mixed import MixedSpec, MixedWorkload, mixed_schedule
 from kvtier.bench.workload import WorkloadSpec
 from kvtier.cli.main import main
 
-TINY = ["bench", "--admission", "--model", "tiny", "--conversations", "2", "--rounds", "2",
-        "--first-prompt-tokens", "40", "--user-turn-tokens", "6", "--new-tokens", "2",
-        "--block-size", "4", "--blocks-per-chunk", "2", "--device-convs", "1",
-        "--one-shots", "2", "--one-shot-tokens", "24", "--no-progress"]  # fmt: skip
+TINY = [
+    "bench",
+    "--admission",
+    "--model",
+    "tiny",
+    "--conversations",
+    "2",
+    "--rounds",
+    "2",
+    "--first-prompt-tokens",
+    "40",
+    "--user-turn-tokens",
+    "6",
+    "--new-tokens",
+    "2",
+    "--block-size",
+    "4",
+    "--blocks-per-chunk",
+    "2",
+    "--device-convs",
+    "1",
+    "--one-shots",
+    "2",
+    "--one-shot-tokens",
+    "24",
+    "--no-progress",
+]
 POLICIES = ["admit all", "host min_reuse 2", "host frequency 2"]
 
 
@@ -32,8 +55,15 @@ def with_tier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A run whose ``--config`` adds a memory tier (host memory: 16 chunks of 8 KiB)."""
     tmp_path = tmp_path_factory.mktemp("admission")
     config = tmp_path / "kvtier.json"
-    config.write_text(json.dumps({"cpu_bytes_to_use": 16 * 8192, "store_threshold": 3,
-                                  "secondary_tiers": [{"type": "memory", "name": "mem"}]}))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "cpu_bytes_to_use": 16 * 8192,
+                "store_threshold": 3,
+                "secondary_tiers": [{"type": "memory", "name": "mem"}],
+            }
+        )
+    )
     document, _ = run(tmp_path, "--config", str(config))
     return document
 
@@ -104,8 +134,13 @@ def test_metrics_port_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_one_shots_interleave_and_never_repeat() -> None:
-    spec = MixedSpec(WorkloadSpec(3, first_prompt_tokens=8, rounds=2, user_turn_tokens=2,
-                                  new_tokens=1, vocab_size=1000), 4, 10)  # fmt: skip
+    spec = MixedSpec(
+        WorkloadSpec(
+            3, first_prompt_tokens=8, rounds=2, user_turn_tokens=2, new_tokens=1, vocab_size=1000
+        ),
+        4,
+        10,
+    )
     order = mixed_schedule(spec)
     assert len(order) == spec.num_requests == 9 + 12
     for turn in range(3):

@@ -13,8 +13,19 @@ import pytest
 
 from kvtier.cli.main import main
 
-TINY = ["bench", "--quick", "--model", "tiny", "--conversations", "1", "--rounds", "1",
-        "--first-prompt-tokens", "16", "--no-progress"]  # fmt: skip
+TINY = [
+    "bench",
+    "--quick",
+    "--model",
+    "tiny",
+    "--conversations",
+    "1",
+    "--rounds",
+    "1",
+    "--first-prompt-tokens",
+    "16",
+    "--no-progress",
+]
 
 
 def bench(argv, tmp_path, capsys):

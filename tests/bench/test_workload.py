@@ -20,8 +20,14 @@ def test_requests_interleave_turn_by_turn() -> None:
 
 
 def test_prompts_grow_by_the_answer_and_a_user_turn() -> None:
-    spec = WorkloadSpec(num_conversations=2, first_prompt_tokens=20, rounds=2,
-                        user_turn_tokens=5, new_tokens=3, vocab_size=50)  # fmt: skip
+    spec = WorkloadSpec(
+        num_conversations=2,
+        first_prompt_tokens=20,
+        rounds=2,
+        user_turn_tokens=5,
+        new_tokens=3,
+        vocab_size=50,
+    )
     workload = Workload(spec)
     last: dict[int, list[int]] = {}
     for request in workload:

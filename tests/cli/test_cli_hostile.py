@@ -47,10 +47,21 @@ def assert_usage_error(code, err, message):
 
 
 def test_config_check_shows_serve_metrics_and_kv_events(tmp_path, capsys):
-    serve = {"host": "10.0.0.1", "port": 5710, "curve_secret_key_file": "/keys/server.secret",
-             "curve_client_keys_dir": "/keys/clients"}  # fmt: skip
-    path = write(tmp_path, {"cpu_bytes_to_use": 1 << 30, "serve": serve, "metrics_port": 9464,
-                            "kv_events": {"topic": "kv"}})  # fmt: skip
+    serve = {
+        "host": "10.0.0.1",
+        "port": 5710,
+        "curve_secret_key_file": "/keys/server.secret",
+        "curve_client_keys_dir": "/keys/clients",
+    }
+    path = write(
+        tmp_path,
+        {
+            "cpu_bytes_to_use": 1 << 30,
+            "serve": serve,
+            "metrics_port": 9464,
+            "kv_events": {"topic": "kv"},
+        },
+    )
     code, out, _ = check(["config", "check", path], capsys)
     assert code == 0
     assert "tcp://10.0.0.1:5710, CURVE on (secret key /keys/server.secret" in out
@@ -59,8 +70,13 @@ def test_config_check_shows_serve_metrics_and_kv_events(tmp_path, capsys):
 
 
 def test_config_check_never_prints_credentials(tmp_path, capsys):
-    tier = {"type": "obj", "bucket": "b", "access_key": "AKIDHIDDEN", "secret_key": "S3CR3T",
-            "endpoint_override": "http://user:hunter2@minio:9000/?X-Amz-Signature=sig99"}  # fmt: skip
+    tier = {
+        "type": "obj",
+        "bucket": "b",
+        "access_key": "AKIDHIDDEN",
+        "secret_key": "S3CR3T",
+        "endpoint_override": "http://user:hunter2@minio:9000/?X-Amz-Signature=sig99",
+    }
     path = write(tmp_path, {"cpu_bytes_to_use": 1 << 30, "secondary_tiers": [tier]})
     code, out, err = check(["config", "check", path], capsys)
     assert code == 0 and "endpoint_override=http://***@minio:9000/?***" in out
@@ -71,8 +87,11 @@ def test_config_check_never_prints_credentials(tmp_path, capsys):
 def test_config_check_warns_about_memory_and_exposure(tmp_path, capsys):
     physical = physical_memory_bytes()
     assert physical is not None
-    data = {"cpu_bytes_to_use": 2 * physical, "serve": {"host": "0.0.0.0", "port": 5710},
-            "kv_events": {"endpoint": "tcp://*:5557"}}  # fmt: skip
+    data = {
+        "cpu_bytes_to_use": 2 * physical,
+        "serve": {"host": "0.0.0.0", "port": 5710},
+        "kv_events": {"endpoint": "tcp://*:5557"},
+    }
     code, out, err = check(["config", "check", write(tmp_path, data)], capsys)
     assert code == 0 and "host tier:" in out
     assert "kvtier: warning: cpu_bytes_to_use" in err and "physical memory" in err
@@ -162,16 +181,23 @@ def test_events_skips_malformed_batches_and_goes_on():
     publisher.setsockopt(zmq.LINGER, 0)
     publisher.bind("tcp://127.0.0.1:*")
     endpoint = publisher.getsockopt_string(zmq.LAST_ENDPOINT)
-    printer = subprocess.Popen([*CLI, "events", "--connect", endpoint, "--timeout", "3"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    printer = subprocess.Popen(
+        [*CLI, "events", "--connect", endpoint, "--timeout", "3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert publisher.poll(60_000), "the subscription never arrived"
         publisher.recv()
         assert read_stderr_line(printer, 60) == f"kvtier events: subscribed to {endpoint}\n"
         key = ChunkKey(bytes(range(32)))
         good = encode_batch([KVEvent(0, EventKind.STORED, key, "accelerator", "host")], 4, 1.0)
-        for frames in ([b"", (0).to_bytes(8, "big"), b"\xc1 not msgpack"], [b"", b"two"],
-                       [b"", b"short", good], [b"", (1).to_bytes(8, "big"), good]):  # fmt: skip
+        for frames in (
+            [b"", (0).to_bytes(8, "big"), b"\xc1 not msgpack"],
+            [b"", b"two"],
+            [b"", b"short", good],
+            [b"", (1).to_bytes(8, "big"), good],
+        ):
             publisher.send_multipart(frames)
         out, err = printer.communicate(timeout=120)
     finally:

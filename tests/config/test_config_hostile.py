@@ -163,10 +163,15 @@ def test_good_hosts_endpoints_and_urls_pass():
         "kv_events": {"endpoint": "tcp://[::1]:5557", "topic": ""},
         "secondary_tiers": [
             {"type": "p2p", "peers": [{"host": "node-1.example.com", "port": 5710}]},
-            {"type": "obj", "bucket": "b", "endpoint_override": "https://[::1]:9000",
-             "reconnect_min_s": 1, "reconnect_max_s": 1},
+            {
+                "type": "obj",
+                "bucket": "b",
+                "endpoint_override": "https://[::1]:9000",
+                "reconnect_min_s": 1,
+                "reconnect_max_s": 1,
+            },
         ],
-    }  # fmt: skip
+    }
     parsed = TieringConfig.from_dict({"cpu_bytes_to_use": 4096, **extra})
     assert parsed.kv_events is not None and parsed.kv_events.topic == ""
 

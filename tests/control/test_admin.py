@@ -75,9 +75,13 @@ def test_the_admin_endpoint_is_off_by_default(identity):
 def test_the_admin_endpoint_refuses_a_metrics_address_beyond_loopback():
     with pytest.raises(ConfigError, match="metrics_admin"):
         TieringConfig.from_dict(
-            {"cpu_bytes_to_use": 1 << 20, "metrics_port": 9464, "metrics_host": "0.0.0.0",
-             "metrics_admin": True}
-        )  # fmt: skip
+            {
+                "cpu_bytes_to_use": 1 << 20,
+                "metrics_port": 9464,
+                "metrics_host": "0.0.0.0",
+                "metrics_admin": True,
+            }
+        )
 
 
 def test_the_admin_endpoint_without_a_metrics_port_is_refused():
@@ -89,8 +93,11 @@ def test_a_client_that_is_not_loopback_is_refused(served):
     m, _ = served
     app = admin_app(m)
     statuses = []
-    environ = {"PATH_INFO": "/admin/tiers/fs/disable", "REQUEST_METHOD": "POST",
-               "REMOTE_ADDR": "10.1.2.3"}  # fmt: skip
+    environ = {
+        "PATH_INFO": "/admin/tiers/fs/disable",
+        "REQUEST_METHOD": "POST",
+        "REMOTE_ADDR": "10.1.2.3",
+    }
     app(environ, lambda status, headers: statuses.append(status))  # type: ignore[arg-type]
     assert statuses == ["403 Forbidden"] and m.stats()["disabled_tiers"] == []
 
@@ -98,8 +105,9 @@ def test_a_client_that_is_not_loopback_is_refused(served):
 def test_a_tier_named_beyond_ascii_is_switched_by_its_utf8_path(identity):
     port = free_port()
     tiers = [{"type": "memory", "name": "cach\u00e9"}]
-    with TieringManager(config(2, secondary_tiers=tiers, metrics_port=port,
-                               metrics_admin=True), identity) as m:  # fmt: skip
+    with TieringManager(
+        config(2, secondary_tiers=tiers, metrics_port=port, metrics_admin=True), identity
+    ) as m:
         status, body = call(port, "/admin/tiers/cach%C3%A9/disable", "POST")
         assert (status, body["tier"]) == (200, "cach\u00e9")
         assert m.tier_states() == ([], ["cach\u00e9"])
@@ -110,8 +118,11 @@ def test_a_closed_manager_answers_503_and_switches_nothing(served):
     m, _ = served
     m.close()
     statuses = []
-    environ = {"PATH_INFO": "/admin/tiers/fs/disable", "REQUEST_METHOD": "POST",
-               "REMOTE_ADDR": "127.0.0.1"}  # fmt: skip
+    environ = {
+        "PATH_INFO": "/admin/tiers/fs/disable",
+        "REQUEST_METHOD": "POST",
+        "REMOTE_ADDR": "127.0.0.1",
+    }
     admin_app(m)(environ, lambda status, headers: statuses.append(status))  # type: ignore[arg-type]
     assert statuses == ["503 Service Unavailable"] and m.tier_states() == (["fs"], [])
 

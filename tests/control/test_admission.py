@@ -145,8 +145,11 @@ def test_a_tier_named_host_is_refused_while_admission_is_configured(identity, tm
 
 def test_a_policy_of_your_own_by_module_path(identity):
     keys = make_keys(identity, 16)
-    plugin = {"module_path": "tests.plugins.admission_policy", "type": "EvenFirstByte",
-              "options": {"parity": 1}}  # fmt: skip
+    plugin = {
+        "module_path": "tests.plugins.admission_policy",
+        "type": "EvenFirstByte",
+        "options": {"parity": 1},
+    }
     with TieringManager(config(16, admission=[plugin]), identity) as m:
         kept = offer(m, keys)
         assert kept == [k for k in keys if k[0] % 2 == 1]
@@ -156,8 +159,12 @@ def test_a_policy_of_your_own_by_module_path(identity):
 def test_an_entry_with_a_policy_of_your_own_and_rules_applies_both(identity):
     """One entry with module_path and min_reuse 2: its min_reuse was silently ignored."""
     keys = make_keys(identity, 16)
-    entry = {"module_path": "tests.plugins.admission_policy", "type": "EvenFirstByte",
-             "options": {"parity": 1}, "min_reuse": 2}  # fmt: skip
+    entry = {
+        "module_path": "tests.plugins.admission_policy",
+        "type": "EvenFirstByte",
+        "options": {"parity": 1},
+        "min_reuse": 2,
+    }
     with TieringManager(config(16, admission=[entry]), identity) as m:
         assert offer(m, keys) == []
         assert dropped(m, "host", "min_reuse") == 16
@@ -170,8 +177,11 @@ def test_a_broken_policy_drops_its_offers_and_never_fails_the_engine(identity, t
     """Host memory's policy and the fs tier's both broken: every chunk is recomputed, counted
     as the policy's error, and the manager keeps serving (no hold or write left behind)."""
     keys = make_keys(identity, 4)
-    broken = {"module_path": "tests.plugins.admission_policy", "type": "Broken",
-              "options": {"mode": mode}}  # fmt: skip
+    broken = {
+        "module_path": "tests.plugins.admission_policy",
+        "type": "Broken",
+        "options": {"mode": mode},
+    }
     cfg = config(4, secondary_tiers=[fs(tmp_path)], admission=[broken, broken | {"level": "fs"}])
     with TieringManager(cfg, identity) as m:
         assert offer(m, keys) == []

@@ -269,8 +269,9 @@ def test_a_tier_disabled_by_hand_is_never_switched_on_by_the_guard():
 def test_a_request_budget_trips_one_tier_for_one_breach():
     """TTFT slow for 30 s, fine from the moment the newest tier is off: the samples from before
     that switch do not go on to trip the next tier (they say nothing about it)."""
-    g, clock = guard(ttft_p99_s=1.0, window_s=60.0, sustain_s=30.0, cooldown_s=120.0,
-                     min_samples=20)  # fmt: skip
+    g, clock = guard(
+        ttft_p99_s=1.0, window_s=60.0, sustain_s=30.0, cooldown_s=120.0, min_samples=20
+    )
     enabled, switches = ["fs", "obj"], []
     for second in range(120):
         clock.now = 1000.0 + second
@@ -286,8 +287,15 @@ def test_a_request_budget_trips_one_tier_for_one_breach():
 def test_two_budgets_broken_by_one_tier_switch_off_that_tier_only(second):
     """TTFT and a second budget slow while the newest tier serves, both fine once it is off:
     the second budget's samples from before that switch do not go on to trip the next tier."""
-    g, clock = guard(ttft_p99_s=1.0, itl_p99_s=0.1, promotion_p99_s=0.1, window_s=60.0,
-                     sustain_s=30.0, cooldown_s=120.0, min_samples=20)  # fmt: skip
+    g, clock = guard(
+        ttft_p99_s=1.0,
+        itl_p99_s=0.1,
+        promotion_p99_s=0.1,
+        window_s=60.0,
+        sustain_s=30.0,
+        cooldown_s=120.0,
+        min_samples=20,
+    )
     enabled, switches = ["fs", "obj"], []
     for tick in range(120):
         clock.now = 1000.0 + tick
@@ -305,8 +313,13 @@ def test_two_budgets_broken_by_one_tier_switch_off_that_tier_only(second):
 def test_a_tier_the_guard_tripped_is_in_the_operators_hands_once_switched_by_hand(identity):
     """The guard switched the tier off; the operator switched it back on, then off again: the
     guard's old cool-down does not switch it on behind the operator's back."""
-    slo = {"ttft_p99_s": 1.0, "window_s": 0.05, "sustain_s": 0.01, "cooldown_s": 0.05,
-           "min_samples": 1}  # fmt: skip
+    slo = {
+        "ttft_p99_s": 1.0,
+        "window_s": 0.05,
+        "sustain_s": 0.01,
+        "cooldown_s": 0.05,
+        "min_samples": 1,
+    }
     with TieringManager(config(2, slo_guard=slo), identity, tiers=[slow_memory]) as m:
 
         def tripped() -> bool:  # a fresh slow sample each time: never out of the window
@@ -352,8 +365,13 @@ def test_guard_settings_are_checked(bad):
 def test_a_tier_turning_slow_is_switched_off_then_back_on_when_healthy(identity):
     """Promotions from a tier that turns slow mid-run trip the guard: lookups stop waiting on
     it. Once it is fast again it returns after its cool-down and serves promotions."""
-    slo = {"promotion_p99_s": 0.1, "window_s": 1.0, "sustain_s": 0.2, "cooldown_s": 0.5,
-           "min_samples": 2}  # fmt: skip
+    slo = {
+        "promotion_p99_s": 0.1,
+        "window_s": 1.0,
+        "sustain_s": 0.2,
+        "cooldown_s": 0.5,
+        "min_samples": 2,
+    }
     with TieringManager(config(4, slo_guard=slo), identity, tiers=[slow_memory]) as m:
         slow = m.tiers[0]
         prefixes = [make_keys(identity, 1, seed=s) for s in range(40)]

@@ -78,9 +78,11 @@ def test_tiers_that_do_not_signal_are_polled(region, identity):
 
 
 def test_lookup_then_wait_progress_settles_a_promotion(identity):
-    m = TieringManager(config(4), identity, tiers=[
-        lambda region, identity: MemoryTier(MemoryTierConfig(), region, identity)
-    ])  # fmt: skip
+    m = TieringManager(
+        config(4),
+        identity,
+        tiers=[lambda region, identity: MemoryTier(MemoryTierConfig(), region, identity)],
+    )
     try:
         keys = make_keys(identity, 4)
         store(m, keys)

@@ -28,9 +28,11 @@ def test_held_chunks_are_promoted_while_a_later_key_is_still_probed(identity):
     """The prefix needs the chunks held before the probed key whatever the probe finds, so
     their promotion starts with the probe instead of after it; the answer stays exact."""
     keys = make_keys(identity, 4)
-    m = TieringManager(config(8), identity, tiers=[
-        lambda region, identity: Probing(MemoryTier(MemoryTierConfig(), region, identity))
-    ])  # fmt: skip
+    m = TieringManager(
+        config(8),
+        identity,
+        tiers=[lambda region, identity: Probing(MemoryTier(MemoryTierConfig(), region, identity))],
+    )
     tier = m.tiers[0]
     assert isinstance(tier, Probing)
     try:

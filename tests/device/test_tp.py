@@ -23,8 +23,15 @@ from kvtier.layout import LayerGroup
 from kvtier.region import ALIGNMENT, HostRegion, round_up
 from kvtier.tiers.base import RETRY
 
-SHAPE = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 256}  # fmt: skip
+SHAPE = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 256,
+}
 CHUNKS, EXTRA = 3, 5  # prompt: 3 chunks of 8 tokens, then 5 more tokens to run
 
 
@@ -182,10 +189,19 @@ def owned_mask(layout: KVLayout, rank: int, tp_size: int) -> np.ndarray:
     return mask
 
 
-HYBRID = KVLayout(3, 4, 8, "float32", block_size=4, blocks_per_chunk=2, groups=(
-    LayerGroup("full", (0,)), LayerGroup("latent", (1,), latent_dims=(6, 2)),
-    LayerGroup("state", (0, 2), state_shapes=((3, 4),)),
-))  # fmt: skip
+HYBRID = KVLayout(
+    3,
+    4,
+    8,
+    "float32",
+    block_size=4,
+    blocks_per_chunk=2,
+    groups=(
+        LayerGroup("full", (0,)),
+        LayerGroup("latent", (1,), latent_dims=(6, 2)),
+        LayerGroup("state", (0, 2), state_shapes=((3, 4),)),
+    ),
+)
 
 
 @pytest.mark.parametrize(
@@ -215,7 +231,9 @@ def test_heads_are_shared_out_or_replicated() -> None:
     assert [layout.rank_heads(r, 4) for r in range(4)] == [range(r, r + 1) for r in range(4)]
     assert [two.rank_heads(r, 4) for r in range(4)] == [range(0, 1)] * 2 + [range(1, 2)] * 2
     assert [two.rank_writes(r, 4, "attention") for r in range(4)] == [True, False, True, False]
-    assert layout.rank_runs(1, 2) == [(2 * layout.head_bytes, 2 * layout.head_bytes),
-                                      (6 * layout.head_bytes, 2 * layout.head_bytes)]  # fmt: skip
+    assert layout.rank_runs(1, 2) == [
+        (2 * layout.head_bytes, 2 * layout.head_bytes),
+        (6 * layout.head_bytes, 2 * layout.head_bytes),
+    ]
     with pytest.raises(ConfigError):
         KVLayout(2, 4, 8, "float32", 4, 2).rank_heads(0, 3)

@@ -29,8 +29,9 @@ def random_kv(
     ]
 
 
-def reference_slot_bytes(kv: list[tuple[torch.Tensor, torch.Tensor]], layout: KVLayout,
-                         chunk: int) -> bytes:  # fmt: skip
+def reference_slot_bytes(
+    kv: list[tuple[torch.Tensor, torch.Tensor]], layout: KVLayout, chunk: int
+) -> bytes:
     """Slot bytes built page by page from KVLayout's offsets, independently of transfer.py."""
     out = bytearray(layout.chunk_bytes)
     for layer, (k, v) in enumerate(kv):

@@ -14,8 +14,15 @@ from kvtier import CacheIdentity, TieringConfig, TieringManager
 from kvtier.integrations.transformers import identity_for, layout_for
 from kvtier.region import ALIGNMENT, round_up
 
-SHAPE = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}  # fmt: skip
+SHAPE = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
 BLOCK_SIZE, BLOCKS_PER_CHUNK = 4, 2  # 8 tokens per chunk
 
 
@@ -39,8 +46,12 @@ def identity(model: Any) -> CacheIdentity:
 
 def tier_config(kind: str, root: Path) -> dict[str, Any]:
     if kind == "fs":
-        return {"type": "fs", "root_dir": str(root / "kv"), "n_read_threads": 2,
-                "n_write_threads": 2}  # fmt: skip
+        return {
+            "type": "fs",
+            "root_dir": str(root / "kv"),
+            "n_read_threads": 2,
+            "n_write_threads": 2,
+        }
     if kind == "failing":
         return {"type": "fault", "inner": {"type": "memory"}, "fail_load": True}
     return {"type": kind}
@@ -50,8 +61,11 @@ def manager(
     identity: CacheIdentity, host_slots: int, tiers: list[dict[str, Any]], policy: str = "lru"
 ) -> TieringManager:
     stride = round_up(identity.layout.chunk_bytes, ALIGNMENT)
-    config = {"cpu_bytes_to_use": host_slots * stride, "secondary_tiers": tiers,
-              "eviction_policy": policy}  # fmt: skip
+    config = {
+        "cpu_bytes_to_use": host_slots * stride,
+        "secondary_tiers": tiers,
+        "eviction_policy": policy,
+    }
     return TieringManager(TieringConfig.from_dict(config), identity)
 
 

@@ -21,8 +21,15 @@ from kvtier.integrations.transformers import TieredModel, identity_for, layout_f
 from .conftest import BLOCK_SIZE, BLOCKS_PER_CHUNK, manager, tier_config
 from .test_transformers import assert_like_recompute, prompt, serve
 
-SHAPE = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}  # fmt: skip
+SHAPE = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
 MAMBA2 = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 8}
 WINDOW = 12  # tokens a sliding-window query sees: resuming needs the last 11, i.e. 2 chunks
 

@@ -180,9 +180,16 @@ def test_identity_follows_the_weights() -> None:
 def test_sliding_window_layers_get_their_own_group() -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
-                         sliding_window=16, max_window_layers=1)  # fmt: skip
+    config = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=16,
+        max_window_layers=1,
+    )
     layout = layout_for(Qwen2ForCausalLM(config), BLOCK_SIZE, BLOCKS_PER_CHUNK)
     assert [(g.kind, g.layers, g.window) for g in layout.groups] == [
         ("full", (0,), 0),
@@ -194,8 +201,14 @@ def test_sliding_window_layers_get_their_own_group() -> None:
 def test_unsupported_layer_types_are_refused() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, attention_chunk_size=16)  # fmt: skip
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attention_chunk_size=16,
+    )
     with pytest.raises(ConfigError, match="chunked_attention"):
         layout_for(LlamaForCausalLM(config), BLOCK_SIZE, BLOCKS_PER_CHUNK)
 

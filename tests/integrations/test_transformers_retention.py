@@ -76,9 +76,18 @@ def test_an_expired_priority_falls_back_to_the_default(model: Any, identity: Cac
     assert sources == {"accelerator": 0, "recomputed": 37}
 
 
-@pytest.mark.parametrize("retention", [{"priority": 101}, {"priority": -1}, {"priority": [90]},
-                                       {"priority": True}, {"priority": 50.0},
-                                       {"duration_s": 0.0}, {"duration_s": float("nan")}])  # fmt: skip
+@pytest.mark.parametrize(
+    "retention",
+    [
+        {"priority": 101},
+        {"priority": -1},
+        {"priority": [90]},
+        {"priority": True},
+        {"priority": 50.0},
+        {"duration_s": 0.0},
+        {"duration_s": float("nan")},
+    ],
+)
 def test_bad_retention_is_refused_before_any_work(
     model: Any, identity: CacheIdentity, retention: dict[str, Any]
 ) -> None:
@@ -94,8 +103,11 @@ def test_every_request_reports_its_latencies(
 ) -> None:
     with build(identity, host_slots=8) as manager:
         reported: list[tuple[float | None, float | None]] = []
-        monkeypatch.setattr(manager, "report_request",
-                            lambda ttft_s=None, itl_s=None: reported.append((ttft_s, itl_s)))  # fmt: skip
+        monkeypatch.setattr(
+            manager,
+            "report_request",
+            lambda ttft_s=None, itl_s=None: reported.append((ttft_s, itl_s)),
+        )
         tiered = TieredModel(model, identity, manager)
         several = tiered.generate(prompt(20, seed=1), NEW_TOKENS)
         one = tiered.generate(prompt(20, seed=2), 1)
@@ -107,8 +119,9 @@ def test_every_request_reports_its_latencies(
 def test_the_slo_guard_trips_on_reported_ttft(model: Any, identity: CacheIdentity) -> None:
     """A TTFT budget no request can meet (1 ns) switches the newest tier off."""
     guard = {"ttft_p99_s": 1e-9, "min_samples": 1, "sustain_s": 1e-6, "cooldown_s": 3600}
-    with build(identity, host_slots=8, slo_guard=guard,
-               secondary_tiers=[{"type": "memory"}]) as manager:  # fmt: skip
+    with build(
+        identity, host_slots=8, slo_guard=guard, secondary_tiers=[{"type": "memory"}]
+    ) as manager:
         tiered = TieredModel(model, identity, manager)
         for seed in range(3):
             serve(tiered, prompt(20, seed=seed))

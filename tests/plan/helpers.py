@@ -18,14 +18,18 @@ def key(*parts: int) -> int:
 def cyclic_docs(docs: int, chunks: int, requests: int, chunk_tokens: int) -> Trace:
     """Request i reads document i % docs (``chunks`` full chunks + 10 tokens): LRU reuse
     distance ``docs * chunks - 1`` chunks for every reuse."""
-    rows = [(float(i), chunks * chunk_tokens + 10, [key(i % docs, c) for c in range(chunks)])
-            for i in range(requests)]  # fmt: skip
+    rows = [
+        (float(i), chunks * chunk_tokens + 10, [key(i % docs, c) for c in range(chunks)])
+        for i in range(requests)
+    ]
     return Trace.from_requests(rows, chunk_tokens)
 
 
 def unique_prompts(requests: int, chunks: int, chunk_tokens: int) -> Trace:
-    rows = [(float(i), chunks * chunk_tokens + 3, [key(-1, i, c) for c in range(chunks)])
-            for i in range(requests)]  # fmt: skip
+    rows = [
+        (float(i), chunks * chunk_tokens + 3, [key(-1, i, c) for c in range(chunks)])
+        for i in range(requests)
+    ]
     return Trace.from_requests(rows, chunk_tokens)
 
 

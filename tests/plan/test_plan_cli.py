@@ -34,9 +34,21 @@ def test_synth_plan_and_emitted_config(
         run(capsys, "trace", "synth", "--kind", "mix", "--requests", "1500", "--out", str(trace))[0]
         == 0
     )
-    code, out, err = run(capsys, "plan", str(trace), "--output-dir", str(tmp_path / "out"),
-                         "--host-memory", "12GiB", "--process-bytes", "4GiB", "--device-bytes", "1GiB",
-                         "--emit-config", str(config))  # fmt: skip
+    code, out, err = run(
+        capsys,
+        "plan",
+        str(trace),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--host-memory",
+        "12GiB",
+        "--process-bytes",
+        "4GiB",
+        "--device-bytes",
+        "1GiB",
+        "--emit-config",
+        str(config),
+    )
     assert code == 0, err
     assert "verdict: " in out and "--kv-transfer-config" in out
     loaded = TieringConfig.from_json(config.read_text())
@@ -53,8 +65,9 @@ def test_synth_plan_and_emitted_config(
         assert [a.min_reuse for a in loaded.admission] == [2]
 
 
-def assert_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: dict[str, Any],
-                  target: str) -> None:  # fmt: skip
+def assert_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: dict[str, Any], target: str
+) -> None:
     """``flag`` passes ``kvtier config check`` for ``target`` and kvtier's engine runtime, and
     its tiers are kvtier's (vLLM's own ``fs`` takes no ``max_bytes``)."""
     path = tmp_path / "vllm.json"
@@ -72,11 +85,33 @@ def test_emitted_config_keeps_a_base_config(
 ) -> None:
     trace, base, out_config = tmp_path / "rag.jsonl", tmp_path / "base.json", tmp_path / "new.json"
     run(capsys, "trace", "synth", "--kind", "rag", "--requests", "800", "--out", str(trace))
-    base.write_text(json.dumps({"cpu_bytes_to_use": 1 << 30, "metrics_port": 9464,
-                                "secondary_tiers": [{"type": "fs", "root_dir": "/data/kv", "fsync": True}]}))  # fmt: skip
-    code, _, err = run(capsys, "plan", str(trace), "--output-dir", str(tmp_path), "--no-chart",
-                       "--host-memory", "6GiB", "--process-bytes", "4GiB", "--device-bytes", "256MiB",
-                       "--config", str(base), "--emit-config", str(out_config))  # fmt: skip
+    base.write_text(
+        json.dumps(
+            {
+                "cpu_bytes_to_use": 1 << 30,
+                "metrics_port": 9464,
+                "secondary_tiers": [{"type": "fs", "root_dir": "/data/kv", "fsync": True}],
+            }
+        )
+    )
+    code, _, err = run(
+        capsys,
+        "plan",
+        str(trace),
+        "--output-dir",
+        str(tmp_path),
+        "--no-chart",
+        "--host-memory",
+        "6GiB",
+        "--process-bytes",
+        "4GiB",
+        "--device-bytes",
+        "256MiB",
+        "--config",
+        str(base),
+        "--emit-config",
+        str(out_config),
+    )
     assert code == 0, err
     emitted = json.loads(out_config.read_text())
     assert emitted["metrics_port"] == 9464
@@ -94,8 +129,9 @@ def test_emitted_config_keeps_a_base_config(
         (b'{"kvtier_trace": 9}\n', "version 9"),
     ],
 )
-def test_bad_traces_are_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                      content: bytes, message: str) -> None:  # fmt: skip
+def test_bad_traces_are_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str
+) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_bytes(content)
     code, _, err = run(capsys, "plan", str(path), "--output-dir", str(tmp_path))
@@ -126,16 +162,37 @@ def test_unique_prompts_at_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_calibrate_from_a_bench_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bench = tmp_path / "bench.json"
-    row = {"conversations": 24, "throughput_tok_s": 5000.0, "seconds": 10.0,
-           "prompt_tokens_from": {"fs": 100_000, "host": 10, "recomputed": 5}}  # fmt: skip
-    bench.write_text(json.dumps({
-        "capacities": {"chunk_bytes": 65536, "chunk_tokens": 64}, "strategies": ["recompute", "host", "host+fs", "ceiling"],
-        "results": [{**row, "strategy": "recompute"}, {**row, "strategy": "host+fs", "seconds": 12.0},
-                    {**row, "strategy": "ceiling", "seconds": 11.0}]}))  # fmt: skip
+    row = {
+        "conversations": 24,
+        "throughput_tok_s": 5000.0,
+        "seconds": 10.0,
+        "prompt_tokens_from": {"fs": 100_000, "host": 10, "recomputed": 5},
+    }
+    bench.write_text(
+        json.dumps(
+            {
+                "capacities": {"chunk_bytes": 65536, "chunk_tokens": 64},
+                "strategies": ["recompute", "host", "host+fs", "ceiling"],
+                "results": [
+                    {**row, "strategy": "recompute"},
+                    {**row, "strategy": "host+fs", "seconds": 12.0},
+                    {**row, "strategy": "ceiling", "seconds": 11.0},
+                ],
+            }
+        )
+    )
     trace = tmp_path / "c.jsonl"
     run(capsys, "trace", "synth", "--kind", "chat", "--requests", "200", "--out", str(trace))
-    code, out, err = run(capsys, "plan", str(trace), "--output-dir", str(tmp_path), "--no-chart",
-                         "--calibrate", str(bench))  # fmt: skip
+    code, out, err = run(
+        capsys,
+        "plan",
+        str(trace),
+        "--output-dir",
+        str(tmp_path),
+        "--no-chart",
+        "--calibrate",
+        str(bench),
+    )
     assert code == 0, err
     assert "prefill 5,000 tokens/s, fs read 0.10 GB/s" in out  # 100k tokens x 1 KiB in 1 s
 
@@ -143,8 +200,19 @@ def test_calibrate_from_a_bench_json(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_calibrate_measures_the_fs_tier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "c.jsonl"
     run(capsys, "trace", "synth", "--kind", "chat", "--requests", "200", "--out", str(trace))
-    code, out, err = run(capsys, "plan", str(trace), "--output-dir", str(tmp_path), "--no-chart",
-                         "--calibrate", "--calibrate-dir", str(tmp_path), "--bytes-per-token", "4096")  # fmt: skip
+    code, out, err = run(
+        capsys,
+        "plan",
+        str(trace),
+        "--output-dir",
+        str(tmp_path),
+        "--no-chart",
+        "--calibrate",
+        "--calibrate-dir",
+        str(tmp_path),
+        "--bytes-per-token",
+        "4096",
+    )
     assert code == 0, err
     assert "fs tier measured in" in out
 
@@ -159,8 +227,19 @@ def mix(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def plan_line(
     capsys: pytest.CaptureFixture[str], trace: Path, out: Path, *argv: str
 ) -> tuple[str, dict[str, Any]]:
-    code, text, err = run(capsys, "plan", str(trace), "--output-dir", str(out), "--no-chart",
-                          "--device-bytes", "1GiB", "--emit-vllm", str(out / "vllm.json"), *argv)  # fmt: skip
+    code, text, err = run(
+        capsys,
+        "plan",
+        str(trace),
+        "--output-dir",
+        str(out),
+        "--no-chart",
+        "--device-bytes",
+        "1GiB",
+        "--emit-vllm",
+        str(out / "vllm.json"),
+        *argv,
+    )
     assert code == 0, err
     flag = json.loads(text.split("--kv-transfer-config '")[1].split("'")[0])
     assert flag == json.loads((out / "vllm.json").read_text())
@@ -172,8 +251,21 @@ def plan_line(
     [("vllm-cpu", "CPUTieringOffloadingSpec", 128), ("vllm-cuda", "TieringOffloadingSpec", 16)],
 )
 def test_the_vllm_line_starts_its_target(tmp_path, capsys, mix, target, spec, block):
-    text, flag = plan_line(capsys, mix, tmp_path, "--target", target, "--host-memory", "12GiB",
-                           "--process-bytes", "10GiB", "--page-cache-bytes", "0", "--fs-root", "/kv")  # fmt: skip
+    text, flag = plan_line(
+        capsys,
+        mix,
+        tmp_path,
+        "--target",
+        target,
+        "--host-memory",
+        "12GiB",
+        "--process-bytes",
+        "10GiB",
+        "--page-cache-bytes",
+        "0",
+        "--fs-root",
+        "/kv",
+    )
     assert f"vLLM target:   {target} (--target)" in text
     extra = flag["kv_connector_extra_config"]
     assert extra["spec_name"] == spec and extra["block_size"] % block == 0

@@ -101,11 +101,22 @@ def test_captured_kv_events_become_requests() -> None:
         [1.0, [stored([1, 2, 3], None)]],
         [1.2, [stored([4], 3)]],  # decode continues the request stored 0.2 s earlier
         [5.0, [stored([5, 6], 2), stored([99], None, medium="CPU")]],  # a new request on 1-2
-        [6.0, [{"type": "BlockStored", "block_hashes": [b"\x00" * 7 + b"\x07"], "parent_block_hash": 6,
-                "block_size": 16, "medium": "GPU"}, ["BlockRemoved", [1], "GPU"]]],
+        [
+            6.0,
+            [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [b"\x00" * 7 + b"\x07"],
+                    "parent_block_hash": 6,
+                    "block_size": 16,
+                    "medium": "GPU",
+                },
+                ["BlockRemoved", [1], "GPU"],
+            ],
+        ],
         [7.0, [stored([], None), "junk"]],
         "not a batch",
-    ]  # fmt: skip
+    ]
     capture = io.BytesIO(b"".join(msgpack.packb(b) for b in batches) + b"\xc1\xc1")
     out = io.StringIO()
     converter = convert(capture, out, "GPU", merge_within=1.0)

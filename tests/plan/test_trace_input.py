@@ -32,8 +32,12 @@ def test_a_written_trace_reads_back(tmp_path: Path) -> None:
 
 def test_token_ids_become_chained_keys(tmp_path: Path) -> None:
     tokens = list(range(40))
-    path = write(tmp_path / "t.jsonl", json.dumps({"kvtier_trace": 1, "chunk_tokens": 8}),
-                 json.dumps({"t": 0, "tokens": tokens}), json.dumps({"t": 1, "tokens": tokens[:17]}))  # fmt: skip
+    path = write(
+        tmp_path / "t.jsonl",
+        json.dumps({"kvtier_trace": 1, "chunk_tokens": 8}),
+        json.dumps({"t": 0, "tokens": tokens}),
+        json.dumps({"t": 1, "tokens": tokens[:17]}),
+    )
     trace = read_trace(path)
     assert trace.keys.tolist() == keys_of_tokens(np.array(tokens), 8) + keys_of_tokens(
         np.array(tokens[:17]), 8
@@ -44,12 +48,21 @@ def test_token_ids_become_chained_keys(tmp_path: Path) -> None:
 def test_bad_lines_are_skipped_and_counted(tmp_path: Path) -> None:
     good = json.dumps({"t": 1, "prompt_tokens": 16, "chunks": ["00000000000000ff"]})
     path = write(
-        tmp_path / "t.jsonl", good, "not json", "[1, 2]", '{"t": NaN, "tokens": [1]}',
-        '{"t": -1, "tokens": [1]}', '{"t": 1}', '{"t": 1, "prompt_tokens": 16, "chunks": ["xyz"]}',
+        tmp_path / "t.jsonl",
+        good,
+        "not json",
+        "[1, 2]",
+        '{"t": NaN, "tokens": [1]}',
+        '{"t": -1, "tokens": [1]}',
+        '{"t": 1}',
+        '{"t": 1, "prompt_tokens": 16, "chunks": ["xyz"]}',
         '{"t": 1, "prompt_tokens": 99, "chunks": ["00000000000000ff"]}',
-        '{"t": 1, "tokens": [1, "a"]}', '{"t": 1, "tokens": [1], "output_tokens": -3}',
-        "[" * 100_000, b"\xff\xfe\x00garbage\n", good,
-    )  # fmt: skip
+        '{"t": 1, "tokens": [1, "a"]}',
+        '{"t": 1, "tokens": [1], "output_tokens": -3}',
+        "[" * 100_000,
+        b"\xff\xfe\x00garbage\n",
+        good,
+    )
     trace = read_trace(path)
     assert trace.num_requests == 2
     assert sum(trace.skipped.values()) == 11

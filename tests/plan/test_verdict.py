@@ -10,8 +10,14 @@ from tests.plan.helpers import cyclic_docs, unique_prompts
 
 # 256-token chunks of 1 KiB per token: 256 KiB chunks; 300 documents x 4 chunks = 300 MiB
 CHUNK = 256
-BASE = PlanOptions(bytes_per_token=1024, chunk_tokens=CHUNK, engine_block_size=16,
-                   device_bytes=10 * 256 * 1024, host_memory=4 * GiB, page_cache_bytes=0)  # fmt: skip
+BASE = PlanOptions(
+    bytes_per_token=1024,
+    chunk_tokens=CHUNK,
+    engine_block_size=16,
+    device_bytes=10 * 256 * 1024,
+    host_memory=4 * GiB,
+    page_cache_bytes=0,
+)
 
 
 def plan(trace, **changes):  # type: ignore[no-untyped-def]

@@ -27,9 +27,15 @@ OTHER = {"vllm-cpu": "vllm-cuda", "vllm-cuda": "vllm-cpu"}
 @pytest.fixture(scope="module")
 def planned() -> Any:
     """A host + fs recommendation: 1200 chunks of cyclic reuse, room for 1024 (2 KiB/token)."""
-    options = PlanOptions(bytes_per_token=2048, chunk_tokens=256, engine_block_size=128,
-                          device_bytes=2 << 20, host_memory=4 * GiB,
-                          process_bytes=2 * GiB + 512 * (1 << 20), page_cache_bytes=0)  # fmt: skip
+    options = PlanOptions(
+        bytes_per_token=2048,
+        chunk_tokens=256,
+        engine_block_size=128,
+        device_bytes=2 << 20,
+        host_memory=4 * GiB,
+        process_bytes=2 * GiB + 512 * (1 << 20),
+        page_cache_bytes=0,
+    )
     analysis = analyze(cyclic_docs(300, 4, 3000, 256), options)
     rec = recommend(analysis, DEFAULTS)
     assert rec.verdict == HOST_AND_FS and rec.fs_max_bytes is not None, rec.reasons
@@ -54,8 +60,14 @@ def test_host_and_fs_is_kvtier_fs_under_the_targets_spec(planned, target, spec):
     line = vllm_line(rec, analysis, "/data/kv", target)
     extra = accepted(line.config, target)
     assert {k: extra.get(k) for k in spec} == spec
-    assert extra["secondary_tiers"] == [{"type": "KvtierFs", "module_path": MODULE,
-                                         "root_dir": "/data/kv", "max_bytes": rec.fs_max_bytes}]  # fmt: skip
+    assert extra["secondary_tiers"] == [
+        {
+            "type": "KvtierFs",
+            "module_path": MODULE,
+            "root_dir": "/data/kv",
+            "max_bytes": rec.fs_max_bytes,
+        }
+    ]
     assert extra["cpu_bytes_to_use"] == rec.cpu_bytes_to_use and extra["block_size"] == 256
     with pytest.raises(Exception, match="spec_name"):  # the other build would not start it
         check_vllm(line.config, OTHER[target], SHAPE[OTHER[target]])
@@ -68,8 +80,12 @@ def test_second_use_admission_goes_to_the_tier_entry(planned):
     assert extra["secondary_tiers"][0]["admission"] == {"min_reuse": 2}
     assert "store_threshold" not in extra and "admission" not in extra
     assert any("store_threshold" in note for note in line.notes)
-    assert "admission" not in vllm_line(rec, analysis, "/kv", "vllm-cpu").config[
-        "kv_connector_extra_config"]["secondary_tiers"][0]  # fmt: skip
+    assert (
+        "admission"
+        not in vllm_line(rec, analysis, "/kv", "vllm-cpu").config["kv_connector_extra_config"][
+            "secondary_tiers"
+        ][0]
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,11 +101,19 @@ def test_host_only_admission_is_vllms_store_threshold(planned, target, spec):
 
 def test_a_base_config_is_carried_over_where_vllm_allows(planned):
     analysis, rec = planned
-    base = {"cpu_bytes_to_use": 1, "metrics_port": 9464, "metrics_admin": True,
-            "serve": {"port": 5710}, "trace_path": "/t.jsonl",
-            "slo_guard": {"promotion_p99_s": 0.5, "ttft_p99_s": 2.0},
-            "secondary_tiers": [{"type": "fs", "root_dir": "/nvme", "fsync": True},
-                                {"type": "obj", "bucket": "kv"}, {"type": "memory"}]}  # fmt: skip
+    base = {
+        "cpu_bytes_to_use": 1,
+        "metrics_port": 9464,
+        "metrics_admin": True,
+        "serve": {"port": 5710},
+        "trace_path": "/t.jsonl",
+        "slo_guard": {"promotion_p99_s": 0.5, "ttft_p99_s": 2.0},
+        "secondary_tiers": [
+            {"type": "fs", "root_dir": "/nvme", "fsync": True},
+            {"type": "obj", "bucket": "kv"},
+            {"type": "memory"},
+        ],
+    }
     line = vllm_line(rec, analysis, "/unused", "vllm-cpu", base)
     extra = accepted(line.config, "vllm-cpu")
     assert extra["metrics_port"] == 9464 and extra["metrics_admin"] is True

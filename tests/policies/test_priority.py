@@ -60,8 +60,10 @@ class ReferenceRetention:
         return None
 
     def evict(self, n: int, protected: frozenset[int]) -> list[int] | None:
-        order = sorted((k for k in self.priority if k not in protected),
-                       key=lambda k: (self.priority[k], self.used[k]))  # fmt: skip
+        order = sorted(
+            (k for k in self.priority if k not in protected),
+            key=lambda k: (self.priority[k], self.used[k]),
+        )
         if len(order) < n:
             return None
         for key in order[:n]:

@@ -34,8 +34,11 @@ def test_a_stored_event_is_a_block_stored_map_with_kvtier_extras():
     assert wire["parent_block_hash"] is None and wire["token_ids"] == []
     assert (wire["medium"], wire["ownership"], wire["locality"]) == ("STORAGE", "fs", "LOCAL")
     assert {k: wire[k] for k in ("seq", "kind", "source", "destination")} == {
-        "seq": 7, "kind": "written", "source": "host", "destination": "fs",
-    }  # fmt: skip
+        "seq": 7,
+        "kind": "written",
+        "source": "host",
+        "destination": "fs",
+    }
 
 
 def test_a_removal_names_the_medium_the_chunk_left():

@@ -314,8 +314,16 @@ def test_wire_format_decodes_with_vllm_structs(identity, tmp_path):
 def test_kvtier_events_prints_what_arrives(identity, tmp_path):
     """``kvtier events`` says on stderr once it is subscribed; then it prints each event."""
     m, endpoint = publishing_manager(identity, tmp_path, [])
-    command = [sys.executable, "-m", "kvtier.cli", "events", "--connect", endpoint,
-               "--timeout", "120"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "kvtier.cli",
+        "events",
+        "--connect",
+        endpoint,
+        "--timeout",
+        "120",
+    ]
     with m:
         printer = subprocess.Popen(
             command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE

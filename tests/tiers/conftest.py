@@ -1,7 +1,8 @@
 """Tier factories for the conformance suite.
 
-Each tier under test provides a fixture named ``<tier>_tier_factory`` returning a callable
-``(region, identity) -> SecondaryTier``; add its name to ``CONFORMING_TIERS``.
+Every registered tier type (``kvtier.tiers.catalog``) is under test: each provides a fixture
+named ``<type>_tier_factory`` returning a callable ``(region, identity) -> SecondaryTier``. A
+type registered without one fails the suite (``fixture ... not found``) until it has one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from kvtier.config import FsTierConfig, MemoryTierConfig
 from kvtier.identity import CacheIdentity
 from kvtier.region import HostRegion
 from kvtier.tiers.base import SecondaryTier
+from kvtier.tiers.catalog import TIER_TYPES
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.fs import native
 from kvtier.tiers.fs.tier import FilesystemTier
@@ -23,7 +25,7 @@ from tests.tiers.s3_server import MotoServer, s3_server  # noqa: F401 (s3_server
 
 TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
 
-CONFORMING_TIERS = ["memory", "fault", "obj", "fs", "p2p"]
+CONFORMING_TIERS = list(TIER_TYPES)
 
 
 @pytest.fixture(params=["native", "os"])

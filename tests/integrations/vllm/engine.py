@@ -44,8 +44,10 @@ class VllmEnv:
         start = time.perf_counter()
         done = subprocess.run(
             ["bash", str(HERE / "build_env.sh"), str(cache), str(ROOT)],
-            capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"building the vLLM test venv failed:\n{done.stderr[-4000:]}")
         return cls(
@@ -89,8 +91,11 @@ def run_engine(env: VllmEnv, scenario: dict[str, Any], workdir: Path) -> dict[st
     with open(log, "w") as log_file:
         proc = subprocess.Popen(
             [str(env.python), str(HERE / "runner.py"), str(path)],
-            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir,
-        )  # fmt: skip
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=workdir,
+        )
         try:
             code = proc.wait(timeout=ENGINE_TIMEOUT_S)
         finally:

@@ -76,14 +76,22 @@ def engine(scenario: dict[str, Any]) -> Any:
     if scenario.get("kv_events_port"):
         endpoint = f"tcp://*:{scenario['kv_events_port']}"
         kwargs["kv_events_config"] = {
-            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint,
-        }  # fmt: skip
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": endpoint,
+        }
     block_bytes = scenario["block_bytes"]
     return LLM(
-        model=scenario["model"], dtype="float32", max_model_len=scenario["max_model_len"],
-        enforce_eager=True, enable_prefix_caching=True, disable_log_stats=False,
-        kv_cache_memory_bytes=scenario["kv_pool_blocks"] * block_bytes, seed=0, **kwargs,
-    )  # fmt: skip
+        model=scenario["model"],
+        dtype="float32",
+        max_model_len=scenario["max_model_len"],
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        disable_log_stats=False,
+        kv_cache_memory_bytes=scenario["kv_pool_blocks"] * block_bytes,
+        seed=0,
+        **kwargs,
+    )
 
 
 def serve(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
@@ -104,9 +112,12 @@ def serve(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     out = result.outputs[0]
     logprobs = [step[tok].logprob for step, tok in zip(out.logprobs, out.token_ids, strict=True)]
     return {
-        "name": request["name"], "token_ids": list(out.token_ids), "logprobs": logprobs,
-        "seconds": seconds, "grown": grown(before, counters(llm)),
-    }  # fmt: skip
+        "name": request["name"],
+        "token_ids": list(out.token_ids),
+        "logprobs": logprobs,
+        "seconds": seconds,
+        "grown": grown(before, counters(llm)),
+    }
 
 
 def start_peer(peer: dict[str, Any]) -> subprocess.Popen[bytes]:
@@ -140,10 +151,12 @@ def main(path: str) -> None:
             peer.terminate()
             peer.wait(timeout=30)
     report = {
-        "load_seconds": loaded, "requests": results, "final": counters(llm),
+        "load_seconds": loaded,
+        "requests": results,
+        "final": counters(llm),
         "events": sink.summary() if sink is not None else None,
         "total_seconds": time.perf_counter() - started,
-    }  # fmt: skip
+    }
     with open(scenario["output"], "w") as file:
         json.dump(report, file)
     stop(llm)

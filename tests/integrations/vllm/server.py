@@ -24,8 +24,9 @@ from tests.integrations.vllm.engine import VllmEnv, listen_port, shm_regions
 START_TIMEOUT_S = 600
 
 
-def wait_healthy(proc: subprocess.Popen[bytes], port: int, log: Path,
-                 timeout_s: float = START_TIMEOUT_S) -> None:  # fmt: skip
+def wait_healthy(
+    proc: subprocess.Popen[bytes], port: int, log: Path, timeout_s: float = START_TIMEOUT_S
+) -> None:
     """Until ``port`` answers ``/health``; ``AssertionError`` with ``log``'s tail if the server
     process exits first or ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
@@ -59,17 +60,40 @@ def metric_types(text: str) -> dict[str, str]:
 class ApiServer:
     """One API server over ``env``'s model with ``transfer`` as its ``--kv-transfer-config``."""
 
-    def __init__(self, env: VllmEnv, workdir: Path, engine_id: str, transfer: dict[str, Any],
-                 pool_blocks: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self,
+        env: VllmEnv,
+        workdir: Path,
+        engine_id: str,
+        transfer: dict[str, Any],
+        pool_blocks: int = 16,
+    ) -> None:
         self.env, self.engine_id, self.port = env, engine_id, listen_port()
         self.log = workdir / f"{engine_id}.server.log"
         command = [
-            str(env.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(env.model),
-            "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", "float32", "--enforce-eager", "--max-model-len", "1536", "--seed", "0",
-            "--kv-cache-memory-bytes", str(pool_blocks * env.block_bytes),
-            "--kv-transfer-config", json.dumps({**transfer, "engine_id": engine_id}),
-        ]  # fmt: skip
+            str(env.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(env.model),
+            "--served-model-name",
+            "m",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            "1536",
+            "--seed",
+            "0",
+            "--kv-cache-memory-bytes",
+            str(pool_blocks * env.block_bytes),
+            "--kv-transfer-config",
+            json.dumps({**transfer, "engine_id": engine_id}),
+        ]
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir
@@ -89,12 +113,18 @@ class ApiServer:
     def complete(self, tokens: list[int], max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
         """Greedy completion of ``tokens``: ``{"token_ids", "seconds"}`` (token ids from the
         returned logprobs' order are not needed: the text is compared as the answer)."""
-        body = {"model": "m", "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,
-                **extra}  # fmt: skip
+        body = {
+            "model": "m",
+            "prompt": tokens,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            **extra,
+        }
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
+            f"http://127.0.0.1:{self.port}/v1/completions",
+            data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
-        )  # fmt: skip
+        )
         start = time.perf_counter()
         with urllib.request.urlopen(request, timeout=300) as answer:
             result = json.loads(answer.read())

@@ -39,9 +39,12 @@ def vllm_config(**changes: object) -> SimpleNamespace:
         model=SimpleNamespace(name="org/model", dtype="float32"),
         groups=(SimpleNamespace(tokens_per_block=16, layer_names=LAYERS, group_id=0),),
         cache=SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=4),
-        parallel=Parallel(), worker_kv_bytes_per_block=4 * 2 * 2 * 16 * 64 * 4,
-        canonical_layout=False, replicated_layout=False, kv_cache_layout="NHD",
-    )  # fmt: skip
+        parallel=Parallel(),
+        worker_kv_bytes_per_block=4 * 2 * 2 * 16 * 64 * 4,
+        canonical_layout=False,
+        replicated_layout=False,
+        kv_cache_layout="NHD",
+    )
     return SimpleNamespace(**{**base, **changes})
 
 

@@ -66,11 +66,26 @@ def test_every_path_handed_to_a_runner_is_absolute(tmp_path, monkeypatch, model)
 
 def test_vllm_bench_reports_every_column_and_equal_answers(vllm_env, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    code = main([
-        "bench", "--engine", "vllm", "--quick", "--strategies", "recompute,kvtier-fs",
-        "--conversations", "2", "--device-convs", "1", "--host-convs", "4", "--rounds", "1",
-        "--vllm-python", os.path.relpath(vllm_env.python, tmp_path),
-    ])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "--engine",
+            "vllm",
+            "--quick",
+            "--strategies",
+            "recompute,kvtier-fs",
+            "--conversations",
+            "2",
+            "--device-convs",
+            "1",
+            "--host-convs",
+            "4",
+            "--rounds",
+            "1",
+            "--vllm-python",
+            os.path.relpath(vllm_env.python, tmp_path),
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-3000:]
     assert "kvtier-fs" in capsys.readouterr().out
     out = tmp_path / "bench-results"
@@ -91,8 +106,11 @@ def test_vllm_bench_reports_every_column_and_equal_answers(vllm_env, tmp_path, m
 
 
 def test_the_ops_strategy_turns_the_operator_plane_on_and_kvtier_fs_does_not(tmp_path):
-    bench = VllmBench(VllmBenchOptions(model="tiny", output_dir=str(tmp_path),
-                                       strategies=("kvtier-fs", "kvtier-fs-ops")))  # fmt: skip
+    bench = VllmBench(
+        VllmBenchOptions(
+            model="tiny", output_dir=str(tmp_path), strategies=("kvtier-fs", "kvtier-fs-ops")
+        )
+    )
     ops, off = bench.scenario("kvtier-fs-ops"), bench.scenario("kvtier-fs")
     extra = ops["kv_transfer_config"]["kv_connector_extra_config"]
     port = ops["kvtier_metrics_port"]
@@ -118,9 +136,11 @@ def test_the_ops_strategy_turns_the_operator_plane_on_and_kvtier_fs_does_not(tmp
     config = engine_config(plain)
     assert (config.metrics_port, config.metrics_admin, config.slo_guard) == (None, False, None)
     assert {k: v for k, v in extra.items() if k not in PLANE_KEYS} == {
-        **plain, "secondary_tiers": [{**plain["secondary_tiers"][0],
-                                      "root_dir": extra["secondary_tiers"][0]["root_dir"]}]
-    }  # fmt: skip
+        **plain,
+        "secondary_tiers": [
+            {**plain["secondary_tiers"][0], "root_dir": extra["secondary_tiers"][0]["root_dir"]}
+        ],
+    }
 
 
 def test_the_ops_strategy_is_opt_in():
@@ -130,19 +150,33 @@ def test_the_ops_strategy_is_opt_in():
 
 def test_the_report_gives_ops_over_off_and_what_the_plane_served():
     def phase(n, seconds):
-        request = {"key": "0/0", "one_shot": False, "prompt_tokens": 90, "tokens": [1] * 10,
-                   "ttft_s": 0.1, "itl_s": [0.01]}  # fmt: skip
+        request = {
+            "key": "0/0",
+            "one_shot": False,
+            "prompt_tokens": 90,
+            "tokens": [1] * 10,
+            "ttft_s": 0.1,
+            "itl_s": [0.01],
+        }
         return {"conversations": n, "seconds": seconds, "requests": [request], "grown": {}}
 
     def report(*seconds):
-        return {"phases": [phase(n, s) for n, s in zip((2, 6), seconds)],
-                "disk_bytes": {}, "load_seconds": 1.0}  # fmt: skip
+        return {
+            "phases": [phase(n, s) for n, s in zip((2, 6), seconds)],
+            "disk_bytes": {},
+            "load_seconds": 1.0,
+        }
 
-    plane = {"served": True, "metrics_bytes": 10,
-             "sums": {"kvtier_tier_chunks_total": 42.0, "kvtier_tier_disabled_total": 0.0},
-             "admin_tiers": {"enabled": ["fs"], "disabled": []}}  # fmt: skip
-    reports = {"kvtier-fs": report(1.0, 2.0), "kvtier-fs-ops": {**report(1.25, 2.0),
-               "operator_plane": plane}}  # fmt: skip
+    plane = {
+        "served": True,
+        "metrics_bytes": 10,
+        "sums": {"kvtier_tier_chunks_total": 42.0, "kvtier_tier_disabled_total": 0.0},
+        "admin_tiers": {"enabled": ["fs"], "disabled": []},
+    }
+    reports = {
+        "kvtier-fs": report(1.0, 2.0),
+        "kvtier-fs-ops": {**report(1.25, 2.0), "operator_plane": plane},
+    }
     table = vllm_report.rows(reports)
     document = vllm_report.to_json(VllmBenchOptions(), Pools(1, 1, 1, 1), _Model(), reports, table)
     ratios = document["kvtier_fs_ops_vs_kvtier_fs"]
@@ -177,7 +211,10 @@ def test_the_runner_scrapes_what_the_operator_plane_serves():
         server.shutdown()
         server.server_close()
     assert scraped["served"] is True and scraped["admin_tiers"] == {"enabled": ["fs"]}
-    assert scraped["sums"] == {"kvtier_tier_chunks_total": 42.0,
-                               "kvtier_tier_disabled_total": 0.0, "kvtier_tier_enabled": 1.0}  # fmt: skip
+    assert scraped["sums"] == {
+        "kvtier_tier_chunks_total": 42.0,
+        "kvtier_tier_disabled_total": 0.0,
+        "kvtier_tier_enabled": 1.0,
+    }
     closed = scrape_operator_plane(server.server_address[1])
     assert closed["served"] is False and "error" in closed

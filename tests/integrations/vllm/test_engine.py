@@ -37,24 +37,43 @@ LOGPROB_TOLERANCE = 1e-4
 TIMINGS: dict[str, float] = {}
 
 
-def scenario(env: VllmEnv, name: str, requests: list[dict[str, Any]], extra: dict[str, Any] | None,
-             **more: Any) -> dict[str, Any]:  # fmt: skip
+def scenario(
+    env: VllmEnv,
+    name: str,
+    requests: list[dict[str, Any]],
+    extra: dict[str, Any] | None,
+    **more: Any,
+) -> dict[str, Any]:
     engine_id = new_engine_id(name)
     transfer = None
     if extra is not None:
-        transfer = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                    "engine_id": engine_id, "kv_connector_extra_config": extra}  # fmt: skip
-    return {"engine_id": engine_id, "kv_pool_blocks": POOL_BLOCKS, "max_model_len": 1536,
-            "block_bytes": env.block_bytes, "kv_transfer_config": transfer,
-            "requests": requests, **more}  # fmt: skip
+        transfer = {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "engine_id": engine_id,
+            "kv_connector_extra_config": extra,
+        }
+    return {
+        "engine_id": engine_id,
+        "kv_pool_blocks": POOL_BLOCKS,
+        "max_model_len": 1536,
+        "block_bytes": env.block_bytes,
+        "kv_transfer_config": transfer,
+        "requests": requests,
+        **more,
+    }
 
 
 def tiering(
     env: VllmEnv, tiers: list[dict[str, Any]], host_chunks: int = HOST_CHUNKS
 ) -> dict[str, Any]:
-    return {"spec_name": "CPUTieringOffloadingSpec", "spec_module_path": MODULE,
-            "cpu_bytes_to_use": host_chunks * env.block_bytes, "blocks_per_chunk": 1,
-            "secondary_tiers": tiers}  # fmt: skip
+    return {
+        "spec_name": "CPUTieringOffloadingSpec",
+        "spec_module_path": MODULE,
+        "cpu_bytes_to_use": host_chunks * env.block_bytes,
+        "blocks_per_chunk": 1,
+        "secondary_tiers": tiers,
+    }
 
 
 def run(env: VllmEnv, workdir: Path, sc: dict[str, Any], label: str) -> dict[str, Any]:
@@ -152,22 +171,44 @@ def kvtier_run(vllm_env, vllm_workdir, prompts, moto, fs_root):
     KV events are on and decoded with vLLM's decoder.
     """
     prefix, port = f"vllm-{uuid.uuid4().hex[:6]}", listen_port()
-    obj = {"type": "KvtierObj", "module_path": MODULE, "bucket": "kvtier", "prefix": prefix,
-           "access_key": ACCESS_KEY, "secret_key": SECRET_KEY}  # fmt: skip
+    obj = {
+        "type": "KvtierObj",
+        "module_path": MODULE,
+        "bucket": "kvtier",
+        "prefix": prefix,
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+    }
     dead = {**obj, "endpoint_override": f"http://127.0.0.1:{listen_port()}", "timeout_s": 1.0}
-    tiers = [dead, {**obj, "endpoint_override": moto.endpoint},
-             {"type": "KvtierPeer", "module_path": MODULE, "host": "127.0.0.1", "port": port},
-             {"type": "KvtierFs", "module_path": MODULE, "root_dir": str(fs_root),
-              "locality": "LOCAL", "enable_kv_events": True}]  # fmt: skip
-    remote, peer, local = ({"medium": m, "locality": loc} for m, loc in
-                           (("STORAGE", "REMOTE"), ("CPU", "REMOTE"), ("STORAGE", "LOCAL")))  # fmt: skip
+    tiers = [
+        dead,
+        {**obj, "endpoint_override": moto.endpoint},
+        {"type": "KvtierPeer", "module_path": MODULE, "host": "127.0.0.1", "port": port},
+        {
+            "type": "KvtierFs",
+            "module_path": MODULE,
+            "root_dir": str(fs_root),
+            "locality": "LOCAL",
+            "enable_kv_events": True,
+        },
+    ]
+    remote, peer, local = (
+        {"medium": m, "locality": loc}
+        for m, loc in (("STORAGE", "REMOTE"), ("CPU", "REMOTE"), ("STORAGE", "LOCAL"))
+    )
     requests = [request(n, prompts[n]) for n in "ABCD"] + [
         request("A-again", prompts["A"], load_tiers=[remote]),
         request("B-again", prompts["B"], load_tiers=[peer]),
         request("C-again", prompts["C"], load_tiers=[local]),
     ]
-    sc = scenario(vllm_env, "kvtier", requests, tiering(vllm_env, tiers), kv_events_port=listen_port(),
-                  peer={"identity_glob": f"{fs_root}/*/identity.json", "port": port, "slots": 64})  # fmt: skip
+    sc = scenario(
+        vllm_env,
+        "kvtier",
+        requests,
+        tiering(vllm_env, tiers),
+        kv_events_port=listen_port(),
+        peer={"identity_glob": f"{fs_root}/*/identity.json", "port": port, "slots": 64},
+    )
     report = run(vllm_env, vllm_workdir, sc, "KvtierObj(dead)+KvtierObj+KvtierPeer+KvtierFs")
     report["prefix"] = prefix
     return report
@@ -182,8 +223,12 @@ def test_no_connector_serves_a_repeated_prompt_from_the_device_cache(reference):
 def test_vllm_host_only_spec_serves_an_evicted_prompt_from_host_memory(
     vllm_env, vllm_workdir, prompts, reference
 ):
-    extra = {"spec_name": "CPUHostOffloadingSpec", "spec_module_path": MODULE,
-             "cpu_bytes_to_use": BIG_HOST_CHUNKS * vllm_env.block_bytes, "blocks_per_chunk": 1}  # fmt: skip
+    extra = {
+        "spec_name": "CPUHostOffloadingSpec",
+        "spec_module_path": MODULE,
+        "cpu_bytes_to_use": BIG_HOST_CHUNKS * vllm_env.block_bytes,
+        "blocks_per_chunk": 1,
+    }
     sc = scenario(vllm_env, "host", evict_then_reload(prompts), extra)
     again = by_name(run(vllm_env, vllm_workdir, sc, "vLLM host only"))["A-again"]
     assert cached(again, "host") == FULL_PREFIX
@@ -213,8 +258,13 @@ def test_kvtier_obj_serves_from_s3_while_a_dead_endpoint_raises_nothing(
     assert loaded(kvtier_run, "2:KvtierObj", "failed") == 0
     assert loaded(kvtier_run, "1:KvtierObj") == 0
     assert_same_answer(again, reference, "A")
-    s3 = boto3.client("s3", endpoint_url=moto.endpoint, aws_access_key_id=ACCESS_KEY,
-                      aws_secret_access_key=SECRET_KEY, region_name="us-east-1")  # fmt: skip
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto.endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+    )
     listed = s3.list_objects_v2(Bucket="kvtier", Prefix=kvtier_run["prefix"])
     assert listed.get("KeyCount", 0) >= 4 * 7  # every chunk of A..D (and identity documents)
     final = kvtier_run["final"]
@@ -287,18 +337,35 @@ def test_retention_priority_and_admission_decide_what_host_memory_and_each_tier_
     memory, is recomputed and stored again."""
     tag = uuid.uuid4().hex[:6]
     roots = vllm_workdir / f"kvtier-retention-{tag}", vllm_workdir / f"kvtier-reuse-{tag}"
-    tiers = [{"type": "KvtierFs", "module_path": MODULE, "root_dir": str(roots[0]),
-              "secondary_min_priority": 50},
-             {"type": "KvtierFs", "module_path": MODULE, "root_dir": str(roots[1]),
-              "admission": {"min_reuse": 2}}]  # fmt: skip
-    extra = {**tiering(vllm_env, tiers, host_chunks=16), "eviction_policy": "KvtierPriorityPolicy",
-             "cache_policy_module_path": MODULE}  # fmt: skip
+    tiers = [
+        {
+            "type": "KvtierFs",
+            "module_path": MODULE,
+            "root_dir": str(roots[0]),
+            "secondary_min_priority": 50,
+        },
+        {
+            "type": "KvtierFs",
+            "module_path": MODULE,
+            "root_dir": str(roots[1]),
+            "admission": {"min_reuse": 2},
+        },
+    ]
+    extra = {
+        **tiering(vllm_env, tiers, host_chunks=16),
+        "eviction_policy": "KvtierPriorityPolicy",
+        "cache_policy_module_path": MODULE,
+    }
     high = {"kvtier_retention": {"priority": 90}}
     requests = [request("A", prompts["A"], kv_transfer_params=high)]
     requests += [request(n, prompts[n]) for n in "BCD"]
     requests += [request("A-again", prompts["A"]), request("B-again", prompts["B"])]
-    report = run(vllm_env, vllm_workdir, scenario(vllm_env, "retention", requests, extra),
-                 "KvtierPriorityPolicy + KvtierFs(secondary_min_priority, min_reuse)")  # fmt: skip
+    report = run(
+        vllm_env,
+        vllm_workdir,
+        scenario(vllm_env, "retention", requests, extra),
+        "KvtierPriorityPolicy + KvtierFs(secondary_min_priority, min_reuse)",
+    )
     results = by_name(report)
     assert cached(results["A-again"], "host") == FULL_PREFIX
     assert_same_answer(results["A-again"], reference, "A")

@@ -96,8 +96,14 @@ def test_keys_neither_vllm_nor_kvtier_reads_are_reported():
 
 def test_retention_that_cannot_act_on_host_memory_is_counted_once_per_request(caplog):
     plain = engines.join(spec("plain", eviction_policy="lru"), 4096)
-    policy = engines.join(spec("policy", eviction_policy="KvtierPriorityPolicy",
-                               cache_policy_module_path="kvtier.integrations.vllm"), 4096)  # fmt: skip
+    policy = engines.join(
+        spec(
+            "policy",
+            eviction_policy="KvtierPriorityPolicy",
+            cache_policy_module_path="kvtier.integrations.vllm",
+        ),
+        4096,
+    )
     try:
         asks = {"kvtier_retention": {"priority": 90}}
         for engine in (plain, policy):

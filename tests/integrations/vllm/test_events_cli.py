@@ -55,8 +55,13 @@ print(msgspec.msgpack.encode(batch).hex())
 
 
 def test_vllms_structs_read_the_hand_built_batch_and_write_the_same_bytes(vllm_env):
-    done = subprocess.run([str(vllm_env.python), "-c", REENCODE], input=VLLM_BATCH.hex(),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [str(vllm_env.python), "-c", REENCODE],
+        input=VLLM_BATCH.hex(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     *_, types, reencoded = done.stdout.strip().splitlines()
     assert "BlockStored" in types and "BlockRemoved" in types and "AllBlocksCleared" in types
@@ -74,8 +79,9 @@ class Server:
 
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body or {}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data,
-                                         {"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", data, {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=300) as answer:
             text = answer.read()
         return json.loads(text) if text.strip() else None
@@ -103,20 +109,56 @@ class Server:
 def server_command(
     env: VllmEnv, port: int, events_port: int, engine_id: str, fs: Path
 ) -> list[str]:
-    tier = {"type": "KvtierFs", "module_path": MODULE, "root_dir": str(fs), "locality": "LOCAL",
-            "enable_kv_events": True}  # fmt: skip
-    extra = {"spec_name": "CPUTieringOffloadingSpec", "spec_module_path": MODULE,
-             "cpu_bytes_to_use": HOST_CHUNKS * env.block_bytes, "blocks_per_chunk": 1,
-             "self_describing_kv_events": True, "secondary_tiers": [tier]}  # fmt: skip
-    transfer = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                "engine_id": engine_id, "kv_connector_extra_config": extra}  # fmt: skip
-    events = {"enable_kv_cache_events": True, "publisher": "zmq",
-              "endpoint": f"tcp://*:{events_port}"}  # fmt: skip
-    return [str(env.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(env.model),
-            "--served-model-name", "smollm2", "--enforce-eager", "--dtype", "float32",
-            "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
-            "--kv-cache-memory-bytes", str((POOL_BLOCKS + 1) * env.block_bytes),  # + the null block
-            "--kv-events-config", json.dumps(events), "--kv-transfer-config", json.dumps(transfer)]  # fmt: skip
+    tier = {
+        "type": "KvtierFs",
+        "module_path": MODULE,
+        "root_dir": str(fs),
+        "locality": "LOCAL",
+        "enable_kv_events": True,
+    }
+    extra = {
+        "spec_name": "CPUTieringOffloadingSpec",
+        "spec_module_path": MODULE,
+        "cpu_bytes_to_use": HOST_CHUNKS * env.block_bytes,
+        "blocks_per_chunk": 1,
+        "self_describing_kv_events": True,
+        "secondary_tiers": [tier],
+    }
+    transfer = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "engine_id": engine_id,
+        "kv_connector_extra_config": extra,
+    }
+    events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{events_port}",
+    }
+    return [
+        str(env.python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(env.model),
+        "--served-model-name",
+        "smollm2",
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--kv-cache-memory-bytes",
+        str((POOL_BLOCKS + 1) * env.block_bytes),  # + the null block
+        "--kv-events-config",
+        json.dumps(events),
+        "--kv-transfer-config",
+        json.dumps(transfer),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +169,14 @@ def server(vllm_env, vllm_workdir) -> Iterator[Server]:
     command = server_command(vllm_env, port, events_port, engine_id, vllm_workdir / engine_id)
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # for /reset_prefix_cache
     with open(log, "w") as log_file:
-        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                cwd=vllm_workdir, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=vllm_workdir,
+            start_new_session=True,
+        )
     running = Server(proc, port, events_port, engine_id, log)
     try:
         start = time.monotonic()
@@ -144,10 +192,19 @@ class Printer:
     """``kvtier events`` (the main venv's) subscribed to the server; its lines as they come."""
 
     def __init__(self, endpoint: str) -> None:
-        command = [sys.executable, "-m", "kvtier.cli", "events", "--connect", endpoint,
-                   "--timeout", "300"]  # fmt: skip
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "kvtier.cli",
+            "events",
+            "--connect",
+            endpoint,
+            "--timeout",
+            "300",
+        ]
+        self.proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -218,8 +275,10 @@ def test_kvtier_events_prints_vllms_stores_removals_and_clears(server):
         def device(seen: list[str]) -> list[Event]:
             return [e for e in parse(seen) if (e.verb, e.medium) == ("stored", "GPU")]
 
-        printer.until(lambda seen: sum(len(e.hashes) for e in device(seen)) >= FULL_BLOCKS,
-                      "device stores of every full block")  # fmt: skip
+        printer.until(
+            lambda seen: sum(len(e.hashes) for e in device(seen)) >= FULL_BLOCKS,
+            "device stores of every full block",
+        )
         stores = device(printer.seen)
         a = {h for e in stores for h in e.hashes}
         assert len(a) == FULL_BLOCKS and "parent" not in stores[0].fields  # the first block's
@@ -238,8 +297,10 @@ def test_kvtier_events_prints_vllms_stores_removals_and_clears(server):
 
         for seed in (2, 3):  # 14 more blocks: A leaves the device and host memory
             server.complete(prompt(seed))
-        printer.until(lambda seen: bool(of(seen, "removed", "GPU", a) and
-                                        of(seen, "removed", "CPU", a)), "removals of A")  # fmt: skip
+        printer.until(
+            lambda seen: bool(of(seen, "removed", "GPU", a) and of(seen, "removed", "CPU", a)),
+            "removals of A",
+        )
         server.post("/reset_prefix_cache")
         printer.until(lambda seen: "cleared  -        all blocks" in seen, "cleared line")
     finally:

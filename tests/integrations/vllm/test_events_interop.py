@@ -15,8 +15,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 def test_kvtier_event_batches_decode_with_vllms_structs(vllm_env):
     done = subprocess.run(
         [str(vllm_env.python), str(HERE / "events_interop.py")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     decoded = json.loads(done.stdout.strip().splitlines()[-1])
     assert decoded["ts"] == 1.25

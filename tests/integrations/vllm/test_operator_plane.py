@@ -55,8 +55,10 @@ def value(text: str, name: str, **labels: str) -> float:
 def admin(url: str, *args: str) -> dict[str, Any]:
     done = subprocess.run(
         [str(ROOT / ".venv" / "bin" / "kvtier"), "admin", "--url", url, *args],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     answer: dict[str, Any] = json.loads(done.stdout)
     return answer
@@ -67,22 +69,36 @@ def plane(vllm_env, vllm_workdir):
     """The server, its kvtier metrics URL, the two tier roots, and seven unrelated prompts."""
     slow_root, disk_root = vllm_workdir / "plane-slow", vllm_workdir / "plane-disk"
     metrics_port = __import__("tests.integrations.vllm.engine", fromlist=["x"]).listen_port()
-    slow = {"type": "fault", "name": "slow", "delay_s": 1.5,
-            "inner": {"type": "fs", "root_dir": str(slow_root)}}  # fmt: skip
+    slow = {
+        "type": "fault",
+        "name": "slow",
+        "delay_s": 1.5,
+        "inner": {"type": "fs", "root_dir": str(slow_root)},
+    }
     extra = {
-        "spec_name": "CPUTieringOffloadingSpec", "spec_module_path": MODULE,
-        "cpu_bytes_to_use": 12 * vllm_env.block_bytes, "blocks_per_chunk": 1,
+        "spec_name": "CPUTieringOffloadingSpec",
+        "spec_module_path": MODULE,
+        "cpu_bytes_to_use": 12 * vllm_env.block_bytes,
+        "blocks_per_chunk": 1,
         "secondary_tiers": [
             {"type": "KvtierTier", "module_path": MODULE, "kvtier": slow},
-            {"type": "KvtierFs", "module_path": MODULE, "root_dir": str(disk_root),
-             "name": "disk"},
+            {"type": "KvtierFs", "module_path": MODULE, "root_dir": str(disk_root), "name": "disk"},
         ],
-        "metrics_port": metrics_port, "metrics_admin": True,
-        "slo_guard": {"promotion_p99_s": 0.3, "min_samples": 1, "sustain_s": 0.01,
-                      "window_s": 600, "cooldown_s": 3600},
-    }  # fmt: skip
-    transfer = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                "kv_connector_extra_config": extra}  # fmt: skip
+        "metrics_port": metrics_port,
+        "metrics_admin": True,
+        "slo_guard": {
+            "promotion_p99_s": 0.3,
+            "min_samples": 1,
+            "sustain_s": 0.01,
+            "window_s": 600,
+            "cooldown_s": 3600,
+        },
+    }
+    transfer = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
     server = ApiServer(vllm_env, vllm_workdir, new_engine_id("plane"), transfer)
     rng = random.Random(23)
     prompts = [[rng.randrange(100, 49_000) for _ in range(1000)] for _ in range(7)]
@@ -137,8 +153,14 @@ def test_metrics_are_kvtiers_own_names_and_gauges_are_gauges(plane):
     assert types["kvtier_tier_job_seconds"] == "histogram"
     assert value(text, "kvtier_tier_stat", tier="disk", stat="index_chunks") > 0
     dashboard = (ROOT / "docs" / "grafana" / "kvtier-dashboard.json").read_text()
-    tier_panels = {"kvtier_tier_lookups", "kvtier_tier_bytes", "kvtier_tier_enabled",
-                   "kvtier_tier_job_seconds", "kvtier_tier_disabled", "kvtier_prompt_tokens"}  # fmt: skip
+    tier_panels = {
+        "kvtier_tier_lookups",
+        "kvtier_tier_bytes",
+        "kvtier_tier_enabled",
+        "kvtier_tier_job_seconds",
+        "kvtier_tier_disabled",
+        "kvtier_prompt_tokens",
+    }
     for family in tier_panels:
         assert family in dashboard, family
         assert family in types or f"{family}_total" in types, family

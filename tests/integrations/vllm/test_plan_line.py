@@ -45,9 +45,22 @@ def plan_line(env: VllmEnv, workdir: Path, fs_root: Path) -> tuple[str, dict[str
     kvtier = [str(env.python), "-m", "kvtier.cli"]
     synth = ["trace", "synth", "--kind", "chat", "--requests", "400", "--seed", "1"]
     subprocess.run([*kvtier, *synth, "--out", str(trace)], check=True, capture_output=True)
-    plan = [*kvtier, "plan", str(trace), *SMOLLM2, *MACHINE, "--chunk-tokens", str(CHUNK_TOKENS),
-            "--device-bytes", str(POOL_BLOCKS * env.block_bytes), "--fs-root", str(fs_root),
-            "--no-chart", "--output-dir", str(workdir / "plan")]  # fmt: skip
+    plan = [
+        *kvtier,
+        "plan",
+        str(trace),
+        *SMOLLM2,
+        *MACHINE,
+        "--chunk-tokens",
+        str(CHUNK_TOKENS),
+        "--device-bytes",
+        str(POOL_BLOCKS * env.block_bytes),
+        "--fs-root",
+        str(fs_root),
+        "--no-chart",
+        "--output-dir",
+        str(workdir / "plan"),
+    ]
     done = subprocess.run(plan, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     line = next(x for x in done.stdout.splitlines() if x.startswith("vLLM: --kv-transfer-config"))
@@ -61,24 +74,43 @@ class Server:
     def __init__(self, env: VllmEnv, workdir: Path, transfer: dict[str, Any]) -> None:
         self.engine_id, self.port = new_engine_id("plan-line"), listen_port()
         self.log = workdir / f"{self.engine_id}.log"
-        command = [str(env.python), "-m", "vllm.entrypoints.openai.api_server",
-                   "--model", str(env.model), "--served-model-name", "m", "--host", "127.0.0.1",
-                   "--port", str(self.port), "--dtype", "float32", "--enforce-eager",
-                   "--max-model-len", "2048", "--kv-cache-memory-bytes",
-                   str(POOL_BLOCKS * env.block_bytes),
-                   "--kv-transfer-config", json.dumps({**transfer, "engine_id": self.engine_id})]  # fmt: skip
+        command = [
+            str(env.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(env.model),
+            "--served-model-name",
+            "m",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            "2048",
+            "--kv-cache-memory-bytes",
+            str(POOL_BLOCKS * env.block_bytes),
+            "--kv-transfer-config",
+            json.dumps({**transfer, "engine_id": self.engine_id}),
+        ]
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, cwd=workdir)  # fmt: skip
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir
+            )
 
     def wait_healthy(self, timeout_s: float = 600) -> None:
         wait_healthy(self.proc, self.port, self.log, timeout_s)
 
     def complete(self, tokens: list[int]) -> str:
         body = {"model": "m", "prompt": tokens, "max_tokens": 4, "temperature": 0.0}
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions",
-                                         data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=300) as answer:
             return str(json.loads(answer.read())["choices"][0]["text"])
 
@@ -87,8 +119,11 @@ class Server:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as page:
             lines = page.read().decode().splitlines()
         name = "vllm:prompt_tokens_cached_by_source_total{"
-        return sum(float(x.rpartition(" ")[2]) for x in lines
-                   if x.startswith(name) and 'source="disk"' in x)  # fmt: skip
+        return sum(
+            float(x.rpartition(" ")[2])
+            for x in lines
+            if x.startswith(name) and 'source="disk"' in x
+        )
 
     def close(self) -> None:
         """Kill the server's processes; remove its host region and every other ``/dev/shm``
@@ -111,8 +146,11 @@ def shm_files_of(pgid: int) -> set[str]:
             if os.getpgid(int(pid)) != pgid:
                 continue
             maps = Path(f"/proc/{pid}/maps").read_text()
-            found |= {line.split(maxsplit=5)[-1] for line in maps.splitlines()
-                      if " /dev/shm/" in line and not line.endswith("(deleted)")}  # fmt: skip
+            found |= {
+                line.split(maxsplit=5)[-1]
+                for line in maps.splitlines()
+                if " /dev/shm/" in line and not line.endswith("(deleted)")
+            }
     return found
 
 

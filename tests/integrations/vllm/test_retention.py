@@ -67,8 +67,11 @@ def test_a_range_covers_the_chunks_whose_last_token_lies_in_it():
     asked = parse_retention(given_({"ranges": [{"start": 128, "end": 384, "priority": 0}]}))
     assert asked is not None and asked.default is None
     assert [asked.at(end) for end in (128, 256, 384, 512)] == [
-        None, Retention(0), Retention(0), None,
-    ]  # fmt: skip
+        None,
+        Retention(0),
+        Retention(0),
+        None,
+    ]
 
 
 @pytest.mark.parametrize(
@@ -387,8 +390,11 @@ def test_a_policy_of_ones_own_is_loaded_by_module_path_and_its_rules_still_apply
 
 @pytest.mark.parametrize("mode", ["raise", "short", "bad"])
 def test_a_broken_policy_drops_the_offer_instead_of_failing_vllms_scheduler(mode):
-    entry = {"module_path": "tests.plugins.admission_policy", "type": "Broken",
-             "options": {"mode": mode}}  # fmt: skip
+    entry = {
+        "module_path": "tests.plugins.admission_policy",
+        "type": "Broken",
+        "options": {"mode": mode},
+    }
     gate = TierGate(entry, min_priority=50)
     assert sorted(map(str, gate.reasons(chunk_keys_of("a", "b"), [35, 90], 2))) == [
         "policy_error",

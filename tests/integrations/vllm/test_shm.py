@@ -87,17 +87,34 @@ class Server:
             "engine_id": engine_id,
             "kv_connector_extra_config": extra,
         }
-        command = [str(env.python), "-m", "vllm.entrypoints.openai.api_server",
-                   "--model", str(env.model), "--port", str(port), "--enforce-eager",
-                   "--dtype", "float32", "--max-model-len", "2048",
-                   "--kv-cache-memory-bytes", str(POOL_BLOCKS * env.block_bytes),
-                   "--kv-transfer-config", json.dumps(transfer)]  # fmt: skip
+        command = [
+            str(env.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(env.model),
+            "--port",
+            str(port),
+            "--enforce-eager",
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "2048",
+            "--kv-cache-memory-bytes",
+            str(POOL_BLOCKS * env.block_bytes),
+            "--kv-transfer-config",
+            json.dumps(transfer),
+        ]
         log = workdir / f"{engine_id}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                cwd=workdir, env={**os.environ, "PYTHONPATH": str(workdir)},
-            )  # fmt: skip
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=workdir,
+                env={**os.environ, "PYTHONPATH": str(workdir)},
+            )
         return cls(engine_id, proc, log, port, time.monotonic())
 
     @property

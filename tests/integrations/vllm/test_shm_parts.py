@@ -71,8 +71,12 @@ def marker(path: Path) -> Path:
     return Path(shm.marker_path(str(path)))
 
 
-def start_owner(procs: list[subprocess.Popen[bytes]], paths: list[Path], size: int,
-                sweep_dir: Path | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+def start_owner(
+    procs: list[subprocess.Popen[bytes]],
+    paths: list[Path],
+    size: int,
+    sweep_dir: Path | None = None,
+) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-c", OWNER, str(sweep_dir or ""), str(size), *map(str, paths)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, env=child_env())
     procs.append(proc)
@@ -85,8 +89,9 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def dead_regions(procs: list[subprocess.Popen[bytes]], directory: Path, names: list[str],
-                 size: int = 3 * PAGE) -> list[Path]:  # fmt: skip
+def dead_regions(
+    procs: list[subprocess.Popen[bytes]], directory: Path, names: list[str], size: int = 3 * PAGE
+) -> list[Path]:
     """Regions (and markers) whose only owner was SIGKILLed, as a killed engine leaves them."""
     paths = [region(directory, name) for name in names]
     kill(start_owner(procs, paths, size))
@@ -94,8 +99,9 @@ def dead_regions(procs: list[subprocess.Popen[bytes]], directory: Path, names: l
     return paths
 
 
-def dead_region(procs: list[subprocess.Popen[bytes]], directory: Path, name: str,
-                size: int = 3 * PAGE) -> Path:  # fmt: skip
+def dead_region(
+    procs: list[subprocess.Popen[bytes]], directory: Path, name: str, size: int = 3 * PAGE
+) -> Path:
     (path,) = dead_regions(procs, directory, [name], size)
     return path
 

@@ -32,9 +32,13 @@ from tests.conftest import chunk_pattern, collect, fill, make_keys, settle_looku
 
 def layout(blocks_per_chunk: int) -> KVLayout:
     return KVLayout(
-        num_layers=2, num_kv_heads=2, head_dim=16, dtype="float32", block_size=4,
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=16,
+        dtype="float32",
+        block_size=4,
         blocks_per_chunk=blocks_per_chunk,
-    )  # fmt: skip
+    )
 
 
 def identity_for(blocks_per_chunk: int) -> CacheIdentity:
@@ -125,8 +129,12 @@ def file_size_limit(args: argparse.Namespace) -> dict[str, object]:
     stored_after = store_all(tier, region, after, first_id=100)
     outcome = load_and_check(tier, region, before)
     tier.close()
-    return {"stored_before": stored_before, "stored_after": stored_after, **outcome,
-            "stats": tier.stats()}  # fmt: skip
+    return {
+        "stored_before": stored_before,
+        "stored_after": stored_after,
+        **outcome,
+        "stats": tier.stats(),
+    }
 
 
 def main() -> None:

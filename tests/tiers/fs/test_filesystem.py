@@ -38,8 +38,13 @@ def make_tier(tmp_path: Path, region: HostRegion, identity: CacheIdentity) -> It
     """Builds tiers over ``tmp_path / "cache"`` (by default); closes them all at the end."""
     tiers: list[FilesystemTier] = []
 
-    def make(root: Path | None = None, *, reg: HostRegion | None = None,
-             ident: CacheIdentity | None = None, **options: object) -> FilesystemTier:  # fmt: skip
+    def make(
+        root: Path | None = None,
+        *,
+        reg: HostRegion | None = None,
+        ident: CacheIdentity | None = None,
+        **options: object,
+    ) -> FilesystemTier:
         config = FsTierConfig(root_dir=str(root or tmp_path / "cache"), **options)  # type: ignore[arg-type]
         tiers.append(FilesystemTier(config, reg or region, ident or identity))
         return tiers[-1]
@@ -315,8 +320,9 @@ def test_loads_are_not_stuck_behind_queued_stores(make_tier, region, identity):
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     mount_point = tmp_path / "tmpfs"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
-                             capture_output=True)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     yield mount_point

@@ -131,8 +131,10 @@ def test_config_check_warns_about_an_open_root_dir(tmp_path, capsys):
     root.mkdir()
     root.chmod(0o755)
     config = tmp_path / "kv.json"
-    config.write_text(f'{{"cpu_bytes_to_use": 1073741824, "secondary_tiers": '
-                      f'[{{"type": "fs", "root_dir": "{root}"}}]}}')  # fmt: skip
+    config.write_text(
+        f'{{"cpu_bytes_to_use": 1073741824, "secondary_tiers": '
+        f'[{{"type": "fs", "root_dir": "{root}"}}]}}'
+    )
     assert main(["config", "check", str(config)]) == 0
     captured = capsys.readouterr()
     assert "dir_mode=0700" in captured.out

@@ -170,8 +170,10 @@ def test_page_cache_writes_take_turns(tier, region, identity, monkeypatch, direc
         return write(key, reg, slot, is_direct)
 
     monkeypatch.setattr(files, "_write", counting)
-    threads = [threading.Thread(target=files.write, args=(key, region, slot))
-               for slot, key in enumerate(keys)]  # fmt: skip
+    threads = [
+        threading.Thread(target=files.write, args=(key, region, slot))
+        for slot, key in enumerate(keys)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -79,15 +79,20 @@ def test_two_processes_share_chunks_and_write_the_same_keys_at_once(tmp_path):
 
 
 def dead_pid() -> int:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(done.stdout)
 
 
 def kill_writer_midway(root: Path, blocks_per_chunk: int, num_jobs: int) -> list[ChunkKey]:
     """Start a writer, SIGKILL it after ``num_jobs`` stores finished; the keys it reported."""
-    process = worker("store-forever", "--root", str(root), "--blocks-per-chunk",
-                     str(blocks_per_chunk))  # fmt: skip
+    process = worker(
+        "store-forever", "--root", str(root), "--blocks-per-chunk", str(blocks_per_chunk)
+    )
     assert process.stdout is not None
     reported: list[ChunkKey] = []
     for _ in range(num_jobs):

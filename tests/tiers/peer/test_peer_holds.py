@@ -30,8 +30,9 @@ from kvtier.tiers.peer.tier import PeerTier
 from tests.conftest import collect, config, fill, holds, make_keys, wait_for
 from tests.tiers.s3_server import free_port
 
-LAYOUT = KVLayout(num_layers=4, num_kv_heads=8, head_dim=128, dtype="float16",
-                  block_size=16, blocks_per_chunk=1)  # fmt: skip
+LAYOUT = KVLayout(
+    num_layers=4, num_kv_heads=8, head_dim=128, dtype="float16", block_size=16, blocks_per_chunk=1
+)
 IDENTITY = CacheIdentity(model="test/model", revision="r1", layout=LAYOUT)
 SLOTS, HOLD_TIMEOUT_S = 32, 1.0
 KEYS = make_keys(IDENTITY, SLOTS)
@@ -112,16 +113,22 @@ def test_a_hoarding_client_leaves_the_engine_slots_and_its_holds_expire(server):
     assert server.peer_server is not None
     hoarder = Hoarder(server.peer_server.port)
     try:
-        wait_for(lambda: held_slots(server) > 0 and hoarder.sent > 20, timeout=20,
-                 what="the hoarder being served")  # fmt: skip
+        wait_for(
+            lambda: held_slots(server) > 0 and hoarder.sent > 20,
+            timeout=20,
+            what="the hoarder being served",
+        )
         honest_fetch(server.peer_server.port)
         for round_ in range(5):  # while it keeps asking, the engine still gets slots
             new = make_keys(IDENTITY, 4, seed=100 + round_)
             assert store(server, new), f"prepare_store found no slots (round {round_})"
             time.sleep(0.1)
         # Its holds end at their deadline, and it gets no more while its replies are unread.
-        wait_for(lambda: held_slots(server) == 0, timeout=HOLD_TIMEOUT_S + 20,
-                 what="the hoarder's holds expiring")  # fmt: skip
+        wait_for(
+            lambda: held_slots(server) == 0,
+            timeout=HOLD_TIMEOUT_S + 20,
+            what="the hoarder's holds expiring",
+        )
         asked = hoarder.sent
         wait_for(lambda: hoarder.sent > asked + 50, timeout=20, what="the hoarder asking more")
         assert held_slots(server) == 0, "a renewed FETCH took slots again"
@@ -180,9 +187,12 @@ def curve_server(tmp_path: Path) -> Iterator[tuple[TieringManager, Path]]:
         (tmp_path / "clients" / f"{name}.public").write_bytes(
             (tmp_path / f"{name}.public").read_bytes()
         )
-    serve = {"port": free_port(), "hold_timeout_s": 30.0,
-             "curve_secret_key_file": str(tmp_path / "server.secret"),
-             "curve_client_keys_dir": str(tmp_path / "clients")}  # fmt: skip
+    serve = {
+        "port": free_port(),
+        "hold_timeout_s": 30.0,
+        "curve_secret_key_file": str(tmp_path / "server.secret"),
+        "curve_client_keys_dir": str(tmp_path / "clients"),
+    }
     manager = TieringManager(config(SLOTS, LAYOUT, serve=serve), IDENTITY)
     assert store(manager, KEYS)
     yield manager, tmp_path
@@ -201,8 +211,11 @@ def test_connections_with_one_curve_key_share_its_budget(curve_server):
 
     hoarders = [Hoarder(port, (keys / "alice.secret", public)) for _ in range(3)]
     try:
-        wait_for(lambda: min(h.sent for h in hoarders) > 10 and stat("fetched_chunks") > 30 * SLOTS,
-                 timeout=30, what="every alice connection being served")  # fmt: skip
+        wait_for(
+            lambda: min(h.sent for h in hoarders) > 10 and stat("fetched_chunks") > 30 * SLOTS,
+            timeout=30,
+            what="every alice connection being served",
+        )
         assert stat("peer_held_slots") == 8, "connections of one key took more than its budget"
         hoarders.append(Hoarder(port, (keys / "bob.secret", public)))
         wait_for(lambda: stat("peer_held_slots") == 16, timeout=30, what="bob's own budget")

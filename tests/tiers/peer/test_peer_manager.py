@@ -12,8 +12,8 @@ import time
 import pytest
 
 from kvtier import MISS, RETRY, TieringManager
-from kvtier import promotion as promotion_module
 from kvtier.config import P2PTierConfig
+from kvtier.core import promotion as promotion_module
 from kvtier.region import HostRegion
 from kvtier.telemetry.kv_events import EventKind
 from kvtier.tiers.peer.tier import PeerTier

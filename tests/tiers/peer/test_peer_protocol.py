@@ -447,8 +447,29 @@ def near_messages(draw: st.DrawFn) -> tuple[object, list[bytes]]:
 
 #: Values of every msgpack type, for every field: ints that are bools, bools that are ints, strs
 #: that are bytes, and so on.
-CONFUSIONS = [True, False, 0, 1, 2, 3, -1, 2**63, 1.0, None, "", "x", b"", b"x", KEY, DIGEST,
-              KEY[:31], [], [KEY], [True], {}]  # fmt: skip
+CONFUSIONS = [
+    True,
+    False,
+    0,
+    1,
+    2,
+    3,
+    -1,
+    2**63,
+    1.0,
+    None,
+    "",
+    "x",
+    b"",
+    b"x",
+    KEY,
+    DIGEST,
+    KEY[:31],
+    [],
+    [KEY],
+    [True],
+    {},
+]
 
 
 def chunk_frames(direction: str, kind: int, body: object) -> list[bytes]:

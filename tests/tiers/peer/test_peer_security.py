@@ -117,14 +117,23 @@ def test_the_server_binds_loopback_unless_told_otherwise():
 @pytest.mark.parametrize("blocks_per_chunk", [4, 32], ids=["1MiB", "8MiB"])
 def test_curve_carries_real_chunk_sizes_both_ways(keys_dir, blocks_per_chunk):
     """CURVE sends each frame 33 bytes longer: a whole chunk's frame must pass the size limit."""
-    layout = KVLayout(num_layers=4, num_kv_heads=8, head_dim=128, dtype="float16",
-                      block_size=16, blocks_per_chunk=blocks_per_chunk)  # fmt: skip
+    layout = KVLayout(
+        num_layers=4,
+        num_kv_heads=8,
+        head_dim=128,
+        dtype="float16",
+        block_size=16,
+        blocks_per_chunk=blocks_per_chunk,
+    )
     assert layout.chunk_bytes == blocks_per_chunk << 18  # 1 MiB or 8 MiB
     identity = CacheIdentity(model="test/model", revision="r1", layout=layout)
     keys, port = make_keys(identity, 3), free_port()
-    serve = {"port": port, "accept_stores": True,
-             "curve_secret_key_file": str(keys_dir / "server.secret"),
-             "curve_client_keys_dir": str(keys_dir / "clients")}  # fmt: skip
+    serve = {
+        "port": port,
+        "accept_stores": True,
+        "curve_secret_key_file": str(keys_dir / "server.secret"),
+        "curve_client_keys_dir": str(keys_dir / "clients"),
+    }
     with TieringManager(config(4, layout, serve=serve), identity) as server:
         plan = server.prepare_store(keys[:2])
         assert plan is not None
@@ -160,9 +169,13 @@ def test_stores_beyond_loopback_without_curve_are_refused_unless_forced(keys_dir
     forced = ServeConfig(port=1, host="0.0.0.0", accept_stores=True, allow_insecure_stores=True)
     assert forced.accept_stores and not forced.loopback
     assert ServeConfig(port=1, host="::1", accept_stores=True).loopback
-    secured = ServeConfig(port=1, host="0.0.0.0", accept_stores=True,
-                          curve_secret_key_file=str(keys_dir / "server.secret"),
-                          curve_client_keys_dir=str(keys_dir / "clients"))  # fmt: skip
+    secured = ServeConfig(
+        port=1,
+        host="0.0.0.0",
+        accept_stores=True,
+        curve_secret_key_file=str(keys_dir / "server.secret"),
+        curve_client_keys_dir=str(keys_dir / "clients"),
+    )
     assert secured.accept_stores
 
 

@@ -20,8 +20,14 @@ from tests.tiers.s3_server import ACCESS_KEY, SECRET_KEY
 
 def main(endpoint: str, prefix: str, load_seed: int, store_seed: int, n: int) -> dict[str, object]:
     identity = CacheIdentity(model="test/model", revision="r1", layout=SMALL_LAYOUT)
-    tier = {"type": "obj", "bucket": "kvtier", "endpoint_override": endpoint, "prefix": prefix,
-            "access_key": ACCESS_KEY, "secret_key": SECRET_KEY}  # fmt: skip
+    tier = {
+        "type": "obj",
+        "bucket": "kvtier",
+        "endpoint_override": endpoint,
+        "prefix": prefix,
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+    }
     with TieringManager(config(n, secondary_tiers=[tier]), identity) as manager:
         loaded = served_intact(manager, make_keys(identity, n, seed=load_seed))
         store(manager, make_keys(identity, n, seed=store_seed))

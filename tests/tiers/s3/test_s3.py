@@ -43,9 +43,13 @@ def tiers(s3_server: MotoServer) -> Iterator[list[SecondaryTier]]:
 
 def raw_store(server: MotoServer) -> S3Store:
     return S3Store(
-        BUCKET, endpoint=server.endpoint, region="us-east-1", access_key_id=ACCESS_KEY,
-        secret_access_key=SECRET_KEY, client_options={"allow_http": True},
-    )  # fmt: skip
+        BUCKET,
+        endpoint=server.endpoint,
+        region="us-east-1",
+        access_key_id=ACCESS_KEY,
+        secret_access_key=SECRET_KEY,
+        client_options={"allow_http": True},
+    )
 
 
 def object_name(prefix: str, identity: CacheIdentity, key: bytes) -> str:
@@ -111,8 +115,14 @@ def test_corrupted_or_foreign_objects_are_never_served(kind, s3_server, tiers, r
 def test_manager_recomputes_rather_than_serving_a_corrupt_chunk(s3_server, identity):
     """Through the manager: the promotion fails, lookup settles on the chunks before it."""
     prefix = "bad-manager"
-    tier_json = {"type": "obj", "bucket": BUCKET, "endpoint_override": s3_server.endpoint,
-                 "prefix": prefix, "access_key": ACCESS_KEY, "secret_key": SECRET_KEY}  # fmt: skip
+    tier_json = {
+        "type": "obj",
+        "bucket": BUCKET,
+        "endpoint_override": s3_server.endpoint,
+        "prefix": prefix,
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+    }
     keys = make_keys(identity, 3, seed=12)
     with TieringManager(config(3, secondary_tiers=[tier_json]), identity) as writer:
         plan = writer.prepare_store(keys)
@@ -156,9 +166,16 @@ def test_missing_bucket_is_a_clear_error(s3_server, region, identity):
 
 def test_nested_store_config_form_builds_a_working_tier(s3_server, identity):
     """The ``store_config`` form (as some deployments write it) is the same tier."""
-    nested = {"type": "obj", "prefix": "nested", "store_config": {
-        "bucket": BUCKET, "endpoint_override": s3_server.endpoint,
-        "access_key": ACCESS_KEY, "secret_key": SECRET_KEY}}  # fmt: skip
+    nested = {
+        "type": "obj",
+        "prefix": "nested",
+        "store_config": {
+            "bucket": BUCKET,
+            "endpoint_override": s3_server.endpoint,
+            "access_key": ACCESS_KEY,
+            "secret_key": SECRET_KEY,
+        },
+    }
     cfg = config(2, secondary_tiers=[nested])
     keys = make_keys(identity, 2, seed=14)
     with TieringManager(cfg, identity) as manager:
@@ -189,16 +206,31 @@ def test_wrong_credentials_are_a_clear_error_that_never_shows_them(
         auth_server.tier(BUCKET, region, identity, access_key=access, secret_key=secret)
     shown = [str(raised.value), repr(raised.value), caplog.text, repr(tier_config)]
     shown.append(describe_tier(tier_config))
-    shown.append(repr(TieringConfig.from_dict({"cpu_bytes_to_use": 1 << 20,
-                                               "secondary_tiers": [{"type": "obj", "bucket": "b",
-                                               "access_key": access, "secret_key": secret}]})))  # fmt: skip
+    shown.append(
+        repr(
+            TieringConfig.from_dict(
+                {
+                    "cpu_bytes_to_use": 1 << 20,
+                    "secondary_tiers": [
+                        {"type": "obj", "bucket": "b", "access_key": access, "secret_key": secret}
+                    ],
+                }
+            )
+        )
+    )
     assert not [text for text in shown if secret in text or access in text]
 
 
 def test_a_bigger_layout_round_trips(s3_server, tiers):
     """Chunks of several MiB stream into the slot across many network buffers."""
-    layout = KVLayout(num_layers=4, num_kv_heads=4, head_dim=128, dtype="float16",
-                      block_size=16, blocks_per_chunk=16)  # fmt: skip
+    layout = KVLayout(
+        num_layers=4,
+        num_kv_heads=4,
+        head_dim=128,
+        dtype="float16",
+        block_size=16,
+        blocks_per_chunk=16,
+    )
     identity = CacheIdentity(model="test/big", layout=layout)
     region = HostRegion(4, layout.chunk_bytes)
     assert layout.chunk_bytes >= 2 << 20

@@ -19,8 +19,12 @@ from tests.conftest import collect, config, fill, holds, make_keys, wait_for
 from tests.tiers.s3.s3_workload import BOUND_S, served_intact, store
 from tests.tiers.s3_server import ACCESS_KEY, SECRET_KEY, MotoServer
 
-FAST_RECOVERY = {"timeout_s": 1.0, "circuit_failures": 2, "reconnect_min_s": 0.1,
-                 "reconnect_max_s": 0.5}  # fmt: skip
+FAST_RECOVERY = {
+    "timeout_s": 1.0,
+    "circuit_failures": 2,
+    "reconnect_min_s": 0.1,
+    "reconnect_max_s": 0.5,
+}
 
 
 @pytest.fixture
@@ -32,9 +36,16 @@ def server() -> Iterator[MotoServer]:
 
 
 def obj_entry(server: MotoServer) -> dict[str, Any]:
-    return {"type": "obj", "bucket": "kvtier", "endpoint_override": server.endpoint,
-            "access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "io_threads": 4,
-            "prefix": "outage", **FAST_RECOVERY}  # fmt: skip
+    return {
+        "type": "obj",
+        "bucket": "kvtier",
+        "endpoint_override": server.endpoint,
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+        "io_threads": 4,
+        "prefix": "outage",
+        **FAST_RECOVERY,
+    }
 
 
 def obj_stats(manager: TieringManager) -> dict[str, int]:

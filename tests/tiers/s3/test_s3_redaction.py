@@ -19,8 +19,14 @@ def dead_port() -> int:
 
 def test_a_password_in_the_endpoint_url_is_never_shown(identity, caplog):
     endpoint = f"http://kvuser:hunter2@127.0.0.1:{dead_port()}"
-    tier = {"type": "obj", "bucket": "b", "endpoint_override": endpoint,
-            "access_key": "AKIAEXAMPLE", "secret_key": "s3cr3t", "timeout_s": 0.5}  # fmt: skip
+    tier = {
+        "type": "obj",
+        "bucket": "b",
+        "endpoint_override": endpoint,
+        "access_key": "AKIAEXAMPLE",
+        "secret_key": "s3cr3t",
+        "timeout_s": 0.5,
+    }
     messages = []
     with caplog.at_level(logging.DEBUG, logger="kvtier"):
         try:

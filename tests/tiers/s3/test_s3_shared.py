@@ -18,15 +18,32 @@ N = 6
 
 def test_two_processes_share_a_bucket(s3_server: MotoServer, identity):
     """This process stores A; the other loads A intact and stores B; this process loads B."""
-    tier = {"type": "obj", "bucket": "kvtier", "endpoint_override": s3_server.endpoint,
-            "prefix": "shared", "access_key": ACCESS_KEY, "secret_key": SECRET_KEY}  # fmt: skip
+    tier = {
+        "type": "obj",
+        "bucket": "kvtier",
+        "endpoint_override": s3_server.endpoint,
+        "prefix": "shared",
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+    }
     with TieringManager(config(N, secondary_tiers=[tier]), identity) as manager:
         store(manager, make_keys(identity, N, seed=50))
         other = subprocess.run(
-            [sys.executable, "-m", "tests.tiers.s3.s3_peer_process", s3_server.endpoint, "shared",
-             "50", "51", str(N)],
-            cwd=ROOT, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tests.tiers.s3.s3_peer_process",
+                s3_server.endpoint,
+                "shared",
+                "50",
+                "51",
+                str(N),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert other.returncode == 0, other.stderr
         assert json.loads(other.stdout.splitlines()[-1]) == {"loaded_intact": True, "stored": N}
         assert served_intact(manager, make_keys(identity, N, seed=51))

@@ -36,9 +36,13 @@ def service() -> Service:
 @pytest.fixture
 def breaker(service: Service) -> Iterator[CircuitBreaker]:
     breaker = CircuitBreaker(
-        "test", service.probe, failure_threshold=3, backoff_min_s=0.01, backoff_max_s=0.05,
+        "test",
+        service.probe,
+        failure_threshold=3,
+        backoff_min_s=0.01,
+        backoff_max_s=0.05,
         on_close=service.on_close,
-    )  # fmt: skip
+    )
     yield breaker
     breaker.close()
 
