@@ -20,6 +20,8 @@ characters a publisher sends in a string are printed escaped.
 Once the ZeroMQ handshake with the publisher has succeeded (so the subscription is on its way),
 one line ``kvtier events: subscribed to ENDPOINT`` goes to stderr. A batch that cannot be
 decoded or described is skipped with a warning on stderr; the command goes on with the next.
+Batch numbers that skip print ``! missed batches A..B``; numbers that go back (a publisher that
+restarted counts from 0 again) print ``! publisher restarted (seq LAST -> SEQ)``.
 """
 
 from __future__ import annotations
@@ -87,19 +89,33 @@ def _print_batches(socket: Any, wait_ms: int | None) -> None:
 def show_batch(frames: list[bytes], expected: int | None) -> int | None:
     """Print one message ``[topic, seq (8 bytes), payload]``; the sequence number expected next.
 
-    A message of another shape, or whose payload does not decode or describe, prints nothing
-    on stdout and a warning on stderr.
+    Before its lines, a message that does not follow the last one prints ``! missed batches
+    A..B`` (numbers skipped) or ``! publisher restarted (seq LAST -> SEQ)`` (numbers went
+    back: a restarted publisher counts from 0 again). A message of another shape, or whose
+    payload does not decode or describe, prints nothing on stdout and a warning on stderr.
     """
     if len(frames) != 3 or len(frames[1]) != 8:
         _say(f"skipped a malformed message ({len(frames)} frames)")
         return expected
     seq = int.from_bytes(frames[1], "big")
     lines = _describe(frames[2], seq)
-    if expected is not None and seq != expected:
-        print(f"! missed batches {expected}..{seq - 1}", flush=True)
-    for line in lines:
+    gap = _gap(expected, seq)
+    for line in [gap, *lines] if gap else lines:
         print(line, flush=True)
     return seq + 1
+
+
+def _gap(expected: int | None, seq: int) -> str | None:
+    """The line that says batch ``seq`` does not follow the last one, or ``None`` if it does.
+
+    A number past ``expected`` means batches were missed; one below it (the last seen, or
+    lower) means the publisher restarted and numbers from 0 again.
+    """
+    if expected is None or seq == expected:
+        return None
+    if seq < expected:
+        return f"! publisher restarted (seq {expected - 1} -> {seq})"
+    return f"! missed batches {expected}..{seq - 1}"
 
 
 def _describe(payload: bytes, seq: int) -> list[str]:
