@@ -24,6 +24,7 @@ from kvtier.tiers.base import TransferJob
 from kvtier.tiers.fs import files as fs_files
 from kvtier.tiers.fs import io as fs_io
 from kvtier.tiers.fs import native
+from kvtier.tiers.fs.pin import NamespacePin
 from kvtier.tiers.fs.tier import FilesystemTier
 from tests.conftest import collect, fill, holds, make_keys
 
@@ -44,18 +45,23 @@ def test_the_compiled_io_is_built_on_linux():
 NAME = "abcd" + "0" * 60
 
 
+def pinned(path: Path) -> NamespacePin:
+    return NamespacePin.open(str(path))
+
+
 @needs_native
 def test_store_writes_renames_and_truncates(tmp_path: Path):
     header, payload = b"h" * 4096, aligned(8192)
     payload[:] = b"p" * 8192
-    assert native.store(str(tmp_path), NAME, "x.tmp", (header, payload), 4096 + 5000, 0, False)
+    pin = pinned(tmp_path)
+    assert native.store(pin, NAME, "x.tmp", (header, payload), 4096 + 5000, 0, False)
     level = tmp_path / "ab" / "cd"  # made where missing
     assert sorted(p.name for p in level.iterdir()) == [NAME]
     assert (level / NAME).read_bytes() == b"h" * 4096 + b"p" * 5000
     header_block = aligned(4096)  # O_DIRECT writes from page-aligned memory
     header_block[:] = header
     other = "abce" + "0" * 60
-    assert native.store(str(tmp_path), other, "y.tmp", (header_block, payload), -1, O_DIRECT, True)
+    assert native.store(pin, other, "y.tmp", (header_block, payload), -1, O_DIRECT, True)
     assert (tmp_path / "ab" / "ce" / other).stat().st_size == 4096 + 8192
 
 
@@ -66,23 +72,29 @@ def test_store_hands_back_what_it_cannot_do(tmp_path: Path):
     outside.mkdir()
     namespace = tmp_path / "ns"
     namespace.mkdir()
+    pin = pinned(namespace)
     (namespace / "ab").symlink_to(outside)  # a linked level: never followed, not even to mkdir
-    assert not native.store(str(namespace), NAME, "x.tmp", (header, payload), -1, 0, False)
+    assert not native.store(pin, NAME, "x.tmp", (header, payload), -1, 0, False)
     (namespace / "12").write_bytes(b"")  # a file where a level directory belongs
-    assert not native.store(
-        str(namespace), "12" + NAME[2:], "x.tmp", (header, payload), -1, 0, False
-    )
+    assert not native.store(pin, "12" + NAME[2:], "x.tmp", (header, payload), -1, 0, False)
     (namespace / "34" / "56" / ("3456" + NAME[4:])).mkdir(parents=True)  # a directory there
-    assert not native.store(
-        str(namespace), "3456" + NAME[4:], "x.tmp", (header, payload), -1, 0, False
-    )
+    assert not native.store(pin, "3456" + NAME[4:], "x.tmp", (header, payload), -1, 0, False)
+    namespace.rename(tmp_path / "moved")
+    namespace.symlink_to(outside)  # the namespace swapped: refused, never followed
+    assert not native.store(pin, "7890" + NAME[4:], "x.tmp", (header, payload), -1, 0, False)
     assert list(outside.iterdir()) == []
     assert not [p for p in namespace.rglob("*.tmp")]  # no temporary file left behind
 
 
 def _load(path: Path, flags: int = os.O_RDONLY, adaptive: bool = False) -> native.Loaded | None:
     header, payload = aligned(4096), aligned(8192)
-    return native.load(str(path), header, payload[:5000], payload, flags, adaptive, O_DIRECT)
+    pin = pinned(path.parent)
+    try:
+        return native.load(
+            pin, path.name, header, payload[:5000], payload, flags, adaptive, O_DIRECT
+        )
+    finally:
+        pin.close()
 
 
 @needs_native

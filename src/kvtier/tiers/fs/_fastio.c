@@ -8,10 +8,13 @@
  * costs more CPU than the call itself (strace: ~90 futex calls per stored chunk). Here the
  * calls run back to back with the GIL released once.
  *
- * Safety is the same as the Python path's (fs/paths.py): every path is resolved with openat2
- * and RESOLVE_NO_SYMLINKS (no link anywhere is followed), files are opened O_NOFOLLOW and
- * O_NONBLOCK (a FIFO never blocks), and a read checks S_ISREG with fstat before any byte is
- * read. Checksums and header checks stay in Python: nothing here decides whether bytes are
+ * Safety is the same as the Python path's (fs/paths.py, fs/pin.py): every path is resolved
+ * below the namespace's descriptor, held open since start, with openat2 and
+ * RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH (no link anywhere is followed); before that, the
+ * namespace's path must still name the directory pinned at start (lstat: same st_dev and
+ * st_ino), else the call fails with ESTALE and Python names it. Files are opened O_NOFOLLOW
+ * and O_NONBLOCK (a FIFO never blocks), and a read checks S_ISREG with fstat before any byte
+ * is read. Checksums and header checks stay in Python: nothing here decides whether bytes are
  * right.
  */
 #define PY_SSIZE_T_CLEAN
@@ -44,15 +47,37 @@ struct cachestat {
     unsigned long long nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
 };
 
-/* openat2 from the root, following no link; -1 with errno on failure. */
-static int open_no_links(const char *path, int flags)
+/* openat2 of `path` below directory `dir`, following no link; -1 with errno on failure. */
+static int open_no_links(int dir, const char *path, int flags)
 {
     struct open_how how = {
         .flags = (unsigned long long)(flags | O_CLOEXEC),
         .mode = 0,
-        .resolve = RESOLVE_NO_SYMLINKS,
+        .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH,
     };
-    return (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
+    return (int)syscall(SYS_openat2, dir, path, &how, sizeof how);
+}
+
+/* The namespace as pinned at start (fs/pin.py): its descriptor, its path, and the st_dev and
+ * st_ino that lstat of the path gave then. */
+struct pin {
+    int fd;
+    const char *path;
+    unsigned long long dev, ino;
+};
+
+/* 0 while the path still names the pinned entry, else -1 with errno ESTALE (swapped or gone:
+ * Python's check names which). */
+static int still_pinned(const struct pin *p)
+{
+    struct stat st;
+    int gone = fstatat(AT_FDCWD, p->path, &st, AT_SYMLINK_NOFOLLOW) < 0;
+    if (gone || (unsigned long long)st.st_dev != p->dev
+        || (unsigned long long)st.st_ino != p->ino) {
+        errno = ESTALE;
+        return -1;
+    }
+    return 0;
 }
 
 /* Drop the first `done` bytes of iov[0..*n); returns the new start. */
@@ -117,34 +142,36 @@ static int all_cached(int fd, off_t size)
 #define DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
 
 struct store_args {
-    const char *namespace, *levels[2], *tmp, *name;
+    struct pin pin;
+    const char *levels[2], *tmp, *name;
     Py_buffer header, payload;
     Py_ssize_t truncate_to;
     int flags, sync;
     unsigned int dir_mode, file_mode; /* of what is created (the umask may narrow them) */
 };
 
-/* <namespace>/<level 1>/<level 2>, made (dir_mode) where missing: one openat2 when it exists,
- * else the walk from the namespace with mkdirat and O_NOFOLLOW opens (a link is never
- * followed, even to make a directory). A descriptor, or -1 with errno. */
+/* <level 1>/<level 2> below the pinned namespace, made (dir_mode) where missing: one openat2
+ * when it exists, else the walk from the namespace with mkdirat and O_NOFOLLOW opens (a link
+ * is never followed, even to make a directory). A descriptor, or -1 with errno. */
 static int open_levels(const struct store_args *a)
 {
     char path[PATH_MAX];
-    int n = snprintf(path, sizeof path, "%s/%s/%s", a->namespace, a->levels[0], a->levels[1]);
+    int n = snprintf(path, sizeof path, "%s/%s", a->levels[0], a->levels[1]);
     if (n < 0 || (size_t)n >= sizeof path) {
         errno = ENAMETOOLONG;
         return -1;
     }
-    int dir = open_no_links(path, DIR_FLAGS);
+    int dir = open_no_links(a->pin.fd, path, DIR_FLAGS);
     if (dir >= 0 || errno != ENOENT)
         return dir;
-    dir = open_no_links(a->namespace, DIR_FLAGS);
+    dir = a->pin.fd;
     for (int i = 0; i < 2 && dir >= 0; i++) {
         int child = -1;
         if (mkdirat(dir, a->levels[i], (mode_t)a->dir_mode) == 0 || errno == EEXIST)
             child = openat(dir, a->levels[i], DIR_FLAGS);
         int saved = errno;
-        close(dir);
+        if (dir != a->pin.fd)
+            close(dir);
         errno = saved;
         dir = child;
     }
@@ -156,6 +183,8 @@ static int open_levels(const struct store_args *a)
 static int store_file(struct store_args *a, const char **failed)
 {
     int err = 0;
+    if (still_pinned(&a->pin) < 0)
+        return errno;
     int dir = open_levels(a);
     if (dir < 0)
         return errno;
@@ -188,11 +217,12 @@ static int store_file(struct store_args *a, const char **failed)
 static PyObject *fastio_store(PyObject *self, PyObject *args)
 {
     struct store_args a;
-    if (!PyArg_ParseTuple(args, "yyyyyy*y*nipII", &a.namespace, &a.levels[0], &a.levels[1],
-                          &a.tmp, &a.name, &a.header, &a.payload, &a.truncate_to, &a.flags,
-                          &a.sync, &a.dir_mode, &a.file_mode))
+    if (!PyArg_ParseTuple(args, "(iyKK)yyyyy*y*nipII", &a.pin.fd, &a.pin.path, &a.pin.dev,
+                          &a.pin.ino, &a.levels[0], &a.levels[1], &a.tmp, &a.name, &a.header,
+                          &a.payload, &a.truncate_to, &a.flags, &a.sync, &a.dir_mode,
+                          &a.file_mode))
         return NULL;
-    const char *failed = a.namespace;
+    const char *failed = a.pin.path;
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = store_file(&a, &failed);
@@ -207,7 +237,8 @@ static PyObject *fastio_store(PyObject *self, PyObject *args)
 }
 
 struct load_args {
-    const char *path;
+    struct pin pin;
+    const char *path; /* below the namespace: <level 1>/<level 2>/<name> */
     Py_buffer header, plain, aligned;
     int flags, adaptive, o_direct;
     /* results */
@@ -220,7 +251,9 @@ struct load_args {
 static int load_file(struct load_args *a)
 {
     int err = 0;
-    int fd = open_no_links(a->path, a->flags | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
+    if (still_pinned(&a->pin) < 0)
+        return errno;
+    int fd = open_no_links(a->pin.fd, a->path, a->flags | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
     if (fd < 0)
         return errno;
     a->direct = (a->flags & a->o_direct) != 0;
@@ -249,8 +282,9 @@ static int load_file(struct load_args *a)
 static PyObject *fastio_load(PyObject *self, PyObject *args)
 {
     struct load_args a = {0};
-    if (!PyArg_ParseTuple(args, "yw*w*w*iii", &a.path, &a.header, &a.plain, &a.aligned,
-                          &a.flags, &a.adaptive, &a.o_direct))
+    if (!PyArg_ParseTuple(args, "(iyKK)yw*w*w*iii", &a.pin.fd, &a.pin.path, &a.pin.dev,
+                          &a.pin.ino, &a.path, &a.header, &a.plain, &a.aligned, &a.flags,
+                          &a.adaptive, &a.o_direct))
         return NULL;
     int err;
     Py_BEGIN_ALLOW_THREADS
@@ -285,7 +319,7 @@ static struct PyModuleDef fastio_module = {
 };
 
 /* The calling convention of store and load; native.py uses a module of its own ABI only. */
-#define FASTIO_ABI 2
+#define FASTIO_ABI 3
 
 PyMODINIT_FUNC PyInit__fastio(void)
 {

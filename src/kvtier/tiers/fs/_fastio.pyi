@@ -1,7 +1,10 @@
 ABI: int
 
+#: The namespace as pinned (``kvtier.tiers.fs.pin``): descriptor, path, st_dev, st_ino.
+Pin = tuple[int, bytes, int, int]
+
 def store(
-    namespace: bytes,
+    pin: Pin,
     level1: bytes,
     level2: bytes,
     tmp: bytes,
@@ -16,6 +19,7 @@ def store(
     /,
 ) -> None: ...
 def load(
+    pin: Pin,
     path: bytes,
     header: bytes | memoryview,
     plain: bytes | memoryview,

@@ -11,9 +11,11 @@ A chunk is written to a temporary file in its final directory and renamed into p
 crash leaves either a complete chunk or none under the final name. Temporary files whose writer
 is gone (same host, dead pid; or older than ``STALE_TMP_S``) are removed by ``scan``.
 
-Every entry is reached through ``paths``: no link below the namespace is followed and no
-``open`` can block; an entry that is not a regular file raises ``NotRegularError``. The
-namespace, and whether it may be written (read-only on a full disk), is ``namespace``'s.
+Every entry is reached through ``paths``, below the namespace's descriptor pinned at start
+(``pin``): no link below it is followed, no ``open`` can block, and an entry that is not a
+regular file raises ``NotRegularError``; a namespace swapped for something else raises
+``NamespaceSwappedError`` (one that vanished is made again by the next write). The namespace,
+and whether it may be written (read-only on a full disk), is ``namespace``'s.
 
 A chunk file is written or read in one call of ``native`` (the compiled ``_fastio``: the
 GIL released once per file) where it is built; whatever it hands back, and every platform
@@ -26,6 +28,7 @@ a ``threading.local``.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import mmap
@@ -56,6 +59,7 @@ from kvtier.tiers.fs.paths import (
     rename_into_place,
     unlink_if_same,
 )
+from kvtier.tiers.fs.pin import NamespacePin, NamespaceSwappedError
 from kvtier.tiers.fs.scan import HOST_TAG, ScanResult, scan_namespace
 from kvtier.tiers.shared.codec import HEADER_BYTES, encode_header, verify
 
@@ -96,8 +100,6 @@ class ChunkFiles:
         self._local = threading.local()
         self.directory = Namespace(root_dir, identity, self._tag, dir_mode)
         self.namespace = self.directory.path
-        #: Links in root_dir's own path are resolved once, here; none below it is followed.
-        self._real = os.path.realpath(self.namespace)
         if self.directory.read_only:
             self.o_direct = o_direct == "on"
         else:
@@ -121,7 +123,17 @@ class ChunkFiles:
         Replaces a link, FIFO or other non-directory entry at the chunk's path. Raises
         ``OSError``: ``NotRegularError`` when a directory is in the way. At most
         ``BUFFERED_WRITERS`` threads write through the page cache at once; the others wait.
+        A namespace that vanished is made again first; ``NamespaceSwappedError`` when another
+        entry stands in its place.
         """
+        try:
+            return self._write_turn(key, region, slot)
+        except NamespaceSwappedError as exc:
+            if not exc.absent or not self.directory.repin():
+                raise
+        return self._write_turn(key, region, slot)
+
+    def _write_turn(self, key: ChunkKey, region: HostRegion, slot: int) -> int:
         if self._direct_write(HEADER_BYTES + region.slot_bytes):
             return self._write(key, region, slot, True)
         self._write_turns.get()
@@ -136,8 +148,9 @@ class ChunkFiles:
         buffers, truncate_to = self._file_buffers(key, region, slot, direct)
         flags = O_DIRECT if direct else 0
         modes = (self._dir_mode, self._file_mode)
-        if not native.store(self._real, name, tmp, buffers, truncate_to, flags, self._fsync, modes):
-            self._write_walk(name, tmp, buffers, truncate_to, flags)
+        pin = self._pin()
+        if not native.store(pin, name, tmp, buffers, truncate_to, flags, self._fsync, modes):
+            self._write_walk(pin, name, tmp, buffers, truncate_to, flags)
         return HEADER_BYTES + region.slot_bytes
 
     def _direct_write(self, nbytes: int) -> bool:
@@ -161,6 +174,7 @@ class ChunkFiles:
 
     def _write_walk(
         self,
+        pin: NamespacePin,
         name: str,
         tmp: str,
         buffers: tuple[memoryview | bytes, memoryview],
@@ -169,7 +183,7 @@ class ChunkFiles:
     ) -> None:
         """``native.store`` through the ``os`` module: creates missing level directories and
         names every failure (``OSError``: ``NotRegularError`` when a directory is in the way)."""
-        with self._chunk_dir(name, create=True) as directory:
+        with self._chunk_dir(pin, name, create=True) as directory:
             try:
                 fd = os.open(tmp, self._write_flags | flags, self._file_mode, dir_fd=directory)
                 try:
@@ -198,27 +212,35 @@ class ChunkFiles:
         another writer replaced it meanwhile).
         """
         name = key.hex()
-        header, payload = self._scratch(), region.view(slot)
-        path = f"{level_path(self._real, name)}/{name}"
+        header, payload, pin = self._scratch(), region.view(slot), self._pin()
         args = (header, payload, region.aligned_view(slot), self._read_flags)
-        loaded = native.load(path, *args, self.adaptive, O_DIRECT) or self._read_walk(name, *args)
+        path = f"{level_path(name)}/{name}"
+        loaded = native.load(pin, path, *args, self.adaptive, O_DIRECT)
+        loaded = loaded or self._read_walk(pin, name, *args)
         size, got, device, inode, _ = loaded
         digest = payload_checksum(payload[: max(0, got - HEADER_BYTES)])
         try:
             self._verify(key, header, payload, got, size, digest)
         except IntegrityError:
-            with suppress(OSError), chunk_dir(self.namespace, name) as directory:
+            with suppress(OSError), chunk_dir(pin.fd, name) as directory:
                 unlink_if_same(directory, name, (device, inode))
             raise
         return size
 
     def _read_walk(
-        self, name: str, header: memoryview, plain: memoryview, aligned: memoryview, flags: int
+        self,
+        pin: NamespacePin,
+        name: str,
+        header: memoryview,
+        plain: memoryview,
+        aligned: memoryview,
+        flags: int,
     ) -> native.Loaded:
         """``native.load`` through the ``os`` module; raises what ``read`` documents."""
-        fd = open_beneath(self._real, name, flags)
+        pin.check()
+        fd = open_beneath(pin.fd, name, flags)
         if fd is None:  # no openat2, or a failure the walk names exactly
-            with chunk_dir(self.namespace, name) as directory:
+            with chunk_dir(pin.fd, name) as directory:
                 fd, found = open_regular(directory, name, flags)
         else:
             found = check_regular(fd, name)
@@ -258,29 +280,40 @@ class ChunkFiles:
         """
         name = key.hex()
         try:
-            fd = open_beneath(self._real, name, os.O_PATH)
+            pin = self._pin()
+            pin.check()
+            fd = open_beneath(pin.fd, name, os.O_PATH)
             if fd is not None:
                 result = check_regular(fd, name)
                 os.close(fd)
                 return result.st_size
-            with chunk_dir(self.namespace, name) as directory:
+            with chunk_dir(pin.fd, name) as directory:
                 return regular_stat(directory, name).st_size
         except FileNotFoundError:
             return None
 
     def remove(self, key: ChunkKey) -> None:
         """Delete chunk ``key``'s entry (whatever it is, unless a directory); never via a link."""
-        name = key.hex()
-        with suppress(FileNotFoundError), chunk_dir(self.namespace, name) as directory:
+        name, pin = key.hex(), self._pin()
+        pin.check()
+        with suppress(FileNotFoundError), chunk_dir(pin.fd, name) as directory:
             os.unlink(name, dir_fd=directory)
 
+    def _pin(self) -> NamespacePin:
+        """The pinned namespace; ``FileNotFoundError`` while there is none (not made yet)."""
+        pin = self.directory.pin
+        if pin is None:
+            raise FileNotFoundError(errno.ENOENT, "no namespace directory", self.namespace)
+        return pin
+
     @contextmanager
-    def _chunk_dir(self, name: str, *, create: bool = False) -> Iterator[int]:
-        """Chunk ``name``'s directory: one openat2 when it exists, else the walk of
-        ``chunk_dir`` (which creates missing levels with ``create``)."""
-        fd = open_level_beneath(self._real, name)
+    def _chunk_dir(self, pin: NamespacePin, name: str, *, create: bool = False) -> Iterator[int]:
+        """Chunk ``name``'s directory below ``pin`` (checked first): one openat2 when it exists,
+        else the walk of ``chunk_dir`` (which creates missing levels with ``create``)."""
+        pin.check()
+        fd = open_level_beneath(pin.fd, name)
         if fd is None:
-            with chunk_dir(self.namespace, name, create=create, mode=self._dir_mode) as walked:
+            with chunk_dir(pin.fd, name, create=create, mode=self._dir_mode) as walked:
                 yield walked
             return
         try:
@@ -295,18 +328,26 @@ class ChunkFiles:
             buffer = self._local.header = memoryview(mmap.mmap(-1, HEADER_BYTES))
         return buffer
 
+    def close(self) -> None:
+        """Close the namespace's pinned descriptor; call once no thread uses this any more."""
+        self.directory.close()
+
     # -- start-up ---------------------------------------------------------------------------
     def scan(self, stop: threading.Event) -> ScanResult:
         """Every chunk file in the namespace, stale temporary files removed (``scan``)."""
-        return scan_namespace(self.namespace, self._token, stop)
+        pin = self.directory.pin
+        if pin is None:
+            return ScanResult()
+        return scan_namespace(pin.fd, self._token, stop)
 
     def _direct_io_works(self) -> bool:
-        if not O_DIRECT:
+        pin = self.directory.pin
+        if not O_DIRECT or pin is None:
             return False
-        path = os.path.join(self.namespace, f".o_direct-probe.{self._tag}-0.tmp")
-        block = self._scratch()
+        name, block = f".o_direct-probe.{self._tag}-0.tmp", self._scratch()
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | O_DIRECT
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_DIRECT, self._file_mode)
+            fd = os.open(name, flags, self._file_mode, dir_fd=pin.fd)
             try:
                 return os.pwrite(fd, block, 0) == len(block) == os.preadv(fd, [block], 0)
             finally:
@@ -315,4 +356,4 @@ class ChunkFiles:
             return False
         finally:
             with suppress(OSError):
-                os.unlink(path)
+                os.unlink(name, dir_fd=pin.fd)

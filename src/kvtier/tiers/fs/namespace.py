@@ -7,6 +7,10 @@ fail, and ``may_write`` tries the write again at most every ``READ_ONLY_RETRY_S`
 the tier writes again once there is room. Any other failure (``root_dir`` is a file, no
 permission) is a ``TierError`` at start: that is a wrong ``root_dir``, not a full disk.
 
+The namespace is pinned (``pin``) once it exists: its descriptor is held and every file of
+it is reached below that descriptor. A namespace that vanished while running is made and pinned
+again by ``repin`` (the next store's); one replaced by something else is refused.
+
 ``SpaceGuard`` keeps ``min_free_bytes`` free on the filesystem while the tier writes.
 
 Thread safety: ``Namespace`` is built on the caller's thread (the manager's); ``may_write`` and
@@ -26,6 +30,7 @@ from contextlib import suppress
 from kvtier.config.file_modes import DEFAULT_DIR_MODE, file_mode, make_dirs
 from kvtier.errors import TierError
 from kvtier.identity import CacheIdentity
+from kvtier.tiers.fs.pin import NamespacePin, NamespaceSwappedError
 from kvtier.tiers.shared.codec import FORMAT_VERSION
 
 log = logging.getLogger(__name__)
@@ -47,23 +52,22 @@ def describe(identity: CacheIdentity) -> str:
     return json.dumps(description, indent=2, sort_keys=True)
 
 
-def write_description(namespace: str, text: str, tag: str, dir_mode: int) -> None:
-    """Create ``namespace`` (and its missing parents) with ``dir_mode`` and write ``text`` as its
-    ``identity.json`` (``file_mode(dir_mode)``), atomically.
+def write_description(namespace_fd: int, text: str, tag: str, dir_mode: int) -> None:
+    """Write ``text`` as the ``identity.json`` of the namespace open as ``namespace_fd``
+    (``file_mode(dir_mode)``), atomically.
 
     Raises ``OSError``; leaves no temporary file behind.
     """
-    target = os.path.join(namespace, "identity.json")
-    tmp = f"{target}.{tag}-0.tmp"
+    tmp = f"identity.json.{tag}-0.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        make_dirs(namespace, dir_mode)
-        with os.fdopen(os.open(tmp, flags, file_mode(dir_mode)), "w") as file:
+        fd = os.open(tmp, flags, file_mode(dir_mode), dir_fd=namespace_fd)
+        with os.fdopen(fd, "w") as file:
             file.write(text)
-        os.rename(tmp, target)
+        os.rename(tmp, "identity.json", src_dir_fd=namespace_fd, dst_dir_fd=namespace_fd)
     except BaseException:
         with suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=namespace_fd)
         raise
 
 
@@ -81,12 +85,16 @@ class Namespace:
     ) -> None:
         self.path = os.path.join(os.path.abspath(root_dir), identity.hexdigest)
         self.dir_mode = dir_mode
+        #: The namespace held open (``None`` while it does not exist: a full disk at start).
+        self.pin: NamespacePin | None = None
+        self._replaced: list[NamespacePin] = []
         self._text = describe(identity)
         self._tag = tag
         self._lock = threading.Lock()
         self._last_try = time.monotonic()
         self.error = self._write()
         if self.error is not None and self.error.errno not in FULL_ERRNOS:
+            self.close()
             reason = self.error.strerror or self.error
             raise TierError(
                 f"fs tier: cannot write under root_dir {root_dir!r}: {reason}"
@@ -108,12 +116,50 @@ class Namespace:
                     log.info("%s can be written again: stores resume", self.path)
             return not self.read_only
 
+    def repin(self) -> bool:
+        """Make the namespace again if it is gone (the cache wiped while running) and pin it;
+        whether a pinned namespace stands at ``path`` now. Any thread."""
+        with self._lock:
+            return self._write() is None
+
+    def statvfs(self) -> os.statvfs_result:
+        """``statvfs`` of the pinned namespace (of its path while there is none)."""
+        pin = self.pin
+        return os.statvfs(self.path if pin is None else pin.fd)
+
+    def close(self) -> None:
+        """Close the pinned descriptors (when no thread uses them any more)."""
+        for pin in (*self._replaced, *([self.pin] if self.pin else [])):
+            with suppress(OSError):
+                pin.close()
+        self._replaced.clear()
+        self.pin = None
+
     def _write(self) -> OSError | None:
         try:
-            write_description(self.path, self._text, self._tag, self.dir_mode)
+            pin = self._pinned()
+            write_description(pin.fd, self._text, self._tag, self.dir_mode)
         except OSError as exc:
             return exc
         return None
+
+    def _pinned(self) -> NamespacePin:
+        """The pin, made (the directory too, where missing) when there is none or the pinned
+        namespace is gone; raises ``NamespaceSwappedError`` when something else stands there."""
+        pin = self.pin
+        if pin is not None:
+            try:
+                pin.check()
+                return pin
+            except NamespaceSwappedError as exc:
+                if not exc.absent:
+                    raise
+            self._replaced.append(pin)
+            self.pin = None
+        make_dirs(self.path, self.dir_mode)
+        # Only the first pin follows a link at the namespace (the operator's, at start).
+        self.pin = NamespacePin.open(self.path, follow=not self._replaced)
+        return self.pin
 
 
 class SpaceGuard:
@@ -123,8 +169,8 @@ class SpaceGuard:
     subtracted from its last answer. Thread safety: every method takes ``_lock``.
     """
 
-    def __init__(self, path: str, min_free_bytes: int, interval_s: float = 0.25) -> None:
-        self._path = path
+    def __init__(self, directory: Namespace, min_free_bytes: int, interval_s: float = 0.25) -> None:
+        self._directory = directory
         self._min_free = min_free_bytes
         self._interval_s = interval_s
         self._free = 0
@@ -138,7 +184,7 @@ class SpaceGuard:
         with self._lock:
             now = time.monotonic()
             if now >= self._next_check:
-                stat = os.statvfs(self._path)
+                stat = self._directory.statvfs()
                 self._free = stat.f_bavail * stat.f_frsize
                 self._next_check = now + self._interval_s
             return self._free - nbytes >= self._min_free

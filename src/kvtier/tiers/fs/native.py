@@ -6,7 +6,9 @@ calls, each a release and retake of the GIL; with 16 I/O threads every retake is
 handoff, and for small chunks those handoffs cost more CPU than the I/O (issue 17: at 256 KiB,
 stores made ~90 futex calls per chunk). It follows the same rules as ``paths``: no link is
 followed (``openat2`` with ``RESOLVE_NO_SYMLINKS``), no ``open`` blocks, nothing but a regular
-file is read. Checksums and header checks stay in Python.
+file is read. Both work below the namespace's pinned descriptor (``pin``) and first check that
+its path still names it; a swapped namespace fails the call (ESTALE), and the ``os``-module
+path then names it (``NamespaceSwappedError``). Checksums and header checks stay in Python.
 
 Both functions answer ``None``/``False`` when the compiled path cannot do the job: the module
 is not built (``AVAILABLE`` is false), the kernel has no ``openat2``, or the call failed for
@@ -24,6 +26,7 @@ from types import ModuleType
 
 from kvtier.config.file_modes import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE
 from kvtier.tiers.fs.paths import OPENAT2
+from kvtier.tiers.fs.pin import NamespacePin
 
 _fastio: ModuleType | None
 try:
@@ -33,7 +36,7 @@ except ImportError:  # not built: no compiler at install, or not Linux
 
 #: The calling convention native.py speaks; a module built from another ``_fastio.c`` (a
 #: stale build in a working tree) is not used.
-ABI = 2
+ABI = 3
 if _fastio is not None and getattr(_fastio, "ABI", 1) != ABI:
     _fastio = None
 
@@ -50,7 +53,7 @@ def usable() -> bool:
 
 
 def store(
-    namespace: str,
+    pin: NamespacePin,
     name: str,
     tmp: str,
     buffers: tuple[memoryview | bytes, memoryview],
@@ -59,10 +62,10 @@ def store(
     fsync: bool,
     modes: tuple[int, int] = (DEFAULT_DIR_MODE, DEFAULT_FILE_MODE),
 ) -> bool:
-    """Write chunk file ``name`` under ``namespace`` (a real path: no link in it) in its level
-    directories (``name[:2]/name[2:4]``, made where missing with ``modes[0]``): ``buffers`` go
-    to ``tmp`` (open ``flags`` added; created with ``modes[1]``), which is then renamed to
-    ``name``. The umask may narrow both modes.
+    """Write chunk file ``name`` below the pinned namespace ``pin``, in its level directories
+    (``name[:2]/name[2:4]``, made where missing with ``modes[0]``): ``buffers`` go to ``tmp``
+    (open ``flags`` added; created with ``modes[1]``), which is then renamed to ``name``. The
+    umask may narrow both modes.
 
     ``truncate_to`` >= 0 sets the final size (an O_DIRECT write of a padded slot). With
     ``fsync`` the file and the directory are synced. ``tmp`` is gone afterwards whatever
@@ -73,7 +76,7 @@ def store(
     levels = (name[:2].encode(), name[2:4].encode())
     try:
         _fastio.store(
-            namespace.encode(),
+            pin.native,
             *levels,
             tmp.encode(),
             name.encode(),
@@ -89,6 +92,7 @@ def store(
 
 
 def load(
+    pin: NamespacePin,
     path: str,
     header: memoryview,
     plain: memoryview,
@@ -97,7 +101,8 @@ def load(
     adaptive: bool,
     o_direct: int,
 ) -> Loaded | None:
-    """Read the chunk file at ``path`` (open ``flags``): header block, then payload.
+    """Read the chunk file at ``path`` below the pinned namespace ``pin`` (open ``flags``):
+    header block, then payload.
 
     The payload lands in ``plain``, or in ``aligned`` (the slot with its padding) when the read
     is O_DIRECT: because ``flags`` has ``o_direct``, or with ``adaptive`` because the file is
@@ -108,7 +113,7 @@ def load(
         return None
     try:
         loaded: Loaded | None = _fastio.load(
-            path.encode(), header, plain, aligned, flags, adaptive, o_direct
+            pin.native, path.encode(), header, plain, aligned, flags, adaptive, o_direct
         )
     except OSError as exc:
         if exc.errno == errno.ENOENT:

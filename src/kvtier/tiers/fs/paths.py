@@ -10,8 +10,10 @@ forever), a socket, a device, a directory, a symlink out of the root or into a l
 * a chunk file is opened with ``O_NONBLOCK | O_NOFOLLOW`` (a FIFO opens at once, a link fails)
   and checked to be regular with ``fstat`` before a byte is read.
 
-``open_beneath`` does the same walk in one ``openat2`` call with ``RESOLVE_NO_SYMLINKS`` (Linux
-5.6+) from the namespace's real path, resolved once at start: one syscall instead of five
+Every walk starts from the namespace's descriptor, pinned at start (``pin``): whatever stands at
+the namespace's path later is never followed. ``open_beneath`` does the same walk in one
+``openat2`` call with ``RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH`` (Linux 5.6+) from that
+descriptor: one syscall instead of five
 (each one a GIL round trip, which is what small chunks pay for under many threads). Where
 ``openat2`` is missing (``ENOSYS``, ``EPERM`` from a seccomp filter) it says so once and callers
 take the walk above; any error other than "absent" is left to the walk to name exactly.
@@ -19,7 +21,8 @@ take the walk above; any error other than "absent" is left to the walk to name e
 An entry that is not what the layout expects there (a regular file, or a real directory for a
 level) raises ``NotRegularError``; the tier counts it under the reason ``not_regular`` and
 treats the key as absent. ``root_dir`` and the namespace directory itself may be links (the
-operator's choice of where the cache lives); they are followed, nothing below them is.
+operator's choice of where the cache lives); they are followed once, at start, nothing below
+them ever is.
 
 Thread safety: plain functions over descriptors they open and close; any thread.
 """
@@ -35,10 +38,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from kvtier.config.file_modes import DEFAULT_DIR_MODE, make_dirs
+from kvtier.config.file_modes import DEFAULT_DIR_MODE
 
-_NAMESPACE_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
-_LEVEL_FLAGS = _NAMESPACE_FLAGS | os.O_NOFOLLOW
+_LEVEL_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
 #: Added to every chunk file open: never wait (FIFO), never follow, never take a terminal.
 OPEN_FLAGS = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 
@@ -46,6 +48,7 @@ OPEN_FLAGS = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 #: openat2(2): the same number on every Linux architecture; ``struct open_how`` and its flag.
 _SYS_OPENAT2 = 437
 _RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
 _AT_FDCWD = -100
 
 
@@ -82,13 +85,15 @@ class Openat2:
         )
         self.available = self._syscall is not None
 
-    def open(self, path: str, flags: int, mode: int = 0) -> int | None:
-        """A descriptor of ``path``; ``None`` when openat2 is not available; raises ``OSError``."""
+    def open(self, path: str, flags: int, mode: int = 0, dir_fd: int = _AT_FDCWD) -> int | None:
+        """A descriptor of ``path`` (below ``dir_fd``, never out of it, when given); ``None``
+        when openat2 is not available; raises ``OSError``."""
         if self._syscall is None or not self.available:
             return None
-        how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE_NO_SYMLINKS)
+        resolve = _RESOLVE_NO_SYMLINKS | (_RESOLVE_BENEATH if dir_fd != _AT_FDCWD else 0)
+        how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
         encoded = os.fsencode(path)
-        fd = self._syscall(_SYS_OPENAT2, _AT_FDCWD, encoded, ctypes.byref(how), ctypes.sizeof(how))
+        fd = self._syscall(_SYS_OPENAT2, dir_fd, encoded, ctypes.byref(how), ctypes.sizeof(how))
         if fd >= 0:
             return int(fd)
         code = ctypes.get_errno()
@@ -102,29 +107,31 @@ class Openat2:
 OPENAT2 = Openat2()
 
 
-def level_path(real_namespace: str, name: str) -> str:
-    """``<namespace>/<name[:2]>/<name[2:4]>``: the directory of chunk ``name``."""
-    return f"{real_namespace}/{name[:2]}/{name[2:4]}"
+def level_path(name: str) -> str:
+    """``<name[:2]>/<name[2:4]>``: the directory of chunk ``name`` below the namespace."""
+    return f"{name[:2]}/{name[2:4]}"
 
 
-def open_beneath(real_namespace: str, name: str, flags: int) -> int | None:
-    """Open chunk ``name``'s file (``flags | OPEN_FLAGS``) following no link at all.
+def open_beneath(namespace_fd: int, name: str, flags: int) -> int | None:
+    """Open chunk ``name``'s file (``flags | OPEN_FLAGS``) below the namespace open as
+    ``namespace_fd``, following no link at all.
 
     ``None`` when openat2 is unavailable or failed for another reason than absence (the caller
     then walks with ``chunk_dir``, which names the failure); raises ``FileNotFoundError``.
     """
     try:
-        return OPENAT2.open(f"{level_path(real_namespace, name)}/{name}", flags | OPEN_FLAGS)
+        path = f"{level_path(name)}/{name}"
+        return OPENAT2.open(path, flags | OPEN_FLAGS, dir_fd=namespace_fd)
     except FileNotFoundError:
         raise
     except OSError:
         return None
 
 
-def open_level_beneath(real_namespace: str, name: str) -> int | None:
+def open_level_beneath(namespace_fd: int, name: str) -> int | None:
     """A descriptor of chunk ``name``'s directory following no link, or ``None`` (see above)."""
     try:
-        return OPENAT2.open(level_path(real_namespace, name), _LEVEL_FLAGS)
+        return OPENAT2.open(level_path(name), _LEVEL_FLAGS, dir_fd=namespace_fd)
     except OSError:
         return None
 
@@ -139,55 +146,54 @@ class NotRegularError(OSError):
 
 
 def failure_reason(exc: OSError) -> str:
-    """The counter suffix for ``exc``: ``not_regular`` or the errno name (``ENOSPC``...)."""
-    if isinstance(exc, NotRegularError):
-        return exc.reason
+    """The counter suffix for ``exc``: its ``reason`` (``not_regular``, ``namespace_swapped``)
+    or the errno name (``ENOSPC``...)."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str):
+        return reason
     return errno.errorcode.get(exc.errno or 0, "unknown")
 
 
 @contextmanager
 def chunk_dir(
-    namespace: str, name: str, *, create: bool = False, mode: int = DEFAULT_DIR_MODE
+    namespace_fd: int, name: str, *, create: bool = False, mode: int = DEFAULT_DIR_MODE
 ) -> Iterator[int]:
-    """A descriptor of ``<namespace>/<name[:2]>/<name[2:4]>``, closed when the block ends.
+    """A descriptor of ``<name[:2]>/<name[2:4]>`` below the namespace open as ``namespace_fd``,
+    closed when the block ends (``namespace_fd`` is left open).
 
     With ``create``, missing directories are made with ``mode`` (less the umask). Raises
     ``FileNotFoundError`` when one is missing (without ``create``), ``NotRegularError`` when a
     level is a link or not a directory.
     """
-    fd = _open_dir(namespace, None, create, mode)
+    fd = _open_dir(name[:2], namespace_fd, create, mode)
     try:
-        for level in (name[:2], name[2:4]):
-            child = _open_dir(level, fd, create, mode)
-            os.close(fd)
-            fd = child
+        child = _open_dir(name[2:4], fd, create, mode)
+        os.close(fd)
+        fd = child
         yield fd
     finally:
         os.close(fd)
 
 
-def _open_dir(path: str, dir_fd: int | None, create: bool, mode: int) -> int:
-    """Open the namespace (``dir_fd`` None: path followed) or a level below ``dir_fd``."""
+def _open_dir(name: str, dir_fd: int, create: bool, mode: int) -> int:
+    """Open level ``name`` below ``dir_fd`` (never through a link), made where missing."""
     try:
-        return _open_real_dir(path, dir_fd)
+        return open_level_dir(name, dir_fd)
     except FileNotFoundError:
         if not create:
             raise
     with suppress(FileExistsError):  # another thread or instance made it meanwhile
-        if dir_fd is None:
-            make_dirs(path, mode)
-        else:
-            os.mkdir(path, mode, dir_fd=dir_fd)
-    return _open_real_dir(path, dir_fd)
+        os.mkdir(name, mode, dir_fd=dir_fd)
+    return open_level_dir(name, dir_fd)
 
 
-def _open_real_dir(path: str, dir_fd: int | None) -> int:
-    flags = _NAMESPACE_FLAGS if dir_fd is None else _LEVEL_FLAGS
+def open_level_dir(name: str, dir_fd: int) -> int:
+    """Open directory ``name`` below ``dir_fd``; ``NotRegularError`` if a link or not a dir."""
     try:
-        return os.open(path, flags, dir_fd=dir_fd)
+        return os.open(name, _LEVEL_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link, or a file where a dir belongs
-            raise NotRegularError(path) from exc
+            raise NotRegularError(name) from exc
         raise
 
 

@@ -2,9 +2,11 @@
 
 A temporary file (``<key>.<host>-<pid>-<token>-<n>.tmp``, see ``files``) is stale when it
 is older than ``STALE_TMP_S`` whoever wrote it, or when its writer was a process of this host
-that is gone; a running writer's are left alone. Nothing below the namespace is followed: a
-level that is a link, or an entry that is not what the layout expects there, is skipped and
-counted by reason, as is anything that cannot be listed or stat'ed; the scan goes on.
+that is gone; a running writer's are left alone. The scan walks from the namespace's pinned
+descriptor (``pin``), each level opened below the previous one, so nothing below it is
+followed: a level that is a link, or an entry that is not what the layout expects there, is
+skipped and counted by reason, as is anything that cannot be listed or stat'ed; the scan goes
+on.
 
 Thread safety: plain functions over the directory; the fs tier runs them on its scan thread.
 """
@@ -19,11 +21,12 @@ import stat
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 
 from kvtier.keys import ChunkKey
-from kvtier.tiers.fs.paths import NotRegularError, failure_reason
+from kvtier.tiers.fs.paths import NotRegularError, failure_reason, open_level_dir
 
 #: A temporary file older than this is stale whoever wrote it (a write takes far less).
 STALE_TMP_S = 600.0
@@ -47,23 +50,27 @@ class ScanResult:
         self.skipped[failure_reason(exc)] += 1
 
 
-def scan_namespace(namespace: str, own_token: str, stop: threading.Event) -> ScanResult:
-    """Every chunk file under ``namespace``; removes stale temporary files on the way (never
-    those of the writer whose tag holds ``own_token``). Stops early once ``stop`` is set.
+def scan_namespace(namespace_fd: int, own_token: str, stop: threading.Event) -> ScanResult:
+    """Every chunk file below the namespace open as ``namespace_fd`` (left open); removes stale
+    temporary files on the way (never those of the writer whose tag holds ``own_token``).
+    Stops early once ``stop`` is set.
 
     Follows no link. An entry that cannot be listed, stat'ed or removed, or is not what the
     layout expects there, is skipped and counted (``ScanResult.skipped``); the rest goes on.
     """
     result = ScanResult()
-    for entries in _listings(namespace, result):
-        if stop.is_set():
-            break
-        for entry in entries:
-            _scan_entry(entry, own_token, result)
+    with closing(_listings(namespace_fd, result)) as listings:
+        for directory, entries in listings:
+            if stop.is_set():
+                break
+            for entry in entries:
+                _scan_entry(directory, entry, own_token, result)
     return result
 
 
-def _scan_entry(entry: os.DirEntry[str], own_token: str, result: ScanResult) -> None:
+def _scan_entry(
+    directory: int, entry: os.DirEntry[str], own_token: str, result: ScanResult
+) -> None:
     try:
         if _KEY_NAME.fullmatch(entry.name):
             found = entry.stat(follow_symlinks=False)
@@ -72,7 +79,7 @@ def _scan_entry(entry: os.DirEntry[str], own_token: str, result: ScanResult) -> 
             key = ChunkKey(bytes.fromhex(entry.name))
             result.chunks.append((found.st_mtime, key, found.st_size))
         elif entry.name.endswith(".tmp") and _is_stale(entry, own_token):
-            os.unlink(entry.path)
+            os.unlink(entry.name, dir_fd=directory)
             result.stale_removed += 1
     except FileNotFoundError:
         pass  # removed meanwhile (evicted or renamed by another instance)
@@ -89,34 +96,43 @@ def _is_stale(entry: os.DirEntry[str], own_token: str) -> bool:
     return match is not None and match.group(1) == HOST_TAG and not _pid_alive(int(match[2]))
 
 
-def _listings(namespace: str, result: ScanResult) -> Iterator[list[os.DirEntry[str]]]:
-    """The entries of the namespace, then of each level-2 directory (real directories only)."""
-    top = _entries(namespace, result)
-    yield top
-    for level1 in _level_dirs(top, result):
-        for level2 in _level_dirs(_entries(level1, result), result):
-            yield _entries(level2, result)
+def _listings(
+    namespace_fd: int, result: ScanResult
+) -> Generator[tuple[int, list[os.DirEntry[str]]], None, None]:
+    """The namespace's descriptor and entries, then each level-2 directory's (real directories
+    only, each opened below its parent). A descriptor is open until the next item is asked."""
+    top = _entries(namespace_fd, result)
+    yield namespace_fd, top
+    for level1 in _level_dirs(namespace_fd, top, result):
+        try:
+            for level2 in _level_dirs(level1, _entries(level1, result), result):
+                try:
+                    yield level2, _entries(level2, result)
+                finally:
+                    os.close(level2)
+        finally:
+            os.close(level1)
 
 
-def _level_dirs(entries: list[os.DirEntry[str]], result: ScanResult) -> Iterator[str]:
+def _level_dirs(
+    directory: int, entries: list[os.DirEntry[str]], result: ScanResult
+) -> Iterator[int]:
+    """Descriptors of the level directories among ``entries`` (never through a link); anything
+    else at a level's name is counted. The caller closes each."""
     for entry in entries:
-        if _LEVEL_NAME.fullmatch(entry.name) and _is_real_dir(entry, result):
-            yield entry.path
+        if not _LEVEL_NAME.fullmatch(entry.name):
+            continue
+        try:
+            yield open_level_dir(entry.name, directory)
+        except FileNotFoundError:
+            pass  # removed meanwhile
+        except OSError as exc:
+            result.skip(exc)
 
 
-def _is_real_dir(entry: os.DirEntry[str], result: ScanResult) -> bool:
-    """Whether ``entry`` is a directory, not a link to one; anything else is counted."""
-    try:
-        if entry.is_dir(follow_symlinks=False):
-            return True
-        result.skip(NotRegularError(entry.path))
-    except OSError as exc:
-        result.skip(exc)
-    return False
-
-
-def _entries(directory: str, result: ScanResult) -> list[os.DirEntry[str]]:
-    """The entries of ``directory``; none (counted) when it cannot be listed."""
+def _entries(directory: int, result: ScanResult) -> list[os.DirEntry[str]]:
+    """The entries of the directory open as ``directory``; none (counted) when it cannot be
+    listed."""
     try:
         with os.scandir(directory) as it:
             return list(it)

@@ -136,7 +136,7 @@ class FilesystemTier(PooledTier):
             dir_mode=dir_mode,
         )
         _warn_if_open(config.root_dir, self._files.namespace, dir_mode)
-        self._space = SpaceGuard(self._files.namespace, config.min_free_bytes)
+        self._space = SpaceGuard(self._files.directory, config.min_free_bytes)
         self._index = ChunkIndex(config.max_bytes)
         self._misses = RecentMisses(config.negative_ttl_s)
         self._counters = _Counters()
@@ -192,6 +192,7 @@ class FilesystemTier(PooledTier):
         self._runner.close()
         self._probes.shutdown(wait=True, cancel_futures=True)
         self._scanner.join()
+        self._files.close()
 
     def stats(self) -> dict[str, int]:
         """Counters (see the module docstring) plus ``index_chunks``, ``index_bytes``, ..."""
