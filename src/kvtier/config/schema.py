@@ -31,6 +31,7 @@ from kvtier.config.parser import load_json, parse_config, read_config_file
 from kvtier.control.admission import AdmissionConfig
 from kvtier.control.slo_guard import SLOGuardConfig
 from kvtier.errors import ConfigError
+from kvtier.policies.priority import DEFAULT_MAX_REQUEST_PRIORITY
 from kvtier.tiers.base import TierConfig
 from kvtier.tiers.catalog import TIER_TYPES
 from kvtier.tiers.peer.config import ServeConfig
@@ -80,6 +81,17 @@ class RuntimeConfig:
     admission: tuple[AdmissionConfig, ...] = ()
     #: Chunks retained below this priority (0-100) are never written to secondary tiers.
     secondary_min_priority: RetentionPriority = 0
+    #: The highest retention priority a request may ask for (0-100); more is cut to it and
+    #: counted. The operator's own retention is not capped (``kvtier.control.retention``).
+    max_request_priority: RetentionPriority = DEFAULT_MAX_REQUEST_PRIORITY
+    #: The longest a request's retention lasts, in seconds (one asked for good, or for longer,
+    #: ends then); ``None``: as long as asked.
+    max_request_duration_s: (
+        Annotated[
+            float, Bounds(0, float("inf"), "a finite number > 0", integer=False, open_low=True)
+        ]
+        | None
+    ) = None
 
     def __post_init__(self) -> None:
         if self.metrics_admin and self.metrics_port is None:
@@ -93,6 +105,7 @@ class RuntimeConfig:
 RUNTIME_KEYS = (
     "metrics_port", "metrics_host", "metrics_admin", "slo_guard", "admission",
     "secondary_min_priority",
+    "max_request_priority", "max_request_duration_s",
 )  # fmt: skip
 
 

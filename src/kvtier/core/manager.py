@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtier.config.checks import key_path, listen_errors
 from kvtier.config.schema import TieringConfig
-from kvtier.control.retention import Priority, expiry, prefix_length, priorities
+from kvtier.control.retention import Priority, prefix_length
 from kvtier.control.tier_switches import TierSwitch
 from kvtier.core.entry_checks import engine_call, serialized
 from kvtier.core.host_slots import ENGINE, WriteThrough
@@ -121,22 +121,23 @@ class TieringManager:
         priority: Priority = None,
         duration_s: float | None = None,
         first_chunk: int = 0,
+        operator: bool = False,
     ) -> StorePlan | None:
         """Reserve host slots for the keys not in host and admitted; ``None`` if none can be freed.
 
         ``priority`` (0-100, one for all keys or one per key) orders eviction, lower first, for
-        ``duration_s`` seconds or for good; ``first_chunk`` numbers ``keys[0]`` in its request's
-        prefix (for ``min_prefix_chunks``). Chunks admission drops are left out of the plan.
+        ``duration_s`` s or for good (``operator``: see ``touch``); ``first_chunk`` numbers
+        ``keys[0]`` in its prefix (for ``min_prefix_chunks``). Admission's drops are left out.
         """
-        wanted = dict(zip(keys, priorities(keys, priority), strict=True))
-        until, prefix = expiry(duration_s), prefix_length(first_chunk, keys)
+        asked = self._retention.asked(keys, priority, duration_s, operator, self.runtime)
+        wanted, prefix = asked.by_key(keys), prefix_length(first_chunk, keys)
         offered = [k for k in wanted if k not in self.host]
         new = self._retention.plan_store(offered, prefix, [wanted[k] for k in offered])
         slots = self._slots.allocate(new, [k for k in keys if self.host.is_ready(k)])
         if slots is None:
             self.metrics.count("store_rejected")
             return None
-        self._retention.reserved(new, [wanted[k] for k in new], until)
+        self._retention.reserved(new, [wanted[k] for k in new], asked)
         self._clock.start(new)
         return StorePlan(new, slots)
 
@@ -238,20 +239,22 @@ class TieringManager:
         hit: bool = True,
         priority: Priority = None,
         duration_s: float | None = None,
+        operator: bool = False,
     ) -> None:
         """Recency for chunks the engine hit in its own accelerator cache (counted as such).
 
         ``hit=False``: recency only, e.g. to order a sequence's chunks for eviction; under ARC
         it is not a use, so chunks stored once stay in ARC's once-seen list.
-        ``priority``/``duration_s``: a new retention priority for the chunks in host memory.
+        ``priority``/``duration_s``: a new retention priority for the chunks in host memory: a
+        request's (capped), or the ``operator``'s (``HostRetention.retain_each``).
         """
-        wanted, until = priorities(keys, priority), expiry(duration_s)
+        asked = self._retention.asked(keys, priority, duration_s, operator, self.runtime)
         if hit:
             self._provenance.count_accelerator_hits(len(keys))
             self._retention.used(keys)
         self.host.touch(keys, use=hit)
-        if priority is not None:
-            self._retention.retain_each(keys, wanted, until)
+        if priority is not None or operator:
+            self._retention.retain_each(keys, asked.priorities, asked)
 
     # -- background progress -----------------------------------------------------------------
     @serialized

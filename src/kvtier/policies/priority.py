@@ -9,13 +9,21 @@ use, kept it until then). Host memory (``HostTier``) and vLLM's host memory unde
 policy (``PriorityCache``) both keep their retention in one.
 
 With every key at the default priority there is one level and ``evict`` is that policy's own.
+
+What a request may ask for is checked and capped here too, for every engine path alike:
+``checked_priority`` and ``checked_duration`` (numbers of any size: a ``ValueError``, never an
+``OverflowError``), ``RequestLimits`` (the operator's ``max_request_priority`` and
+``max_request_duration_s``), and ``OperatorRetention`` (keys whose retention the operator gave,
+which no request's retention changes while it lasts).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import numbers
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from typing import Generic, TypeVar
 
@@ -24,6 +32,9 @@ from kvtier.policies import EvictionPolicy
 K = TypeVar("K", bound=Hashable)
 
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 100, 35
+#: The highest priority a request may ask for unless the operator says otherwise: 91-100 stay
+#: the operator's, so a prefix the operator retains there outranks every request's chunks.
+DEFAULT_MAX_REQUEST_PRIORITY = 90
 
 
 def checked_priority(value: object) -> int:
@@ -31,12 +42,93 @@ def checked_priority(value: object) -> int:
     ``ValueError`` saying why. The one check of the range, wherever a priority comes from."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(
-            f"expected an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {value!r}"
+            f"expected an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {shown(value)}"
         )
     number = int(value)
     if not MIN_PRIORITY <= number <= MAX_PRIORITY:
-        raise ValueError(f"expected {MIN_PRIORITY} to {MAX_PRIORITY}, got {number}")
+        raise ValueError(f"expected {MIN_PRIORITY} to {MAX_PRIORITY}, got {shown(number)}")
     return number
+
+
+def checked_duration(value: object) -> float:
+    """``value`` as a retention duration in seconds: a real number (never a bool) that is a
+    finite float above 0, else ``ValueError``. An int or fraction past the floats is refused
+    (``float`` would raise ``OverflowError``), and so is one that rounds to 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"expected a finite number > 0, got {shown(value)}")
+    try:
+        seconds = float(value)
+    except (OverflowError, ValueError):
+        seconds = math.inf
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"expected a finite number > 0, got {shown(value)}")
+    return seconds
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for an error message: never raises (an int
+    of more than 4,300 digits has no ``repr``)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an integer of more than {limit} digits"
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The operator's caps on the retention a request may ask for (``max_request_priority``,
+    ``max_request_duration_s``); the operator's own retention is never capped."""
+
+    max_priority: int = DEFAULT_MAX_REQUEST_PRIORITY
+    max_duration_s: float | None = None
+
+    def clamp(self, priority: int, duration_s: float | None) -> tuple[int, float | None]:
+        """``priority`` for ``duration_s`` seconds (``None``: for good) within the caps. A
+        retention at the default priority has no duration to cap (it ends where it is)."""
+        priority = min(priority, self.max_priority)
+        cap = self.max_duration_s
+        if cap is not None and priority != DEFAULT_PRIORITY:
+            duration_s = cap if duration_s is None else min(duration_s, cap)
+        return priority, duration_s
+
+
+class OperatorRetention(Generic[K]):
+    """Keys whose retention the operator gave, while it lasts: no request's retention changes
+    them (neither lowers nor raises), whatever the caps.
+
+    It lasts until ``until`` (the caller's clock; ``None``: for good) and while the key keeps
+    the priority given: once the key left (evicted, removed) or its priority ended, it is over.
+    """
+
+    def __init__(self) -> None:
+        self._given: dict[K, tuple[int, float | None]] = {}
+
+    def give(self, key: K, priority: int, until: float | None) -> None:
+        self._given[key] = (priority, until)
+
+    def lift(self, key: K) -> None:
+        self._given.pop(key, None)
+
+    def holds(self, key: K, priority: int | None, now: float) -> bool:
+        """Whether the operator's retention of ``key`` (now at ``priority``; ``None`` when not
+        known yet, e.g. still being written) still lasts; forgotten once it does not."""
+        given = self._given.get(key)
+        if given is None:
+            return False
+        if (priority is not None and priority != given[0]) or (
+            given[1] is not None and now >= given[1]
+        ):
+            del self._given[key]
+            return False
+        return True
+
+    def prune(self, keep: Callable[[K], bool]) -> None:
+        """Forget the keys ``keep`` rejects (e.g. those no longer resident)."""
+        self._given = {k: v for k, v in self._given.items() if keep(k)}
+
+    def __len__(self) -> int:
+        return len(self._given)
 
 
 class PrioritizedPolicy(Generic[K]):

@@ -1,10 +1,12 @@
 """Retention and admission under vLLM, the vLLM-free parts: parsing ``kvtier_retention``, the
-``PriorityCache`` behind ``KvtierPriorityPolicy`` (checked against a reference model), and a
-tier's ``admission``."""
+``PriorityCache`` behind ``KvtierPriorityPolicy`` (checked against a reference model), the
+operator's caps and retention (``kv_hints``), and a tier's ``admission``."""
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +17,8 @@ from kvtier.config import RuntimeConfig
 from kvtier.core.runtime import Runtime
 from kvtier.core.tier_set import Retired
 from kvtier.errors import ConfigError, InvalidArgumentError
+from kvtier.integrations.vllm import engine as engines
+from kvtier.integrations.vllm import request_retention as retentions
 from kvtier.integrations.vllm.options import admission_config
 from kvtier.integrations.vllm.priority_cache import PriorityCache
 from kvtier.integrations.vllm.request_retention import (
@@ -25,14 +29,17 @@ from kvtier.integrations.vllm.request_retention import (
     request_retention,
     retention_by_key,
 )
+from kvtier.policies import priority as priorities
 from kvtier.policies.priority import DEFAULT_PRIORITY
 
 
 class Context:
     """The parts of vLLM's ``ReqContext`` the adapter reads (the real one in the engine tests)."""
 
-    def __init__(self, params: Any, positions: dict[bytes, int] | None = None) -> None:
-        self.req_id, self.kv_transfer_params = "r1", params
+    def __init__(
+        self, params: Any, positions: dict[bytes, int] | None = None, hints: Any = None
+    ) -> None:
+        self.req_id, self.kv_transfer_params, self.kv_hints = "r1", params, hints
         self._state: dict[type, Any] = {}
         self._positions = positions or {}
 
@@ -408,3 +415,203 @@ def test_a_removed_key_inserted_again_keeps_its_new_evictability():
     cache.remove(b"a")
     cache.insert(b"a", "c", evictable=False)  # a transfer is in flight for the new chunk
     assert cache.evict(1, set()) is None
+
+
+# -- numbers of any size, the operator's caps and retention (issue 25, finding 6) -------------
+HUGE, ENORMOUS = 10**400, 10**5000  # past the floats; past Python's int-to-text limit
+
+
+def label(value: Any) -> str:
+    """A test id for ``value`` (``repr`` fails past 4,300 digits)."""
+    try:
+        return repr(value)[:40]
+    except ValueError:
+        return "enormous"
+
+
+@pytest.mark.parametrize(
+    ("entry", "names"),
+    [({"priority": 50, "duration_s": HUGE}, "duration_s"),
+     ({"priority": 50, "duration_s": -HUGE}, "duration_s"),
+     ({"priority": 50, "duration_s": ENORMOUS}, "duration_s"),
+     ({"priority": 50, "duration_s": Fraction(HUGE)}, "duration_s"),
+     ({"priority": 50, "duration_s": 1e-400}, "duration_s"),
+     ({"priority": 50, "duration_s": -math.inf}, "duration_s"),
+     ({"priority": HUGE}, "priority"), ({"priority": -ENORMOUS}, "priority"),
+     ({"ranges": [{"end": 9, "priority": 5, "duration_s": HUGE}]}, "duration_s"),
+     ({"ranges": [{"start": -ENORMOUS, "end": 9, "priority": 5}]}, "start"),
+     ({"ranges": [{"start": ENORMOUS, "end": 9, "priority": 5}]}, "end"),
+     ({"priority": 5, ENORMOUS: 1}, "unknown key"), ({"priority": 5, 7: 1, "x": 2}, "unknown key")],
+    ids=label,
+)  # fmt: skip
+def test_numbers_of_any_size_are_a_malformed_entry_never_another_error(entry, names):
+    """A 400-digit ``duration_s`` raised ``OverflowError`` out of the parser."""
+    with pytest.raises(InvalidArgumentError, match=names) as caught:
+        parse_retention(given_(entry))
+    assert len(str(caught.value)) < 200
+
+
+@pytest.mark.parametrize("duration", [HUGE, ENORMOUS, Fraction(HUGE)], ids=label)
+def test_a_huge_duration_reaches_the_cache_policy_as_an_ignored_entry(duration):
+    """It raised ``OverflowError`` out of ``KvtierPriorityPolicy`` (vLLM's scheduler thread)."""
+    context = Context(given_({"priority": 90, "duration_s": duration}), {b"a": 128})
+    cache = filled([b"a"])
+    cache.use([b"a"], retention_by_key(context))
+    cache.note_new([b"b"], retention_by_key(context))
+    assert is_invalid(context) and cache.priority_of(b"a") == DEFAULT_PRIORITY
+
+
+@pytest.fixture
+def caps():
+    """``set_caps(priority, duration_s)`` installs the operator's caps; the defaults after."""
+    yield lambda p=90, d=None: retentions.set_limits(priorities.RequestLimits(p, d))
+    retentions.set_limits(priorities.RequestLimits())
+
+
+@pytest.mark.parametrize(
+    ("cap", "asked", "given"),
+    [(80, 0, 0), (80, 79, 79), (80, 80, 80), (80, 81, 80), (80, 100, 80), (90, 90, 90),
+     (90, 91, 90), (100, 100, 100)],
+)  # fmt: skip
+def test_a_requests_priority_is_cut_to_the_cap_and_flagged(caps, cap, asked, given):
+    caps(cap)
+    context = Context(given_({"priority": asked, "ranges": [{"end": 128, "priority": asked}]}))
+    retention = request_retention(context)
+    assert retention is not None and retention.default == Retention(given)
+    assert retention.at(64) == Retention(given)
+    assert retentions.is_capped(context) is (given != asked)
+
+
+@pytest.mark.parametrize(
+    ("asked", "given"),
+    [(None, 600.0), (599.5, 599.5), (600, 600.0), (600.001, 600.0), (1e300, 600.0)],
+)
+def test_a_requests_duration_is_cut_to_the_cap_and_flagged(caps, asked, given):
+    caps(100, 600.0)
+    entry = {"priority": 90} if asked is None else {"priority": 90, "duration_s": asked}
+    context = Context(given_(entry))
+    assert request_retention(context).default == Retention(90, given)  # type: ignore[union-attr]
+    assert retentions.is_capped(context) is (given != asked)
+
+
+def test_by_default_requests_may_ask_up_to_90():
+    assert request_retention(Context(given_({"priority": 100}))).default == Retention(90)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("now", "evicted"), [(599.999, b"other"), (600.0, b"held")])
+def test_a_capped_duration_ends_at_the_cap_and_not_before(caps, now, evicted):
+    caps(100, 600.0)
+    clock = Clock()
+    cache: PriorityCache[str] = PriorityCache(8, "lru", clock)
+    forever = Context(given_({"priority": 90}))
+    cache.note_new([b"held"], retention_by_key(forever))
+    for key in (b"held", b"other"):
+        cache.insert(key, "c", evictable=True)
+    clock.now = now
+    assert [k for k, _ in cache.evict(1, set()) or []] == [evicted]
+
+
+def hints(entry: Any, *more: Any) -> Any:
+    """vLLM's ``KvHintsEnvelope`` with one ``kvtier_retention`` action (and ``more`` actions)."""
+    action = SimpleNamespace(action_type="kvtier_retention", payload=entry)
+    return SimpleNamespace(protocol_version="1", message_id="m", actions=[action, *more])
+
+
+def test_the_operators_retention_comes_in_kv_hints_and_is_not_capped(caps):
+    caps(80)
+    context = Context(given_({"priority": 100}), {b"sys": 128, b"q": 256},
+                      hints({"ranges": [{"end": 128, "priority": 95}]}))  # fmt: skip
+    retention_of = retention_by_key(context)
+    assert retention_of is not None
+    assert retention_of(b"sys") == Retention(95, operator=True)
+    assert retention_of(b"q") == Retention(80) and retentions.is_capped(context)
+
+
+@pytest.mark.parametrize(
+    "envelope",
+    [hints({"priority": HUGE}), hints({"priority": 95}, SimpleNamespace(action_type="kvtier_retention", payload={})),
+     hints([95]), hints({"priority": 95, "duration_s": HUGE})],
+    ids=["huge", "twice", "not-an-object", "huge-duration"],
+)  # fmt: skip
+def test_malformed_operator_retention_is_ignored_and_flagged(envelope):
+    context = Context(given_({"priority": 60}), hints=envelope)
+    assert retentions.is_invalid(context) and retentions.operator_retention(context) is None
+    assert request_retention(context) is not None, "the request's own still applies"
+
+
+def test_other_hints_and_none_leave_retention_alone():
+    other = SimpleNamespace(action_type="prefetch", payload={"priority": 99})
+    for envelope in (None, SimpleNamespace(actions=[other]), SimpleNamespace(actions=None)):
+        context = Context(None, hints=envelope)
+        assert retention_by_key(context) is None and not retentions.is_invalid(context)
+
+
+def flood_round(cache: PriorityCache[str], keys: list[bytes], retention_of: Any) -> None:
+    """Store ``keys`` as vLLM's manager does: evict what they need, then insert them."""
+    need = len(cache.chunks) + len(keys) - 8
+    if need > 0:
+        assert cache.evict(need, set()) is not None
+    cache.note_new(keys, retention_of)
+    for key in keys:
+        cache.insert(key, "c", evictable=True)
+
+
+@pytest.mark.parametrize("operator", [True, False])
+def test_one_client_asking_for_100_forever_cannot_evict_the_operators_prefix(caps, operator):
+    """The issue's test under vLLM: 8 chunks of host memory, a 2-chunk system prompt the
+    operator retains at 95 (``kv_hints``; requests capped at 80), one client storing 6 new
+    chunks a round at 100 for good and asking for the prompt at 0. With the operator's
+    retention the prompt stays all 50 rounds; asked by a request instead, it is gone."""
+    caps(80)
+    prompt = [b"sys0", b"sys1"]
+    positions = {b"sys0": 128, b"sys1": 256}
+    entry = {"ranges": [{"end": 256, "priority": 95}]}
+    first = Context(
+        None if operator else given_(entry), positions, hints(entry) if operator else None
+    )
+    cache: PriorityCache[str] = PriorityCache(8, "lru", Clock())
+    flood_round(cache, prompt, retention_by_key(first))
+    kept = 0
+    for round_ in range(50):
+        flood = [f"flood-{round_}-{i}".encode() for i in range(6)]
+        flood_round(cache, flood, retention_by_key(Context(given_({"priority": 100}))))
+        lower = Context(given_({"priority": 0}), positions)
+        cache.use([k for k in prompt if k in cache.chunks], retention_by_key(lower))
+        kept += all(key in cache.chunks for key in prompt)
+    if operator:
+        assert kept == 50 and [cache.priority_of(k) for k in prompt] == [95, 95]
+    else:
+        assert kept <= 1
+
+
+def test_a_request_cut_to_the_caps_is_counted_once_and_the_caps_come_from_the_config():
+    extra = {"max_request_priority": 80, "max_request_duration_s": 600,
+             "eviction_policy": "KvtierPriorityPolicy", "cache_policy_module_path": "kvtier.integrations.vllm"}  # fmt: skip
+    engine = engines.join(
+        SimpleNamespace(config=SimpleNamespace(engine_id="caps"), extra_config=extra), 4096
+    )
+    try:
+        capped = Context(given_({"priority": 81, "duration_s": 60}))
+        engine.note_request(capped)
+        engine.note_request(capped)  # every tier sees the request: counted once
+        within = Context(given_({"priority": 80, "duration_s": 600}))
+        within.req_id = "r2"
+        engine.note_request(within)
+        telemetry = engine.runtime.metrics.telemetry
+        assert telemetry.get("kvtier_retention_ignored_total", reason="capped") == 1
+        assert request_retention(capped).default == Retention(80, 60.0)  # type: ignore[union-attr]
+    finally:
+        engines.leave(engine)
+    assert retentions.current_limits() == priorities.RequestLimits(), "reset with the last engine"
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("max_request_priority", 101), ("max_request_priority", -1), ("max_request_priority", HUGE),
+     ("max_request_duration_s", 0), ("max_request_duration_s", math.inf), ("max_request_duration_s", HUGE)],
+    ids=label,
+)  # fmt: skip
+def test_a_cap_out_of_range_in_the_extra_config_is_refused_naming_the_key(key, value):
+    spec = SimpleNamespace(config=SimpleNamespace(engine_id="bad-caps"), extra_config={key: value})
+    with pytest.raises(ConfigError, match=f"kv_connector_extra_config.{key}"):
+        engines.join(spec, 4096)

@@ -9,7 +9,10 @@ and metrics, configured from kvtier's keys at the top of ``kv_connector_extra_co
 
 Under vLLM, host memory is vLLM's: ``retention_policy`` says whether its cache policy is
 kvtier's (``KvtierPriorityPolicy``), without which a request's ``kvtier_retention`` cannot act
-on host memory (``note_request`` counts and logs such requests).
+on host memory (``note_request`` counts and logs such requests). The operator's caps on what a
+request may ask for (``max_request_priority``, ``max_request_duration_s``) are installed for
+the process's requests when the engine starts (``request_retention.set_limits``); a request
+cut to them is counted (``kvtier_retention_ignored_total{reason="capped"}``).
 
 Thread safety: ``join`` and ``leave`` take a module lock (vLLM builds tiers on one thread, but
 two engines may share a process in tests); everything else runs on vLLM's scheduler thread
@@ -27,7 +30,15 @@ from typing import Any
 from kvtier.core.runtime import Runtime
 from kvtier.integrations.vllm import shm
 from kvtier.integrations.vllm.engine_config import engine_config, unknown_keys
-from kvtier.integrations.vllm.request_retention import RETENTION_KEY, is_invalid, request_retention
+from kvtier.integrations.vllm.request_retention import (
+    RETENTION_KEY,
+    current_limits,
+    is_capped,
+    is_invalid,
+    request_retention,
+    set_limits,
+)
+from kvtier.policies.priority import RequestLimits
 from kvtier.telemetry.logs import ThrottledLog, log_to_stderr
 
 log = logging.getLogger(__name__)
@@ -52,18 +63,25 @@ class EngineRuntime:
     _noted: set[str] = field(default_factory=set)
 
     def note_request(self, req_context: Any) -> None:
-        """A request started: count a malformed ``kvtier_retention`` and one that cannot act
-        (no kvtier cache policy), each once per request (scheduler thread)."""
+        """A request started: count a ``kvtier_retention`` cut to the operator's caps, a
+        malformed one and one that cannot act (no kvtier cache policy), each once per request
+        (scheduler thread)."""
         req_id = str(getattr(req_context, "req_id", ""))
         if req_id in self._noted:
             return
         self._noted.add(req_id)
         if len(self._noted) > 65_536:  # request ids are never reused; keep the memo bounded
             self._noted.clear()
+        for reason in self._ignored(req_context, req_id):
+            self.runtime.metrics.count("retention_ignored", reason=reason)
+
+    def _ignored(self, req_context: Any, req_id: str) -> list[str]:
+        """Why ``req_context``'s retention could not act as asked (none, one or two reasons)."""
+        reasons = ["capped"] if is_capped(req_context) else []
         if is_invalid(req_context):
-            self.runtime.metrics.count("retention_ignored", reason="invalid")
+            reasons.append("invalid")
         elif request_retention(req_context) is not None and not self.retention_policy:
-            self.runtime.metrics.count("retention_ignored", reason="no_priority_policy")
+            reasons.append("no_priority_policy")
             warn.warning(
                 "retention-policy",
                 "request %s: %s has no effect on host memory without "
@@ -73,6 +91,7 @@ class EngineRuntime:
                 RETENTION_KEY,
                 POLICY_MODULE,
             )
+        return reasons
 
 
 def join(offloading_spec: Any, chunk_bytes: int) -> EngineRuntime:
@@ -91,7 +110,9 @@ def join(offloading_spec: Any, chunk_bytes: int) -> EngineRuntime:
 
 def _start(engine_id: str, offloading_spec: Any, chunk_bytes: int) -> EngineRuntime:
     extra = dict(getattr(offloading_spec, "extra_config", None) or {})
-    runtime = Runtime(engine_config(extra), chunk_bytes)
+    config = engine_config(extra)
+    runtime = Runtime(config, chunk_bytes)
+    _install_limits(RequestLimits(config.max_request_priority, config.max_request_duration_s))
     unknown = unknown_keys(extra)
     if unknown:
         log.warning(
@@ -107,6 +128,19 @@ def _start(engine_id: str, offloading_spec: Any, chunk_bytes: int) -> EngineRunt
     return EngineRuntime(engine_id, runtime, policy)
 
 
+def _install_limits(limits: RequestLimits) -> None:
+    """The caps for this process's requests (one set per process: vLLM runs one engine core in
+    each; a second engine with other caps replaces them, with a warning)."""
+    if _engines and current_limits() != limits:
+        log.warning(
+            "max_request_priority / max_request_duration_s: %s replaces %s for every "
+            "engine of this process",
+            limits,
+            current_limits(),
+        )
+    set_limits(limits)
+
+
 def leave(engine: EngineRuntime) -> None:
     """A tier of ``engine`` shut down; the last one closes the runtime's endpoint."""
     with _lock:
@@ -114,4 +148,6 @@ def leave(engine: EngineRuntime) -> None:
         if engine.users > 0:
             return
         _engines.pop(engine.engine_id, None)
+        if not _engines:
+            set_limits(RequestLimits())
     engine.runtime.close(close_tiers=False)

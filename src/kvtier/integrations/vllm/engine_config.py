@@ -7,7 +7,10 @@ extra config, with the same names and checks as kvtier's own configuration:
   and the loopback admin endpoint, served from the engine core process;
 * ``slo_guard``: the guard on promotion latency (``promotion_p99_s``), per kvtier tier;
 * ``secondary_min_priority``: the retention floor of every kvtier tier (a tier entry's own
-  ``secondary_min_priority`` overrides it).
+  ``secondary_min_priority`` overrides it);
+* ``max_request_priority``, ``max_request_duration_s``: the operator's caps on what a request's
+  ``kvtier_retention`` may ask for (``request_retention``), for kvtier's cache policy and the
+  tiers' ``secondary_min_priority`` alike.
 
 Keys of kvtier's configuration that cannot be honoured inside vLLM are refused with the key
 named (``REFUSED``), so that no setting is ignored without a word. Keys that neither vLLM nor

@@ -9,6 +9,8 @@ only those, and none of the ``protected`` ones, are ever evicted.
 Priorities come from ``retention.Retention`` values: given with a new chunk (``note_new``
 before ``insert``) or with a use (``use``). One given for a duration drops back to the default
 priority when it ends, as the least recently used chunk there (checked before each eviction).
+The operator's (``Retention.operator``, from a request's ``kv_hints``) is recorded in an
+``OperatorRetention``: while it lasts, no request's retention changes that chunk.
 
 Thread safety: none needed; vLLM calls its cache policy on the scheduler thread only. Nothing
 here imports vLLM.
@@ -22,7 +24,7 @@ from typing import Generic, TypeVar
 
 from kvtier.integrations.vllm.request_retention import Retention
 from kvtier.policies import EvictionPolicy, make_policy
-from kvtier.policies.priority import RetainedPolicy
+from kvtier.policies.priority import OperatorRetention, RetainedPolicy
 
 C = TypeVar("C")
 Key = bytes
@@ -51,24 +53,30 @@ class PriorityCache(Generic[C]):
         self.chunks: dict[Key, C] = {}
         self._evictable: set[Key] = set()
         self._pending: dict[Key, Retention] = {}  # given with keys about to be inserted
+        self._operator: OperatorRetention[Key] = OperatorRetention()
 
     # -- residency ------------------------------------------------------------------------
     def insert(self, key: Key, chunk: C, evictable: bool) -> None:
         """A new chunk, with the retention ``note_new`` gave it (else the default priority)."""
         retention = self._pending.pop(key, None) or Retention()
         self.chunks[key] = chunk
-        self._order.add(key, retention.priority, until=self._until(retention))
+        until = self._until(retention)
+        self._order.add(key, retention.priority, until=until)
+        if retention.operator:
+            self._operator.give(key, retention.priority, until)
         self.mark(key, evictable)
 
     def remove(self, key: Key) -> None:
         del self.chunks[key]
         self._evictable.discard(key)
         self._order.remove(key)
+        self._operator.lift(key)
 
     def clear(self) -> None:
         """Forget every chunk, pending retention and expiry."""
         self._order = RetainedPolicy(self._make, self._clock)
         self.chunks, self._evictable, self._pending = {}, set(), {}
+        self._operator = OperatorRetention()
 
     def mark(self, key: Key, evictable: bool) -> None:
         (self._evictable.add if evictable else self._evictable.discard)(key)
@@ -104,7 +112,14 @@ class PriorityCache(Generic[C]):
             (self._order.refresh if key in fresh else self._order.touch)(key)
 
     def _retain(self, key: Key, retention: Retention) -> None:
-        self._order.retain(key, retention.priority, self._until(retention))
+        """``key`` takes ``retention``: the operator's always (and recorded as such); a
+        request's unless the operator's retention of ``key`` still lasts."""
+        until = self._until(retention)
+        if retention.operator:
+            self._operator.give(key, retention.priority, until)
+        elif self._operator and self._operator.holds(key, self.priority_of(key), self._clock()):
+            return
+        self._order.retain(key, retention.priority, until)
 
     # -- eviction -------------------------------------------------------------------------
     def evict(self, n: int, protected: Container[Key]) -> list[tuple[Key, C]] | None:
@@ -116,6 +131,7 @@ class PriorityCache(Generic[C]):
             return None
         for key in victims:
             self._evictable.discard(key)
+            self._operator.lift(key)
         return [(key, self.chunks.pop(key)) for key in victims]
 
     def _until(self, retention: Retention) -> float | None:

@@ -8,9 +8,10 @@ In ``kv_connector_extra_config`` (``TieringOffloadingSpec`` or ``CPUOffloadingSp
 
 ``KvtierPriorityPolicy`` evicts the lowest priority first, then the least recently used;
 ``KvtierPriorityARCPolicy`` uses ARC within a priority. Requests give priorities in their
-``kv_transfer_params`` (``request_retention``); without any, both behave as vLLM's own LRU /
-ARC, and chunks keep the priority they have. The state is ``priority_cache.PriorityCache``;
-vLLM calls every method on its scheduler thread.
+``kv_transfer_params``, within the operator's caps, and the operator in their ``kv_hints``
+(``request_retention``); without any, both behave as vLLM's own LRU / ARC, and chunks keep the
+priority they have. The state is ``priority_cache.PriorityCache``; vLLM calls every method on
+its scheduler thread.
 """
 
 from __future__ import annotations
