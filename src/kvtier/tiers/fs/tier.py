@@ -59,6 +59,7 @@ from kvtier.tiers.fs.files import ChunkFiles
 from kvtier.tiers.fs.index import ChunkIndex, RecentMisses
 from kvtier.tiers.fs.namespace import SpaceGuard
 from kvtier.tiers.fs.paths import NotRegularError, failure_reason
+from kvtier.tiers.fs.rows import o_direct_for
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from kvtier.tiers.shared.jobs import JobRunner, PooledTier
 
@@ -115,8 +116,9 @@ class FilesystemTier(PooledTier):
     """Chunks as files under ``config.root_dir``; see the module docstring.
 
     Raises ``TierError`` at start when ``root_dir`` cannot be written for another reason than
-    a full or read-only filesystem (or ``o_direct`` is "on" and refused), and ``ConfigError``
-    when ``max_bytes`` cannot hold a single chunk.
+    a full or read-only filesystem (or ``o_direct`` is "on" and the filesystem refuses it), and
+    ``ConfigError`` when ``max_bytes`` cannot hold a single chunk or ``o_direct`` is "on" over
+    host rows that O_DIRECT cannot move in place (``rows``; "auto" takes the page cache there).
     """
 
     def __init__(self, config: FsTierConfig, region: HostRegion, identity: CacheIdentity) -> None:
@@ -131,7 +133,7 @@ class FilesystemTier(PooledTier):
         self._files = ChunkFiles(
             config.root_dir,
             identity,
-            o_direct=config.o_direct,
+            o_direct=o_direct_for(config.o_direct, region),
             fsync=config.fsync,
             dir_mode=dir_mode,
         )
