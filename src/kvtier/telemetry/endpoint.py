@@ -1,39 +1,53 @@
-"""The ``/metrics`` HTTP endpoint: a fixed pool of handler threads, whatever the clients do.
+"""The HTTP endpoint of ``/metrics`` and ``/admin/...``, bounded whatever the clients do.
 
-``prometheus_client.start_http_server`` starts a thread per connection, so idle connections
-alone could grow a process by a thread each. ``MetricsServer`` bounds everything instead:
+A pool of threads that each read a request is held by idle clients (12 locked out a pool of
+4), so ``MetricsServer`` reads requests on one thread and hands only complete ones on:
 
-- one *accept thread* (``kvtier-metrics-accept``) accepts connections and puts them on a queue
-  of at most ``backlog`` entries; when the queue is full it closes the new connection at once
-  and counts it as ``dropped``;
-- ``workers`` *pool threads* (``kvtier-metrics-N``) take connections off the queue and answer
-  one request each (HTTP/1.0, no keep-alive) with ``prometheus_client.make_wsgi_app``;
-- a connection must deliver its whole request head within ``timeout_s`` of being accepted
-  (idle and slowloris clients are cut off and counted as ``aborted``), and the response must
-  be sent within ``timeout_s`` after that.
+- the *I/O thread* (``kvtier-metrics-accept``) owns the listening socket and each connection
+  until its request head has arrived: it accepts and reads without blocking (``selectors``:
+  idle connections cost no thread), enforces the bounds below, and queues complete requests;
+- ``workers`` *pool threads* (``kvtier-metrics-N``) answer one queued request each (HTTP/1.0,
+  no keep-alive) with the WSGI app, and close the connection.
 
-So the threads are exactly ``1 + workers``, at most ``workers + backlog`` connections are open
-on the server side, and each lives at most about ``2 * timeout_s``. Only ``GET /metrics`` and
-``GET /`` are answered (other paths 404, other methods 405).
+A connection a bound closes unanswered counts in ``kvtier_endpoint_connections_dropped_total``
+under one ``reason``:
 
-prometheus-client (the ``metrics`` extra) is imported only when a server is built.
+- ``read_deadline``: its whole request head did not arrive within ``timeout_s`` of the accept
+  (idle, or trickling bytes: slowloris);
+- ``limit``: at most ``max_connections`` are open. A new connection at the limit closes the
+  *oldest one still sending its head*: a scraper sends its head at once, so it gets in while
+  idle clients fill the limit, and the client that waited longest without a request is the
+  likeliest never to send one. Only when every open connection has a complete request is the
+  new one closed at once;
+- ``fd_limit``: ``accept`` found no free file descriptor; the oldest connection still sending
+  its head makes room (keep ``max_connections`` well below ``ulimit -n``);
+- ``head_too_large``: a request head over ``HEAD_LIMIT`` bytes;
+- ``write_deadline``: the answer was not taken within ``timeout_s`` of its head.
+
+Only ``GET /metrics`` and ``GET /`` are answered (other paths 404, other methods 405), and
+``/admin/...`` with an admin app. prometheus-client is imported only when a server is built.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import math
 import queue
 import re
+import selectors
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from kvtier.telemetry.logs import ThrottledLog
+from kvtier.telemetry.metrics import ENDPOINT_DROP_REASONS as REASONS
+from kvtier.telemetry.metrics import ENDPOINT_FAMILIES, Telemetry, TelemetryCollector
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -50,42 +64,33 @@ SERVED_PATHS = ("/metrics", "/")
 HEAD_LIMIT = 16384
 #: Seconds a connection has to send its request head, and again to take the answer.
 DEFAULT_TIMEOUT_S = 5.0
-#: Seconds between checks of the accept loop for ``close``.
+#: Connections open at once, by default (each is a file descriptor of the serving process).
+DEFAULT_MAX_CONNECTIONS = 256
+#: Seconds between the I/O thread's checks of deadlines and of ``close``.
 POLL_INTERVAL_S = 0.1
+#: Connections accepted in a row between reads: a fresh client's head is read before two more
+#: batches come in, so with ``max_connections`` above two batches it is never the oldest.
+ACCEPT_BATCH = 64
 
+DROPPED, OPEN = (name for name, _, _ in ENDPOINT_FAMILIES)
+_OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 
-_Item = tuple[socket.socket, Any, float]  # connection, client address, deadline for its head
 
+@dataclass(eq=False)
+class _Pending:
+    """A connection and the request head read from it so far (by the I/O thread)."""
 
-class HeadTooLarge(ValueError):
-    """A request head longer than ``HEAD_LIMIT`` bytes."""
+    conn: socket.socket
+    address: Any
+    deadline: float  # time.monotonic() by which the whole head must have arrived
+    head: bytearray = field(default_factory=bytearray)
 
-
-def read_head(conn: socket.socket, deadline: float, limit: int = HEAD_LIMIT) -> bytes:
-    """Read one request head, through its blank line, from ``conn`` before ``deadline``.
-
-    ``deadline`` is on the ``time.monotonic`` clock. Returns the bytes read, which end with or
-    contain the blank line (anything the client sent after it is included). Raises
-    ``TimeoutError`` when the deadline passes first, however steadily bytes trickle in,
-    ``ConnectionError`` when the client closes first, and ``HeadTooLarge`` past ``limit`` bytes.
-    Runs on a pool thread; changes ``conn``'s timeout.
-    """
-    buf = bytearray()
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("request head not complete before the deadline")
-        conn.settimeout(remaining)
-        chunk = conn.recv(limit + 1 - len(buf))
-        if not chunk:
-            raise ConnectionError("client closed before the request head ended")
-        start = max(0, len(buf) - 3)
-        buf += chunk
-        if _HEAD_END.search(buf, start):
-            return bytes(buf)
-        if len(buf) > limit:
-            raise HeadTooLarge(f"request head longer than {limit} bytes")
+    def feed(self, chunk: bytes) -> bool:
+        """Add ``chunk``; whether the head's blank line has arrived (what follows is kept)."""
+        start = max(0, len(self.head) - 3)
+        self.head += chunk
+        return _HEAD_END.search(self.head, start) is not None
 
 
 class _DeadlineWriter(io.BufferedIOBase):
@@ -94,17 +99,22 @@ class _DeadlineWriter(io.BufferedIOBase):
     def __init__(self, conn: socket.socket, deadline: float) -> None:
         super().__init__()
         self._conn, self._deadline = conn, deadline
+        self.expired = False  # a write ran out of time (wsgiref may swallow the error)
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: ReadableBuffer, /) -> int:
         """Send all of ``data`` or raise (``TimeoutError`` once the deadline has passed)."""
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("response not sent before the deadline")
-        self._conn.settimeout(remaining)
-        self._conn.sendall(data)  # its timeout bounds the whole call, not each send
+        try:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("response not sent before the deadline")
+            self._conn.settimeout(remaining)
+            self._conn.sendall(data)  # its timeout bounds the whole call, not each send
+        except TimeoutError:
+            self.expired = True
+            raise
         return memoryview(data).nbytes
 
 
@@ -127,58 +137,29 @@ def only_metrics_paths(
     return serve
 
 
-class _PooledServer(WSGIServer):
-    """A ``WSGIServer`` whose accept loop feeds a bounded queue instead of starting threads.
-
-    ``process_request`` runs on the accept thread; everything else here is set up before the
-    threads start.
-    """
+class _Listener(WSGIServer):
+    """The listening socket (non-blocking) and the app; ``MetricsServer`` runs the loops."""
 
     request_queue_size = 128  # the kernel's listen queue: sockets, not threads; absorbs bursts
 
-    def __init__(self, address: tuple[str, int], family: int, backlog: int, timeout: float) -> None:
+    def __init__(self, address: tuple[str, int], family: int) -> None:
         self.address_family = family
-        self.request_timeout = timeout
-        self.queue: queue.Queue[_Item | None] = queue.Queue(backlog)
-        self.dropped = 0  # written by the accept thread only
-        super().__init__(address, _Request)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Queue the connection with its head deadline, or close it at once when full."""
-        try:
-            item = (request, client_address, time.monotonic() + self.request_timeout)
-            self.queue.put_nowait(item)
-        except queue.Full:
-            self.dropped += 1
-            self.shutdown_request(request)
-            msg = "metrics endpoint full: closed a new connection at once (%d so far)"
-            _throttled.warning("metrics_full", msg, self.dropped)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("metrics: error accepting from %s", client_address, exc_info=True)
+        super().__init__(address, WSGIRequestHandler)  # unused: MetricsServer builds _Request
+        self.socket.setblocking(False)
 
 
 class _Request(WSGIRequestHandler):
-    """Answers one request on a pool thread, within the deadlines of its connection.
+    """Answers one complete request on a pool thread; the answer has ``timeout_s`` to go."""
 
-    Built by ``MetricsServer`` with the connection's head ``deadline``; without one (the
-    ``socketserver`` signature) the head has ``request_timeout`` from now.
-    """
-
-    def __init__(
-        self, request: Any, client_address: Any, server: Any, deadline: float | None = None
-    ) -> None:
-        self.deadline = deadline
-        super().__init__(request, client_address, server)
+    def __init__(self, pending: _Pending, server: _Listener, timeout_s: float) -> None:
+        self._head, self._timeout_s = bytes(pending.head), timeout_s
+        super().__init__(pending.conn, pending.address, server)
 
     def setup(self) -> None:
-        """Read the whole head before the deadline, then answer with a deadline of its own."""
-        server = self.server
-        timeout = server.request_timeout if isinstance(server, _PooledServer) else DEFAULT_TIMEOUT_S
-        deadline = self.deadline if self.deadline is not None else time.monotonic() + timeout
         self.connection = self.request
-        self.rfile = io.BytesIO(read_head(self.connection, deadline))
-        self.wfile = _DeadlineWriter(self.connection, time.monotonic() + timeout)
+        self.rfile = io.BytesIO(self._head)
+        self.writer = _DeadlineWriter(self.connection, time.monotonic() + self._timeout_s)
+        self.wfile = self.writer
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("metrics: %s " + format, self.address_string(), *args)
@@ -187,13 +168,13 @@ class _Request(WSGIRequestHandler):
 class MetricsServer:
     """Serves ``/metrics`` for a registry over HTTP, on ``1 + workers`` threads, until ``close``.
 
-    ``port`` 0 picks a free port (read it from ``self.port``). ``host`` is bound as given
-    (IPv4 or IPv6). ``workers`` requests are answered at once, ``backlog`` more connections
-    wait, and new ones beyond that are closed at once. A connection has ``timeout_s`` seconds
-    from being accepted to send its request head, and as long again to take the answer.
-    ``admin`` (``kvtier.control.admin``), when given, answers the ``/admin/...`` paths.
-    Raises ``ValueError`` for bounds out of range and ``OSError`` when it cannot bind; it then
-    leaves no thread or socket behind.
+    ``port`` 0 picks a free port (``self.port``); ``host`` is bound as given (IPv4 or IPv6).
+    ``workers`` requests are answered at once, at most ``max_connections`` are open, and
+    ``timeout_s`` is both the read and the write deadline (the module docstring says what is
+    dropped when). ``admin`` (``kvtier.control.admin``), when given, answers ``/admin/...``.
+    The endpoint's own metrics (``self.telemetry``) are exported on ``registry`` too. Raises
+    ``ValueError`` for bounds out of range and ``OSError`` when it cannot bind, leaving no
+    thread or socket.
 
     Thread safety: ``stats`` and ``close`` may be called from any thread.
     """
@@ -205,89 +186,201 @@ class MetricsServer:
         host: str = "127.0.0.1",
         *,
         workers: int = 4,
-        backlog: int = 8,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         admin: WSGIApplication | None = None,
     ) -> None:
         from prometheus_client import make_wsgi_app
 
-        _check_bounds(workers, backlog, timeout_s)
+        _check_bounds(workers, max_connections, timeout_s)
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        self._server = _PooledServer((host, port), family[0][0], backlog, timeout_s)
-        self._server.set_app(only_metrics_paths(make_wsgi_app(registry), admin))
-        self.port: int = self._server.server_address[1]
-        self._lock = threading.Lock()
-        self._active: set[socket.socket] = set()
-        self._closing = False
-        self._counts = {"served": 0, "aborted": 0}
-        self._threads = [
-            threading.Thread(target=self._work, name=f"kvtier-metrics-{i}", daemon=True)
-            for i in range(workers)
-        ]
-        self._threads.append(
-            threading.Thread(
-                target=self._server.serve_forever,
-                args=(POLL_INTERVAL_S,),
-                name="kvtier-metrics-accept",
-                daemon=True,
-            )
-        )
-        for thread in self._threads:
-            thread.start()
+        self._listener = _Listener((host, port), family[0][0])
+        self._listener.set_app(only_metrics_paths(make_wsgi_app(registry), admin))
+        self.port: int = self._listener.server_address[1]
+        self.telemetry = _exported_telemetry(registry)
+        self._limit, self._timeout_s, self._workers = max_connections, timeout_s, workers
+        self._lock = threading.Lock()  # guards the next two lines
+        self._open, self._closing, self._answering = 0, False, set[socket.socket]()
+        self._counts = {"served": 0, "aborted": 0, **dict.fromkeys(REASONS, 0)}
+        self._stop = threading.Event()
+        self._pending: dict[socket.socket, _Pending] = {}  # the I/O thread's; oldest first
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener.socket, selectors.EVENT_READ)
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._threads = [_thread(self._work, f"kvtier-metrics-{i}") for i in range(workers)]
+        self._threads.append(_thread(self._run, "kvtier-metrics-accept"))
 
     def stats(self) -> dict[str, int]:
-        """Connections so far: ``served`` (answered), ``aborted`` (timed out, reset, too
-        large, or cut off by ``close``) and ``dropped`` (closed at once, the server was full)."""
+        """Connections so far: ``served`` (answered), ``aborted`` (the client left or failed,
+        or ``close`` cut it off), ``dropped`` (closed unanswered by a bound) and each drop
+        reason on its own; now: ``open``, and ``reading`` (of those, still sending a head)."""
         with self._lock:
-            return {**self._counts, "dropped": self._server.dropped}
+            dropped = sum(self._counts[r] for r in REASONS)
+            now = {"dropped": dropped, "open": self._open, "reading": len(self._pending)}
+            return {**self._counts, **now}  # len(): atomic, though the I/O thread owns it
 
     def close(self) -> None:
         """Stop accepting, cut off every open connection, and join every thread.
 
-        Returns without waiting for idle clients or their timeouts (within about
+        Returns without waiting for idle clients or their deadlines (within about
         ``POLL_INTERVAL_S``). A second call returns at once.
         """
         with self._lock:
             if self._closing:
                 return
             self._closing = True
-            for conn in self._active:  # wakes the pool thread blocked on it
+            for conn in self._answering:  # wakes the pool thread blocked on it
                 _cut_off(conn)
-        self._server.shutdown()  # the accept thread leaves serve_forever
-        self._server.server_close()
-        for _ in range(len(self._threads) - 1):
-            self._server.queue.put(None)  # blocks while full, but the pool is draining it
+        self._stop.set()
+        self._threads[-1].join()  # the I/O thread closes what it owns, the listener too
+        for _ in range(self._workers):
+            self._queue.put(None)
         for thread in self._threads:
             thread.join()
 
-    def _work(self) -> None:
-        """A pool thread: answer queued connections until the ``None`` that ``close`` sends."""
-        while (item := self._server.queue.get()) is not None:
-            self._serve(*item)
+    def _run(self) -> None:
+        """The I/O thread: accept, read heads, enforce the read deadline, until ``close``;
+        then close the connections still sending a head, the selector and the listener."""
+        while not self._stop.is_set():
+            try:
+                self._step()
+            except Exception as exc:  # never leave the endpoint without its I/O thread
+                _throttled.warning("metrics_loop", "metrics: I/O loop error: %r", exc)
+        for pending in list(self._pending.values()):
+            self._forget(pending, "aborted")
+        self._selector.close()
+        self._listener.server_close()
 
-    def _serve(self, conn: socket.socket, client_address: Any, deadline: float) -> None:
-        """Answer one connection on this pool thread and close it; count how it ended."""
-        outcome = "aborted"
+    def _step(self) -> None:
+        for key, _ in self._selector.select(POLL_INTERVAL_S):
+            if key.data is None:
+                self._accept()
+            elif key.data.conn in self._pending:  # not dropped earlier in this round
+                self._read(key.data)
+        now = time.monotonic()
+        while self._pending and (oldest := next(iter(self._pending.values()))).deadline <= now:
+            self._forget(oldest, "read_deadline")
+
+    def _accept(self) -> None:
+        """Accept up to ``ACCEPT_BATCH`` connections, making room under the limit for each."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, address = self._listener.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:  # the client gave up while queued
+                continue
+            except OSError as exc:
+                self._out_of_fds(exc)
+                return
+            self._admit(conn, address)
+
+    def _admit(self, conn: socket.socket, address: Any) -> None:
+        # _open is read unlocked: only this thread raises it, so it is at most too high
+        if self._open >= self._limit and not self._drop_oldest("limit"):
+            self._end(conn, "limit", counted_open=False)  # every open one has a request
+            return
+        conn.setblocking(False)
+        pending = _Pending(conn, address, time.monotonic() + self._timeout_s)
+        self._pending[conn] = pending
+        self._selector.register(conn, selectors.EVENT_READ, pending)
+        with self._lock:
+            self._open += 1
+            self.telemetry.set(OPEN, self._open)
+
+    def _out_of_fds(self, exc: OSError) -> None:
+        if exc.errno not in _OUT_OF_FDS:
+            log.debug("metrics: accept failed: %r", exc)
+        elif not self._drop_oldest("fd_limit"):  # every descriptor carries a request
+            self._stop.wait(POLL_INTERVAL_S)  # the workers free some meanwhile
+
+    def _read(self, pending: _Pending) -> None:
+        """Read what ``pending`` sent; hand it to the workers once its head is complete."""
         try:
-            if self._claim(conn):
-                _Request(conn, client_address, self._server, deadline)
-                outcome = "served"
-        except (OSError, ValueError) as exc:  # timed out, reset, head too large, or close()
-            log.debug("metrics: connection from %s cut off: %r", client_address, exc)
+            chunk = pending.conn.recv(HEAD_LIMIT + 1 - len(pending.head))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # reset by the client
+            chunk = b""
+        if not chunk:
+            self._forget(pending, "aborted")  # the client left first
+        elif pending.feed(chunk):
+            self._forget(pending)
+            self._queue.put(pending)
+        elif len(pending.head) > HEAD_LIMIT:
+            self._forget(pending, "head_too_large")
+
+    def _drop_oldest(self, reason: str) -> bool:
+        """Close the connection that has been sending its head longest; False if none is."""
+        if not self._pending:
+            return False
+        self._forget(next(iter(self._pending.values())), reason)
+        return True
+
+    def _forget(self, pending: _Pending, outcome: str | None = None) -> None:
+        """Stop reading ``pending``; close it too with an ``outcome`` (see ``_end``)."""
+        del self._pending[pending.conn]
+        self._selector.unregister(pending.conn)
+        if outcome is not None:
+            self._end(pending.conn, outcome)
+
+    def _work(self) -> None:
+        """A pool thread: answer complete requests off the queue until ``close`` sends None."""
+        while (pending := self._queue.get()) is not None:
+            self._end(pending.conn, self._answer(pending))
+
+    def _answer(self, pending: _Pending) -> str:
+        """Answer ``pending``'s request on this pool thread; how it ended (``stats`` keys)."""
+        with self._lock:
+            if self._closing:
+                return "aborted"
+            self._answering.add(pending.conn)
+        try:
+            request = _Request(pending, self._listener, self._timeout_s)
+            return "write_deadline" if request.writer.expired else "served"
+        except TimeoutError:
+            return "write_deadline"
+        except (OSError, ValueError) as exc:  # reset, or cut off by close()
+            log.debug("metrics: connection from %s cut off: %r", pending.address, exc)
         except Exception:
-            log.warning("metrics: answering %s failed", client_address, exc_info=True)
+            log.warning("metrics: answering %s failed", pending.address, exc_info=True)
         finally:
             with self._lock:
-                self._active.discard(conn)
-                self._counts[outcome] += 1
-            self._server.shutdown_request(conn)
+                self._answering.discard(pending.conn)
+        return "aborted"
 
-    def _claim(self, conn: socket.socket) -> bool:
-        """Register ``conn`` so that ``close`` can cut it off; False once closing."""
+    def _end(self, conn: socket.socket, outcome: str, counted_open: bool = True) -> None:
+        """Count how ``conn`` ended (``served``, ``aborted``, or a drop reason), then close it:
+        a client that sees it closed sees it counted."""
+        if outcome in REASONS:
+            self.telemetry.inc(DROPPED, reason=outcome)
+            msg = "metrics endpoint: closed a connection unanswered (%s)"
+            _throttled.warning(f"metrics_{outcome}", msg, outcome)
         with self._lock:
-            if not self._closing:
-                self._active.add(conn)
-            return not self._closing
+            self._counts[outcome] += 1
+            if counted_open:
+                self._open -= 1
+                self.telemetry.set(OPEN, self._open)
+        self._listener.shutdown_request(conn)
+
+
+def _exported_telemetry(registry: Any) -> Telemetry:
+    """A ``Telemetry`` of the endpoint's families exported on ``registry``, every drop reason
+    at 0 (so that rates start from the first scrape)."""
+    telemetry = Telemetry()
+    registry.register(TelemetryCollector(telemetry, {}))
+    for name, kind, doc in ENDPOINT_FAMILIES:
+        telemetry.declare(name, kind, doc)
+    for reason in REASONS:
+        telemetry.inc(DROPPED, 0, reason=reason)
+    telemetry.set(OPEN, 0)
+    return telemetry
+
+
+def _thread(target: Any, name: str) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _cut_off(conn: socket.socket) -> None:
@@ -296,10 +389,9 @@ def _cut_off(conn: socket.socket) -> None:
         conn.shutdown(socket.SHUT_RDWR)
 
 
-def _check_bounds(workers: int, backlog: int, timeout_s: float) -> None:
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, not {workers}")
-    if backlog < 1:
-        raise ValueError(f"backlog must be at least 1, not {backlog}")
+def _check_bounds(workers: int, max_connections: int, timeout_s: float) -> None:
+    for name, value in (("workers", workers), ("max_connections", max_connections)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, not {value}")
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a positive finite number, not {timeout_s}")

@@ -223,6 +223,22 @@ class DelegatingCollector:
         return iter(()) if self.current is None else self.current.collect()
 
 
+#: The HTTP endpoint's families (``telemetry/endpoint.py``): (name, kind, help).
+ENDPOINT_FAMILIES = (
+    ("kvtier_endpoint_connections_dropped_total", "counter", "Connections closed unanswered"),
+    ("kvtier_endpoint_connections_open", "gauge", "Connections open on the metrics endpoint"),
+)
+
+#: Why the endpoint closed a connection unanswered; each is counted under exactly one.
+ENDPOINT_DROP_REASONS = (
+    "read_deadline",  # no whole request head within the deadline (idle, slowloris)
+    "limit",  # the connection limit: the oldest still sending its head made room
+    "fd_limit",  # accept ran out of file descriptors: the same, to make room
+    "head_too_large",  # a request head over the endpoint's HEAD_LIMIT
+    "write_deadline",  # the client did not take the answer within the deadline
+)
+
+
 #: The manager's own families: (name, kind, help).
 MANAGER_FAMILIES = (
     ("kvtier_lookups_total", "counter", "Manager lookups (calls)"),
