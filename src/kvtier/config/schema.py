@@ -9,7 +9,7 @@ raises ``ConfigError`` naming the key (as a path such as ``secondary_tiers[0].ro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -30,6 +30,7 @@ from kvtier.config.checks import (
 from kvtier.config.parser import load_json, parse_config, read_config_file
 from kvtier.control.admission import AdmissionConfig
 from kvtier.control.slo_guard import SLOGuardConfig
+from kvtier.core.deadlines import TierDeadlines
 from kvtier.errors import ConfigError
 from kvtier.policies.priority import DEFAULT_MAX_REQUEST_PRIORITY
 from kvtier.tiers.base import TierConfig
@@ -93,6 +94,9 @@ class RuntimeConfig:
         | None
     ) = None
 
+    #: How long the engine waits for a tier's promotion, store or probe (``core.deadlines``).
+    deadlines: TierDeadlines = field(default_factory=TierDeadlines)
+
     def __post_init__(self) -> None:
         if self.metrics_admin and self.metrics_port is None:
             raise ConfigError("metrics_admin: the admin endpoint is served on metrics_port; set it")
@@ -104,7 +108,7 @@ class RuntimeConfig:
 #: The keys of ``RuntimeConfig``, as they appear at the top of a configuration.
 RUNTIME_KEYS = (
     "metrics_port", "metrics_host", "metrics_admin", "slo_guard", "admission",
-    "secondary_min_priority",
+    "secondary_min_priority", "deadlines",
     "max_request_priority", "max_request_duration_s",
 )  # fmt: skip
 

@@ -80,9 +80,15 @@ class TierControl:
             self.guard.observe_request(ttft_s, itl_s)
 
     def step(self) -> None:
-        """Apply what the guard decides now (at every poll)."""
+        """Jobs past their deadline feed the guard as failed (a hung tier breaks its budget as
+        a slow one does); then apply what the guard decides now (at every poll)."""
+        late = self._tiers.check_deadlines()
         if self.guard is None:
             return
+        now = time.monotonic()
+        for job in late:
+            name = self._tiers[job.tier].name
+            self.guard.observe_promotion(name, now - job.started, failed=True)
         for decision in self.guard.decide(*self._tiers.split_by_state()):
             self.switch(decision.tier, decision.enable, decision.reason)
 

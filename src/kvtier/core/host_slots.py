@@ -229,6 +229,12 @@ class HostTier:
         if not held:
             self._holds.pop(owner, None)
 
+    def held_by_kind(self, kind: type) -> set[ChunkKey]:
+        """The keys held by any owner that is a ``kind`` (e.g. every ``WriteThrough``)."""
+        return {
+            key for owner, held in self._holds.items() if isinstance(owner, kind) for key in held
+        }
+
     def holds_of(self, owner: Hashable) -> list[ChunkKey]:
         """Every key ``owner`` holds (once per hold), e.g. to release them all at once."""
         return [key for key, n in self._holds.get(owner, {}).items() for _ in range(n)]

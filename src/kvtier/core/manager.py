@@ -30,11 +30,11 @@ from kvtier.config.schema import TieringConfig
 from kvtier.control.retention import Priority, prefix_length
 from kvtier.control.tier_switches import TierSwitch
 from kvtier.core.entry_checks import engine_call, serialized
-from kvtier.core.host_slots import ENGINE, WriteThrough
+from kvtier.core.host_slots import ENGINE
 from kvtier.core.parts import TierFactory, build_parts
 from kvtier.core.peer_service import ManagerPeerHost, ManagerService, Services, close_all
 from kvtier.core.tier_set import Finished
-from kvtier.errors import ClosedError, ConfigError, KVTierError
+from kvtier.errors import ClosedError, KVTierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
@@ -73,10 +73,6 @@ class TieringManager:
         tiers: Sequence[SecondaryTier | TierFactory] | None = None,
         region: HostRegion | None = None,
     ) -> None:
-        try:
-            config.check_layout(identity.layout)
-        except ConfigError as exc:  # the identity's layout decides the keys, so it wins
-            log.warning("%s; chunks follow the cache identity's layout", exc)
         parts = build_parts(config, identity, tiers, region)
         self.config, self.identity = config, identity
         self.chunk_bytes = identity.layout.chunk_bytes
@@ -88,6 +84,7 @@ class TieringManager:
         self._retention, self._promoter = parts.retention, parts.promoter
         self._progress, self._clock, self._publisher = parts.progress, parts.clock, parts.publisher
         self._control = self.runtime.control
+        self._write_throughs = parts.write_throughs
         self._services = Services(self.metrics)
         self._peer_host = ManagerPeerHost(self)
         self.peer_server: PeerServer | None = None
@@ -160,10 +157,7 @@ class TieringManager:
                 self._write_through(index, chosen)
 
     def _write_through(self, index: int, keys: list[ChunkKey]) -> None:
-        """Tier ``index`` writes ``keys`` from their slots, held until the tier reports."""
-        owner = WriteThrough(self.tiers[index].name)
-        slots = self.host.hold(keys, owner)
-        refused = self._tiers.submit(index, "store", keys, slots, owner)
+        refused = self._write_throughs.start(index, keys)
         if refused is not None:
             self._route(refused)
 
@@ -364,11 +358,8 @@ class TieringManager:
         return self.runtime.registry(state_gauges(self.host))
 
     def prometheus_collector(self) -> TelemetryCollector:
-        """The collector behind ``prometheus_registry``, to register on a registry of your own.
-
-        Its gauges are snapshots taken under the manager's lock (a scrape runs on the HTTP
-        server's thread, while the engine's thread changes the host tier).
-        """
+        """The collector behind ``prometheus_registry``, to register on a registry of your own
+        (its gauges are snapshots taken under the manager's lock, on the scraping thread)."""
         return self.runtime.collector(state_gauges(self.host))
 
     # -- lifecycle ---------------------------------------------------------------------------

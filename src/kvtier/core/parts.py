@@ -12,12 +12,14 @@ Runs once, on the thread that builds the manager.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier.config.checks import key_path, listen_errors
 from kvtier.config.schema import KVEventsConfig, TieringConfig
 from kvtier.control.retention import HostRetention
+from kvtier.core.deadlines import WRITE_THROUGH_SHARE
 from kvtier.core.host_slots import HostTier
 from kvtier.core.peer_service import close_all
 from kvtier.core.progress import Progress
@@ -25,6 +27,7 @@ from kvtier.core.promotion import Promoter
 from kvtier.core.provenance import Provenance
 from kvtier.core.runtime import Runtime
 from kvtier.core.slot_allocator import SlotAllocator
+from kvtier.core.write_through import WriteThroughs
 from kvtier.errors import ConfigError
 from kvtier.identity import CacheIdentity
 from kvtier.region import HostRegion
@@ -33,6 +36,8 @@ from kvtier.telemetry.metrics import ManagerMetrics
 from kvtier.telemetry.transfer_meter import TransferMeter
 from kvtier.tiers.base import SecondaryTier
 from kvtier.tiers.registry import build_tier
+
+log = logging.getLogger(__name__)
 
 #: Builds a tier over the manager's host region, for ``TieringManager(tiers=...)``.
 TierFactory = Callable[[HostRegion, CacheIdentity], SecondaryTier]
@@ -53,6 +58,7 @@ class ManagerParts:
     progress: Progress
     clock: TransferMeter
     publisher: EventPublisher | None
+    write_throughs: WriteThroughs
 
 
 def build_parts(
@@ -62,6 +68,10 @@ def build_parts(
     region: HostRegion | None,
 ) -> ManagerParts:
     """The parts of a manager (``TieringManager`` documents ``tiers`` and ``region``)."""
+    try:
+        config.check_layout(identity.layout)
+    except ConfigError as exc:  # the identity's layout decides the keys, so it wins
+        log.warning("%s; chunks follow the cache identity's layout", exc)
     chunk_bytes = identity.layout.chunk_bytes
     region = region or HostRegion(config.host_slots(chunk_bytes), chunk_bytes)
     if region.slot_bytes < chunk_bytes:
@@ -82,19 +92,12 @@ def build_parts(
     promoter = Promoter(host, runtime.tiers, slots, provenance, metrics, events)
     retention = HostRetention(host, runtime.admission, provenance)
     clock = TransferMeter(metrics, chunk_bytes)
+    cap = max(1, int(region.num_slots * WRITE_THROUGH_SHARE))
+    write_throughs = WriteThroughs(host, runtime.tiers, metrics, cap)
     return ManagerParts(
-        region,
-        host,
-        runtime,
-        provenance,
-        events,
-        slots,
-        retention,
-        promoter,
-        Progress(built),
-        clock,
-        publisher,
-    )
+        region, host, runtime, provenance, events, slots, retention, promoter, Progress(built),
+        clock, publisher, write_throughs,
+    )  # fmt: skip
 
 
 def build_tiers(

@@ -9,6 +9,11 @@ chunk whose promotion failed is never asked of the same tier again until it is s
 livelock). When the walk stops at a chunk held nowhere, the chunks from there on are recomputed
 and counted under one reason (``MISS_REASONS``).
 
+Deadlines (``kvtier.core.deadlines``): a lookup stops waiting for a promotion whose tier has a
+load past its deadline, and a tier that answers ``RETRY`` for one key past the probe deadline
+is taken not to hold it; both are misses with reason ``tier_timeout``. A tier stalled on a load
+is neither asked nor given new promotions until the late one reports.
+
 ``Promoter.lookup_window`` serves layouts whose layers resume from a trailing window of chunks
 (sliding-window and state-space layers, ``KVLayout.window_chunks``): a prefix of ``n`` chunks can
 be resumed once its last ``window`` chunks are in host, because the key of chunk ``i`` names the
@@ -29,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvtier.core.deadlines import ProbeAges
 from kvtier.core.host_slots import ENGINE, WRITING, HostTier, Promotion
 from kvtier.core.provenance import Provenance
 from kvtier.core.slot_allocator import SlotAllocator
@@ -67,6 +73,7 @@ class Promoter:
     ) -> None:
         self.host, self.tiers, self.slots = host, tiers, slots
         self.provenance, self.metrics, self.events = provenance, metrics, events
+        self.probes = ProbeAges(tiers.deadlines.probe_s)
 
     def lookup_beyond(self, keys: Sequence[ChunkKey], ready: int) -> int | Lookup:
         """Continue a lookup whose first ``ready`` keys are ready in host."""
@@ -188,8 +195,12 @@ class Promoter:
         writer = self.host.writer_of(key)
         if writer == ENGINE:
             return "store_in_flight"
-        if isinstance(writer, Promotion) and self.tiers.switched_off(writer.tier):
+        if not isinstance(writer, Promotion):
+            return None
+        if self.tiers.switched_off(writer.tier):
             return "tier_disabled"
+        if self.tiers.stalled(self.tiers.index_of(writer.tier), "load"):
+            return "tier_timeout"
         return None
 
     def _find_holder(
@@ -198,22 +209,34 @@ class Promoter:
         """The first tier that holds ``key`` (or RETRY, or MISS), and why a tier could not tell.
 
         The second value is ``tier_unavailable`` when a tier was down, ``tier_disabled`` when one
-        is switched off (it is not asked), else ``None``.
+        is switched off, ``tier_timeout`` when one is stalled on a load (neither is asked) or
+        has answered ``RETRY`` for ``key`` past the probe deadline, else ``None``.
         """
         maybe, absent = False, None
         for index, tier in enumerate(self.tiers):
             if self.provenance.has_failed(index, key) or (tier.reads_peers and not ask_peers):
                 continue
-            if not self.tiers.enabled(index):
-                absent = absent or "tier_disabled"
+            skipped = self._not_asked(index)
+            if skipped is not None:
+                absent = absent or skipped
                 continue
             answer = self.tiers.lookup(index, key)
             if answer is None or not tier.available:
                 absent = "tier_unavailable"
             if answer is HIT:
+                self.probes.settled(index, key)
                 return index, absent
+            if answer is RETRY and self.probes.late(index, key):
+                absent = absent or "tier_timeout"
+                continue
             maybe = maybe or answer is RETRY
         return (RETRY if maybe else MISS), absent
+
+    def _not_asked(self, index: int) -> str | None:
+        """Why tier ``index`` is not asked now: switched off, or stalled on a late load."""
+        if not self.tiers.enabled(index):
+            return "tier_disabled"
+        return "tier_timeout" if self.tiers.stalled(index, "load") else None
 
     def _promote(self, index: int, keys: list[ChunkKey]) -> bool:
         slots = self.slots.allocate(keys, writer=Promotion(self.tiers[index].name))

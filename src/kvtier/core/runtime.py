@@ -64,7 +64,7 @@ class Runtime:
         self._lock = threading.RLock()
         self._closed = False
         self.metrics = ManagerMetrics()
-        self.tiers = TierSet(self.metrics, chunk_bytes)
+        self.tiers = TierSet(self.metrics, chunk_bytes, config.deadlines)
         guard = None if config.slo_guard is None else SLOGuard(config.slo_guard)
         self.control = TierControl(self.tiers, guard)
         self.admission = Admission((), (), self.metrics)

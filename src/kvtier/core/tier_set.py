@@ -10,6 +10,10 @@ A tier can be switched off at run time (``disable``): it is then asked no lookup
 new job, while the jobs it already has still report through ``poll`` (their slots are released
 and their bytes verified as always), so nothing is lost or left pinned.
 
+Every job has a deadline (``deadlines``). ``check_deadlines`` finds the jobs past theirs
+(counted once each in ``kvtier_tier_timeouts_total{tier,op}``); until such a job reports, its
+tier is ``stalled`` for that kind of job.
+
 Thread safety: none; it belongs to the manager (called under its lock). The tiers' own threads
 are behind their non-blocking methods.
 """
@@ -18,10 +22,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from itertools import count
 
+from kvtier.core.deadlines import TierDeadlines
 from kvtier.errors import KVTierError
 from kvtier.keys import ChunkKey
 from kvtier.telemetry.logs import ThrottledLog
@@ -42,6 +47,7 @@ class PendingJob:
     keys: tuple[ChunkKey, ...]
     owner: Hashable = None  # the host-slot holds a store job keeps until it reports
     started: float = field(default_factory=time.monotonic)
+    deadline: float = float("inf")
 
 
 @dataclass(frozen=True)
@@ -64,12 +70,21 @@ class Finished:
 class TierSet:
     """The tiers in configured order (index = priority), and the jobs they have not reported."""
 
-    def __init__(self, metrics: ManagerMetrics, chunk_bytes: int) -> None:
+    def __init__(
+        self,
+        metrics: ManagerMetrics,
+        chunk_bytes: int,
+        deadlines: TierDeadlines | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.tiers: list[SecondaryTier] = []
         self._metrics, self._chunk_bytes = metrics, chunk_bytes
+        self.deadlines, self._clock = deadlines or TierDeadlines(), clock
         self._ids = count()
         self._pending: dict[int, PendingJob] = {}
         self._disabled: dict[int, str] = {}  # tier index -> why
+        self._late: set[int] = set()  # ids of pending jobs past their deadline
+        self._stalled: set[tuple[int, str]] = set()  # (tier, op) with a late job
 
     def add(self, tier: SecondaryTier) -> int:
         """Add ``tier`` last; its index."""
@@ -93,6 +108,31 @@ class TierSet:
         """Jobs tier ``index`` has not reported yet."""
         return sum(1 for job in self._pending.values() if job.tier == index)
 
+    def chunks_in_flight(self, op: Op) -> int:
+        """Chunks of the ``op`` jobs no tier has reported yet."""
+        return sum(len(job.keys) for job in self._pending.values() if job.op == op)
+
+    # -- deadlines -----------------------------------------------------------------------------
+    def check_deadlines(self) -> list[PendingJob]:
+        """The jobs that went past their deadline since the last call (each counted once); the
+        tiers stalled by a late job are known from here on (``stalled``)."""
+        now, late = self._clock(), []
+        for job_id, job in self._pending.items():
+            if now > job.deadline and job_id not in self._late:
+                self._late.add(job_id)
+                late.append(job)
+                self._metrics.count("tier_timeouts", tier=self.tiers[job.tier].name, op=job.op)
+        self._note_stalled()
+        return late
+
+    def _note_stalled(self) -> None:
+        self._late &= set(self._pending)
+        self._stalled = {(self._pending[i].tier, self._pending[i].op) for i in self._late}
+
+    def stalled(self, index: int, op: Op) -> bool:
+        """Whether tier ``index`` has an ``op`` job past its deadline that has not reported."""
+        return (index, op) in self._stalled
+
     def bind(self) -> None:
         """Unique names, and each tier's own metrics bound to the manager's telemetry."""
         make_names_unique(self.tiers)
@@ -105,7 +145,8 @@ class TierSet:
     ) -> Finished | None:
         """Hand a job to tier ``index``; if the tier raises, the failed job to apply at once."""
         job = TransferJob(next(self._ids), tuple(keys), tuple(slots))
-        pending = PendingJob(op, index, job.keys, owner)
+        started = self._clock()
+        pending = PendingJob(op, index, job.keys, owner, started, started + self.deadlines.of(op))
         tier = self.tiers[index]
         try:
             (tier.submit_store if op == "store" else tier.submit_load)(job)
@@ -144,11 +185,13 @@ class TierSet:
             self._metrics.count("internal_errors", kind="unknown_job_result")
             return None
         del self._pending[result.job_id]
+        if result.job_id in self._late:
+            self._note_stalled()
         return self._account(Finished(pending, result))
 
     def _account(self, finished: Finished) -> Finished:
         job, ok = finished.job, len(finished.succeeded)
-        seconds = time.monotonic() - job.started
+        seconds = self._clock() - job.started
         name = self.tiers[job.tier].name
         nbytes = ok * self._chunk_bytes
         self._metrics.job(name, job.op, ok, len(job.keys) - ok, nbytes, seconds)
@@ -174,6 +217,7 @@ class TierSet:
         tier = self.tiers[index]
         self.tiers[index] = Retired(tier.name)
         self._pending = {i: job for i, job in self._pending.items() if job.tier != index}
+        self._note_stalled()
         self._disabled[index] = "retired"
         return tier
 

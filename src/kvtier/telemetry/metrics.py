@@ -261,6 +261,7 @@ MANAGER_FAMILIES = (
     ("kvtier_events_total", "counter", "KV events recorded, by kind"),
     ("kvtier_internal_errors_total", "counter", "Unexpected conditions survived, by kind"),
     ("kvtier_tier_disabled_total", "counter", "Tiers switched off at run time, by reason"),
+    ("kvtier_tier_timeouts_total", "counter", "Tier jobs past their deadline, by op"),
     ("kvtier_admission_dropped_total", "counter", "Chunks a level did not admit, by reason"),
     ("kvtier_retention_ignored_total", "counter", "Requests whose retention could not act, by why"),
     ("kvtier_shm_regions_removed_total", "counter", "Host regions of dead vLLM engines removed"),
@@ -278,6 +279,7 @@ MISS_REASONS = (
     "store_in_flight",  # the engine is still writing it into host memory
     "tier_disabled",  # the tier that might hold it is switched off (by hand or the SLO guard)
     "not_admitted",  # host refused it, or every secondary tier did and host evicted it
+    "tier_timeout",  # the tier that holds it is past a deadline (a promotion or probe hangs)
 )
 
 
