@@ -7,6 +7,7 @@ other, on the same endpoint, and ``kvtier events`` in a child process subscribed
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
@@ -21,9 +22,9 @@ from tests.child_process import child_env
 from tests.conftest import has_output, read_line
 
 CLI = [sys.executable, "-m", "kvtier.cli", "events"]
-#: Batches the first publisher sends after the subscriber got one: the second publisher's first
-#: batch to arrive is numbered well below this, whatever its subscription's slow join loses.
-FIRST_RUN_BATCHES = 100
+#: Batches the first publisher sends after the subscriber got one: more than the second one can
+#: send (one per 0.3 s) in ``LINE_TIMEOUT_S``, so its first batch to arrive numbers below.
+FIRST_RUN_BATCHES = 200
 LINE_TIMEOUT_S = 30.0
 
 
@@ -59,24 +60,37 @@ def publish(publisher: EventPublisher, seq: int) -> None:
     )
 
 
-def first_arrival(publisher: EventPublisher, printer: subprocess.Popen[bytes]) -> int:
-    """Publish until the printer prints; the number of the batch that arrived first.
+def publish_until_printed(
+    publisher: EventPublisher, printer: subprocess.Popen[bytes]
+) -> tuple[int, str]:
+    """Publish batches 0, 1, ... until the printer prints; (batches published, its first line).
 
     ZeroMQ drops what a publisher sends before the subscription reaches it (slow joiner), so
     the first batches may be lost; every batch after the first one that arrives does arrive.
     """
     assert printer.stdout is not None
     deadline = time.monotonic() + LINE_TIMEOUT_S
-    for seq in range(10_000):
+    for seq in itertools.count():
         publish(publisher, seq)
         if has_output(printer.stdout, 0.3):
-            return seq
+            return seq + 1, read_line(printer, LINE_TIMEOUT_S, "a first line").decode()
         assert time.monotonic() < deadline, "no batch reached kvtier events"
     raise AssertionError("unreachable")
 
 
-def lines(printer: subprocess.Popen[bytes], n: int) -> list[str]:
-    return [read_line(printer, LINE_TIMEOUT_S, f"line {i}").decode() for i in range(n)]
+def lines_through(printer: subprocess.Popen[bytes], seq: int) -> list[str]:
+    """The lines printed up to and including event ``seq``'s."""
+    printed: list[str] = []
+    while not (printed and printed[-1].startswith(f"#{seq} ")):
+        assert len(printed) <= 2 * FIRST_RUN_BATCHES, printed[-3:]
+        printed.append(read_line(printer, LINE_TIMEOUT_S, f"the line of event {seq}").decode())
+    return printed
+
+
+def numbers(lines: list[str]) -> list[int]:
+    """The event numbers of event lines (``#12 stored ...``); a line of another kind fails."""
+    assert all(line.startswith("#") for line in lines), lines
+    return [int(line.split()[0][1:]) for line in lines]
 
 
 def bind_again(endpoint: str) -> EventPublisher:
@@ -104,28 +118,27 @@ def test_kvtier_events_says_the_publisher_restarted_when_its_numbers_start_over(
     try:
         said = read_line(printer, 60, "kvtier events to subscribe", printer.stderr)
         assert said == f"kvtier events: subscribed to {endpoint}".encode()
-        start = first_arrival(first, printer)
-        for seq in range(start + 1, start + 1 + FIRST_RUN_BATCHES):
+        published, line = publish_until_printed(first, printer)
+        last = published + FIRST_RUN_BATCHES - 1
+        for seq in range(published, last + 1):
             publish(first, seq)
-        before = lines(printer, 1 + FIRST_RUN_BATCHES)
-        last = start + FIRST_RUN_BATCHES
+        before = [line, *lines_through(printer, last)]
         first.close()
 
         second = bind_again(endpoint)  # a restarted publisher: numbers from 0 again
         try:
-            restart = first_arrival(second, printer)
-            for seq in range(restart + 1, restart + 3):
+            published, said_restart = publish_until_printed(second, printer)
+            for seq in (published, published + 1):
                 publish(second, seq)
-            after = lines(printer, 4)
+            after = lines_through(printer, published + 1)
         finally:
             second.close()
     finally:
         printer.terminate()
         _, errors = printer.communicate(timeout=30)
-    assert [line.split()[0] for line in before] == [f"#{s}" for s in range(start, last + 1)]
+    assert numbers(before) == list(range(numbers(before)[0], last + 1))
+    restart = numbers(after)[0]
     assert restart < last, "the second publisher's first batch must number below the last"
-    assert after[0] == f"! publisher restarted (seq {last} -> {restart})"
-    assert [line.split()[:2] for line in after[1:]] == [
-        [f"#{s}", "stored"] for s in range(restart, restart + 3)
-    ]
+    assert said_restart == f"! publisher restarted (seq {last} -> {restart})"
+    assert numbers(after) == list(range(restart, published + 2))
     assert b"missed" not in errors
