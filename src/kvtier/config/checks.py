@@ -6,7 +6,8 @@ applies it to every value it reads (so the error names the key path, e.g. ``serv
 ``ConfigError`` whose message starts with the key and never repeats a credential.
 
 Nothing here touches the network or the file system: a host name is checked for its syntax, not
-resolved.
+resolved. One check also rewrites its value: a ``LocalPath``'s leading ``~`` becomes the home
+directory, as in a shell (``check_fields`` stores the expanded path).
 """
 
 from __future__ import annotations
@@ -163,6 +164,27 @@ class OctalMode:
             )
 
 
+@dataclass(frozen=True)
+class LocalPath:
+    """A file or directory on this machine: a string ``Text`` accepts, whose leading ``~`` or
+    ``~user`` is that home directory (``os.path.expanduser``, applied by ``check_fields``, so
+    ``"~/kv"`` is never a directory named ``~``). One that cannot be expanded (no such user) is
+    refused; ``./~`` names a directory called ``~``."""
+
+    def check(self, value: Any, path: str) -> None:
+        Text().check(value, path)
+        if expand_path(value).startswith("~"):
+            raise ConfigError(
+                f"{path}: cannot expand {value!r}: no such user's home directory (write "
+                f"./{value} for a path that starts with a directory named {value.split('/')[0]})"
+            )
+
+
+def expand_path(value: str) -> str:
+    """``value`` with a leading ``~`` or ``~user`` replaced by that home directory."""
+    return os.path.expanduser(value)
+
+
 Port = Annotated[int, Bounds(1, 65535, "a TCP port from 1 to 65535")]
 RetentionPriority = Annotated[
     int, Bounds(MIN_PRIORITY, MAX_PRIORITY, f"an integer from {MIN_PRIORITY} to {MAX_PRIORITY}")
@@ -182,6 +204,8 @@ Timeout = Annotated[
 DirMode = Annotated[str, OctalMode()]
 HostName = Annotated[str, Host()]
 BindHost = Annotated[str, Host(any=True)]
+#: A path on this machine: ``~`` expanded (``LocalPath``).
+FilePath = Annotated[str, LocalPath()]
 
 _DEFAULT_TEXT = Text()
 
@@ -209,7 +233,8 @@ def default_marks(hint: Any, name: str) -> tuple[Check, ...]:
 
 
 def check_fields(config: Any) -> None:
-    """Apply every field's marks to a config dataclass (``None`` values are not checked)."""
+    """Apply every field's marks to a config dataclass (``None`` values are not checked), and
+    store each ``LocalPath`` field expanded (``~``: the home directory), frozen or not."""
     hints = _field_hints(type(config))  # type: ignore[arg-type]
     for name, marks in hints.items():
         value = getattr(config, name)
@@ -217,6 +242,8 @@ def check_fields(config: Any) -> None:
             continue
         for mark in marks:
             mark.check(value, name)
+        if any(isinstance(mark, LocalPath) for mark in marks):
+            object.__setattr__(config, name, expand_path(value))
 
 
 @functools.cache

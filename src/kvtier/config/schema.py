@@ -17,6 +17,7 @@ from kvtier.config.checks import (
     Bounds,
     Count,
     Endpoint,
+    FilePath,
     HostName,
     Messages,
     Port,
@@ -130,7 +131,8 @@ class TieringConfig(RuntimeConfig):
     serve: ServeConfig | None = None
     kv_events: KVEventsConfig | None = None
     #: Record a request trace (``kvtier.plan.trace``) here, for ``kvtier plan``; off when ``None``.
-    trace_path: str | None = None
+    #: A leading ``~`` is the home directory (``checks.LocalPath``).
+    trace_path: FilePath | None = None
     #: vLLM's name for host memory's ``min_reuse`` (chunks seen fewer times are not stored).
     store_threshold: Annotated[int, Bounds(1, 255, "an integer from 1 to 255")] | None = None
 

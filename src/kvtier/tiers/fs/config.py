@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from kvtier.config.checks import Bytes, DirMode, Seconds, Threads, check_fields
+from kvtier.config.checks import Bytes, DirMode, FilePath, Seconds, Threads, check_fields
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class FsTierConfig:
     """
 
     type_name: ClassVar[str] = "fs"
-    root_dir: str
+    root_dir: FilePath
     n_read_threads: Threads = 16
     n_write_threads: Threads = 16
     max_bytes: Bytes | None = None

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from kvtier.config.checks import (
     BindHost,
+    FilePath,
     HostName,
     Port,
     Seconds,
@@ -40,8 +41,8 @@ class P2PTierConfig:
     peers: tuple[PeerAddress, ...] = ()
     timeout_s: Timeout = 1.0
     hit_ttl_s: Seconds = 2.0
-    curve_secret_key_file: str | None = None
-    curve_server_key_file: str | None = None
+    curve_secret_key_file: FilePath | None = None
+    curve_server_key_file: FilePath | None = None
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -74,8 +75,8 @@ class ServeConfig:
 
     port: Port
     host: BindHost = "127.0.0.1"
-    curve_secret_key_file: str | None = None
-    curve_client_keys_dir: str | None = None
+    curve_secret_key_file: FilePath | None = None
+    curve_client_keys_dir: FilePath | None = None
     accept_stores: bool = False
     hold_timeout_s: Timeout = 5.0
     allow_insecure_stores: bool = False
