@@ -252,6 +252,7 @@ class MetricsServer:
         self._listener.server_close()
 
     def _step(self) -> None:
+        """One round of the I/O thread (so are the methods up to ``_work``)."""
         for key, _ in self._selector.select(POLL_INTERVAL_S):
             if key.data is None:
                 self._accept()
@@ -350,8 +351,8 @@ class MetricsServer:
         return "aborted"
 
     def _end(self, conn: socket.socket, outcome: str, counted_open: bool = True) -> None:
-        """Count how ``conn`` ended (``served``, ``aborted``, or a drop reason), then close it:
-        a client that sees it closed sees it counted."""
+        """Count how ``conn`` ended (``served``, ``aborted``, or a drop reason), then close it
+        (either thread): a client that sees it closed sees it counted."""
         if outcome in REASONS:
             self.telemetry.inc(DROPPED, reason=outcome)
             msg = "metrics endpoint: closed a connection unanswered (%s)"
