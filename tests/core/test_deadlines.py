@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from kvtier import RETRY, ChunkKey, TieringManager
+from kvtier import HIT, RETRY, ChunkKey, TieringManager
 from kvtier.config import MemoryTierConfig
 from kvtier.core.deadlines import WRITE_THROUGH_SHARE, ProbeAges, TierDeadlines
 from kvtier.core.host_slots import WRITING
@@ -22,6 +22,7 @@ from kvtier.region import HostRegion
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TransferJob
 from kvtier.tiers.memory import MemoryTier
 from tests.conftest import config, fill, holds, make_keys, push_out, read, store, wait_for
+from tests.tiers.peer_node import PeerNode
 
 SHORT = 0.2  # seconds: every deadline in these tests
 
@@ -204,3 +205,27 @@ def test_a_probe_is_late_only_past_its_deadline_and_settling_starts_it_anew():
 def test_a_job_deadline_is_its_kind_of_deadline():
     deadlines = TierDeadlines(promotion_s=1.0, store_s=2.0, probe_s=3.0)
     assert (deadlines.of("load"), deadlines.of("store")) == (1.0, 2.0)
+
+
+def test_a_peer_process_that_stops_answering_never_stops_the_engine(identity):
+    """A real peer node, frozen (SIGSTOP) with its chunks found: the fetch goes out and is never
+    answered. The p2p tier's own timeout is far away; the promotion deadline is what ends the
+    wait, and the engine meanwhile stores and serves its own chunks."""
+    node = PeerNode(0, "--store", "4").start()
+    p2p = {"type": "p2p", "host": "127.0.0.1", "port": node.port, "timeout_s": 600.0}
+    deadlines = {"promotion_s": SHORT, "store_s": SHORT, "probe_s": 5.0}
+    cfg = config(16, secondary_tiers=[p2p], deadlines=deadlines)
+    try:
+        with TieringManager(cfg, identity) as m:
+            keys = make_keys(identity, 4)  # what the node stored (same seed, same identity)
+            tier = m.tiers[0]
+            wait_for(lambda: all(tier.lookup(k) is HIT for k in keys), what="the node's chunks")
+            node.freeze()  # found, and now the fetch goes out and is never answered
+            assert m.lookup(keys) is RETRY
+            wait_for(lambda: m.lookup(keys) == 0, timeout=30, what="a miss past the deadline")
+            assert recomputed(m, "tier_timeout") >= 1
+            own = make_keys(identity, 4, seed=123)
+            store(m, own)
+            assert m.lookup(own) == 4 and read(m, own)
+    finally:
+        node.kill()
