@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml setup.py src/kvtier/tiers/fs/_fastio.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[torch,transformers,s3,p2p,metrics,bench,dev]'
+	$(BIN)/python -m pip install -q -e '.[torch,transformers,s3,p2p,integrity,metrics,bench,dev]'
 	touch $(STAMP)
 
 lint: $(STAMP)

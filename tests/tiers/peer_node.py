@@ -5,9 +5,10 @@ stores N chunks (``chunk_pattern`` bytes) of the small test layout, prints ``REA
 runs idle (never polling) until SIGTERM: the peer server's own driver answers. ``PORT`` 0: the
 node picks a free port itself (another one if that is taken before it binds) and reports the
 port it bound in that line. With ``--curve DIR`` it uses ``DIR/server.secret`` and allows the
-client keys in ``DIR/clients``. ``--fs DIR`` adds a filesystem tier under the host tier; chunks
-are stored ``--slots`` at a time, so with more chunks than slots the older ones leave host memory
-and live on in that tier. The node imports the kvtier of this checkout (``tests.child_process``).
+client keys in ``DIR/clients``; with ``--integrity-key FILE`` it seals what it serves (and
+checks what peers store) with that key file. ``--fs DIR`` adds a filesystem tier under the host
+tier; chunks are stored ``--slots`` at a time, so with more chunks than slots the older ones
+leave host memory and live on in that tier. The node imports the kvtier of this checkout (``tests.child_process``).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--accept-stores", action="store_true")
     parser.add_argument("--curve")
     parser.add_argument("--fs")
+    parser.add_argument("--integrity-key", help="the top-level integrity_key_file")
     parser.add_argument("--model", default="test/model")
     return parser.parse_args()
 
@@ -117,6 +119,8 @@ def serve_config(args: argparse.Namespace, port: int) -> dict[str, object]:
         serve["curve_secret_key_file"] = f"{args.curve}/server.secret"
         serve["curve_client_keys_dir"] = f"{args.curve}/clients"
     extra: dict[str, object] = {"serve": serve}
+    if args.integrity_key:
+        extra["integrity_key_file"] = args.integrity_key
     if args.fs:
         extra["secondary_tiers"] = [{"type": "fs", "root_dir": args.fs}]
     return extra

@@ -28,6 +28,7 @@ from kvtier.config.checks import (
     is_loopback,
     physical_memory_bytes,
 )
+from kvtier.config.integrity import resolve_keys
 from kvtier.config.parser import load_json, parse_config, read_config_file
 from kvtier.control.admission import AdmissionConfig
 from kvtier.control.slo_guard import SLOGuardConfig
@@ -135,9 +136,15 @@ class TieringConfig(RuntimeConfig):
     trace_path: FilePath | None = None
     #: vLLM's name for host memory's ``min_reuse`` (chunks seen fewer times are not stored).
     store_threshold: Annotated[int, Bounds(1, 255, "an integer from 1 to 255")] | None = None
+    #: Every tier's and ``serve``'s integrity key file unless it names its own
+    #: (``kvtier.config.integrity``); ``None``: chunks carry a checksum only.
+    integrity_key_file: FilePath | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        tiers, serve = resolve_keys(self.integrity_key_file, self.secondary_tiers, self.serve)
+        object.__setattr__(self, "secondary_tiers", tiers)  # frozen: resolved once, here
+        object.__setattr__(self, "serve", serve)
         if self.block_size is not None and self.blocks_per_chunk is not None:
             raise ConfigError(
                 "block_size, blocks_per_chunk: give one or the other, not both "

@@ -14,6 +14,8 @@ class FsTierConfig:
 
     ``dir_mode`` is the mode of the directories the tier creates (``root_dir`` and its parents
     too, where missing); its files get the same bits without execute (``kvtier.config.file_modes``).
+    ``integrity_key_file`` seals every chunk with a keyed tag, ``encrypt`` also encrypts it
+    (``kvtier.tiers.shared.sealing``); ``None`` takes the configuration's top-level key.
     """
 
     type_name: ClassVar[str] = "fs"
@@ -26,6 +28,8 @@ class FsTierConfig:
     fsync: bool = False
     negative_ttl_s: Seconds = 1.0
     dir_mode: DirMode = "0700"
+    integrity_key_file: FilePath | None = None
+    encrypt: bool = False
     name: str | None = None
 
     def __post_init__(self) -> None:

@@ -61,7 +61,8 @@ from kvtier.tiers.fs.paths import (
 )
 from kvtier.tiers.fs.pin import NamespacePin, NamespaceSwappedError
 from kvtier.tiers.fs.scan import HOST_TAG, ScanResult, scan_namespace
-from kvtier.tiers.shared.codec import HEADER_BYTES, encode_header, verify
+from kvtier.tiers.shared.codec import HEADER_BYTES
+from kvtier.tiers.shared.sealing import ChecksumSealer, Sealer
 
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 #: Page-cache writes at once. They are CPU work (a copy, inode and directory updates); more of
@@ -79,7 +80,8 @@ class ChunkFiles:
     ``"auto"``: when a probe write and read succeed and the kernel has ``cachestat``, page cache
     or O_DIRECT chunk by chunk (``adaptive``, see ``page_cache``); O_DIRECT throughout where
     only the probe succeeds. A read-only namespace
-    cannot probe, so "auto" reads through the page cache and "on" is trusted.
+    cannot probe, so "auto" reads through the page cache and "on" is trusted. ``sealer``
+    seals each chunk and opens it when read (``shared.sealing``; default: the xxh3 checksum).
     """
 
     def __init__(
@@ -90,8 +92,10 @@ class ChunkFiles:
         o_direct: str = "auto",
         fsync: bool = False,
         dir_mode: int = DEFAULT_DIR_MODE,
+        sealer: Sealer | None = None,
     ) -> None:
         self._digest = identity.digest
+        self._sealer = sealer or ChecksumSealer()
         self._fsync = fsync
         self._dir_mode, self._file_mode = dir_mode, file_mode(dir_mode)
         self._token = secrets.token_hex(4)
@@ -162,12 +166,19 @@ class ChunkFiles:
         self, key: ChunkKey, region: HostRegion, slot: int, direct: bool
     ) -> tuple[tuple[memoryview | bytes, memoryview], int]:
         """[header block, payload] of ``slot``'s chunk file, and the size to truncate to (-1:
-        none). O_DIRECT writes aligned memory: a scratch header, the slot with its padding."""
-        payload = region.view(slot)
-        header = encode_header(self._digest, key, payload, payload_checksum(payload))
+        none). O_DIRECT writes aligned memory: a scratch header, the slot with its padding. An
+        encrypting sealer writes the payload's ciphertext into this thread's scratch body."""
+        payload, aligned = region.view(slot), region.aligned_view(slot)
+        if self._sealer.encrypts:
+            aligned = self._scratch_body(len(aligned))
+            header = self._sealer.seal(self._digest, key, payload, aligned[: len(payload)])
+            payload = aligned[: len(payload)]
+        else:
+            digest = None if self._sealer.keyed else payload_checksum(payload)
+            header = self._sealer.seal(self._digest, key, payload, None, digest)
         if not direct:
             return (header, payload), -1
-        scratch, aligned = self._scratch(), region.aligned_view(slot)
+        scratch = self._scratch()
         scratch[:] = header
         padded = len(aligned) != len(payload)
         return (scratch, aligned), HEADER_BYTES + len(payload) if padded else -1
@@ -218,7 +229,8 @@ class ChunkFiles:
         loaded = native.load(pin, path, *args, self.adaptive, O_DIRECT)
         loaded = loaded or self._read_walk(pin, name, *args)
         size, got, device, inode, _ = loaded
-        digest = payload_checksum(payload[: max(0, got - HEADER_BYTES)])
+        body = payload[: max(0, got - HEADER_BYTES)]
+        digest = None if self._sealer.keyed else payload_checksum(body)
         try:
             self._verify(key, header, payload, got, size, digest)
         except IntegrityError:
@@ -263,13 +275,14 @@ class ChunkFiles:
         payload: memoryview,
         got: int,
         size: int,
-        digest: bytes,
+        digest: bytes | None,
     ) -> None:
-        """Check what was read: ``got`` bytes of a ``size``-byte file (``digest``: of payload)."""
+        """Check what was read: ``got`` bytes of a ``size``-byte file (``digest``: of payload,
+        unless sealed with a key); an encrypted payload is decrypted in place."""
         if got < HEADER_BYTES:
             raise IntegrityError(f"file is {got} bytes, shorter than a header", "short")
         payload_got = min(got - HEADER_BYTES, len(payload))
-        verify(header, payload[:payload_got], self._digest, key, digest)
+        self._sealer.open(header, payload[:payload_got], self._digest, key, digest)
         if size != HEADER_BYTES + len(payload) or payload_got != len(payload):
             raise IntegrityError(f"file is {size} bytes, not a chunk of {len(payload)}", "length")
 
@@ -320,6 +333,13 @@ class ChunkFiles:
             yield fd
         finally:
             os.close(fd)
+
+    def _scratch_body(self, nbytes: int) -> memoryview:
+        """This thread's page-aligned buffer of ``nbytes`` for ciphertext (``encrypt`` only)."""
+        buffer: memoryview | None = getattr(self._local, "body", None)
+        if buffer is None or len(buffer) != nbytes:
+            buffer = self._local.body = memoryview(mmap.mmap(-1, nbytes))
+        return buffer
 
     def _scratch(self) -> memoryview:
         """This thread's page-aligned header buffer (O_DIRECT needs aligned memory)."""

@@ -23,13 +23,15 @@ capacity bound, recent misses) is in ``index``. This module ties them to the tie
   warning): what is on disk is served, stores fail (``store_failed.read_only``), and writes
   resume once the namespace can be written again (``namespace``).
 
-Every failure is a miss or a failed job plus a counter in ``stats()``, never wrong bytes: a
-file that fails verification is deleted (``integrity.<reason>``); a missing file is a plain miss
-(``load_missing``); a store that cannot be written fails its job (``store_failed.<errno>``)
-while loads keep being served. A FIFO, socket, device, directory or symlink at a chunk path is
-never opened in a way that blocks or followed (``paths``): it is a miss (``probe_failed.
-not_regular``) or a failed key (``load_failed.not_regular``), left in place until a store of
-that key replaces it.
+Every failure is a miss or a failed job plus a counter in ``stats()``, never wrong bytes: a file
+that fails verification is deleted (``integrity.<reason>``; with ``integrity_key_file`` every
+chunk carries a keyed tag, so a file that whoever can write ``root_dir`` planted is
+``integrity.forged``, and with ``encrypt`` its payload is encrypted: ``shared.sealing``); a
+missing file is a plain miss (``load_missing``); a store that cannot be written fails its job
+(``store_failed.<errno>``) while loads keep being served. A FIFO, socket, device, directory or
+symlink at a chunk path is never opened in a way that blocks or followed (``paths``): it is a
+miss (``probe_failed.not_regular``) or a failed key (``load_failed.not_regular``), left in place
+until a store of that key replaces it.
 
 Thread safety: lookups and job submission come from the manager's thread; jobs, probes and the
 scan run on the tier's threads. Shared state lives in ``ChunkIndex``, ``RecentMisses`` and
@@ -62,6 +64,7 @@ from kvtier.tiers.fs.paths import NotRegularError, failure_reason
 from kvtier.tiers.fs.rows import o_direct_for
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from kvtier.tiers.shared.jobs import JobRunner, PooledTier
+from kvtier.tiers.shared.sealing import make_sealer
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +139,7 @@ class FilesystemTier(PooledTier):
             o_direct=o_direct_for(config.o_direct, region),
             fsync=config.fsync,
             dir_mode=dir_mode,
+            sealer=make_sealer(config.integrity_key_file, config.encrypt),
         )
         _warn_if_open(config.root_dir, self._files.namespace, dir_mode)
         self._space = SpaceGuard(self._files.directory, config.min_free_bytes)

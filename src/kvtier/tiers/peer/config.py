@@ -32,7 +32,10 @@ class P2PTierConfig:
     """``type: "p2p"``: fetch chunks from the host memory of peer instances.
 
     Peers are ``host`` + ``port`` and/or ``peers``. With CURVE, give both this client's secret
-    key file and the server's public key file (as written by ``kvtier peer keygen``).
+    key file and the server's public key file (as written by ``kvtier peer keygen``). With
+    ``integrity_key_file`` (``None``: the configuration's top-level key), fetched chunks must
+    carry a tag made with it, and stored ones are sealed with it
+    (``kvtier.tiers.shared.sealing``).
     """
 
     type_name: ClassVar[str] = "p2p"
@@ -43,6 +46,7 @@ class P2PTierConfig:
     hit_ttl_s: Seconds = 2.0
     curve_secret_key_file: FilePath | None = None
     curve_server_key_file: FilePath | None = None
+    integrity_key_file: FilePath | None = None
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -70,7 +74,9 @@ class ServeConfig:
     are encrypted and clients outside the allow-list are refused. ``accept_stores`` lets peers
     write chunks into this host tier; it is refused beyond loopback without CURVE (any host that
     reaches the port could write the cache) unless ``allow_insecure_stores`` forces it.
-    ``hold_timeout_s`` bounds how long a slow client pins a slot.
+    ``hold_timeout_s`` bounds how long a slow client pins a slot. With ``integrity_key_file``
+    (``None``: the configuration's top-level key) a stored chunk is taken only with a tag made
+    with that key, and fetched chunks carry one.
     """
 
     port: Port
@@ -80,6 +86,7 @@ class ServeConfig:
     accept_stores: bool = False
     hold_timeout_s: Timeout = 5.0
     allow_insecure_stores: bool = False
+    integrity_key_file: FilePath | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -90,6 +97,18 @@ class ServeConfig:
                 f"accept_stores: refused on {self.host} without CURVE (any host that reaches the "
                 "port could write this cache); configure CURVE, bind loopback, or set "
                 "allow_insecure_stores"
+            )
+
+    def check_stores_authenticated(self) -> None:
+        """With integrity keys on (some tier seals its chunks), a chunk a peer stores here is
+        written through to those tiers, sealed: refuse ``accept_stores`` unless CURVE admits
+        only listed clients or this server checks each stored chunk's tag (its own key)."""
+        trusted = self.curve_secret_key_file is not None or self.integrity_key_file is not None
+        if self.accept_stores and not trusted:
+            raise ConfigError(
+                "accept_stores: refused without CURVE or integrity_key_file while tiers seal "
+                "chunks with an integrity key: any client could store chunks that would be "
+                "written through sealed; configure CURVE, or the key here too"
             )
 
     @property

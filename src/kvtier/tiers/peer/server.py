@@ -5,9 +5,11 @@ only through ``PeerHost`` (``host_view``). Two threads share the work so that ho
 only ever touched on the manager's thread:
 
 * the server thread owns the listener: it validates every message (``protocol``), shakes
-  hands (protocol version and cache identity, else refused and logged), verifies stored chunks,
-  and puts work on the inbox; it encodes fetch replies and sends each payload frame straight
-  out of its host slot (zero-copy), watching the send receipt;
+  hands (protocol version and cache identity, else refused and logged), verifies stored chunks
+  (with ``integrity_key_file``, their tag: a client without the key stores nothing,
+  ``store_integrity.forged``), and puts work on the inbox; it encodes fetch replies (sealed
+  with that key) and sends each payload frame straight out of its host slot (zero-copy),
+  watching the send receipt;
 * ``step`` (the manager's thread, at every ``poll``) answers lookups, holds the slots of
   fetched chunks and hands their views to the server thread, reserves slots for stored chunks,
   and releases holds once their bytes are sent.
@@ -19,9 +21,9 @@ chunks only. While tier jobs are pending the driver polls every ``BUSY_POLL_S``,
 land while the engine is idle. Holds are per client and bounded (``server_holds``): a budget per
 client (a CURVE key, or a connection without CURVE) and for all clients, and an absolute
 deadline (``hold_timeout_s``). A client too slow to drain its replies then gets its slot
-released while bytes may still be queued; the header's checksum was taken while the slot was
-held, so the client's verification turns any overwritten bytes into a miss. Such a client gets
-no more holds until those replies are gone.
+released while bytes may still be queued; the header's checksum (or tag) was taken while the
+slot was held, so the client's verification turns any overwritten bytes into a miss. Such a
+client gets no more holds until those replies are gone.
 
 What a client may send is bounded before anything is buffered (``transport.MessageLimits``):
 single-frame requests only, unless this server accepts stores (then STOREs of at most
@@ -53,7 +55,7 @@ from kvtier.tiers.peer.config import ServeConfig
 from kvtier.tiers.peer.server_holds import PeerHolds, Replies
 from kvtier.tiers.peer.server_transport import listen
 from kvtier.tiers.peer.transport import Transport
-from kvtier.tiers.shared import codec
+from kvtier.tiers.shared.sealing import make_sealer
 
 if TYPE_CHECKING:
     from kvtier.tiers.peer.host_view import PeerHost
@@ -89,6 +91,7 @@ class PeerServer:
         transport: Transport | None = None,
     ) -> None:
         self._config, self._region, self._digest = config, region, identity.digest
+        self._sealer = make_sealer(config.integrity_key_file, decrypts=False)
         self._transport, self._listener = listen(config, region.slot_bytes, transport)
         self._holds = PeerHolds(region.num_slots, config.hold_timeout_s)
         self._inbox: queue.SimpleQueue[_Work] = queue.SimpleQueue()
@@ -309,7 +312,7 @@ class PeerServer:
 
     def _verified(self, key: ChunkKey, header: memoryview, payload: memoryview) -> bool:
         try:
-            codec.verify(header, payload, self._digest, key)
+            self._sealer.open(header, payload, self._digest, key)
         except IntegrityError as exc:
             self._count(f"store_integrity.{exc.reason}")
             return False
@@ -339,7 +342,7 @@ class PeerServer:
         """Send ``keys`` out of their slots; ``held`` (a prefix) are released once sent."""
         frames: list[bytes | memoryview] = [proto.encode(proto.FETCH, req_id, flags)]
         for key, view in zip(keys, views, strict=True):
-            frames += [codec.encode_header(self._digest, key, view), view]
+            frames += [self._sealer.seal(self._digest, key, view), view]
         receipt = self._listener.send(peer, frames)
         if held:
             self._replies.add(receipt, peer, held, deadline)

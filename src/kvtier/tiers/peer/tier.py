@@ -11,8 +11,10 @@ per peer; the manager's thread only queues commands and reads answers:
 * ``submit_load`` fetches each key from the peer that answered the lookup (else the hinted peer,
   else the first peer). Each payload is received straight into its host slot (one copy, out of
   the transport's buffer) and verified there against its header, the cache identity and the key
-  (``codec.verify``) before the key is reported loaded; a key that fails verification is
-  reported in ``integrity_failed`` (its slot's bytes are then undefined).
+  (``sealing``: its checksum, or with ``integrity_key_file`` its tag, so a peer without the key
+  cannot make us load its bytes: ``integrity.forged``) before the key is reported loaded; a
+  key that fails verification is reported in ``integrity_failed`` (its slot's bytes are then
+  undefined). Stored chunks are sealed with the same key.
 * ``submit_store`` pushes the chunks to one peer that accepts stores, each payload frame sent
   straight out of its host slot, in STOREs of at most ``protocol.max_store_keys`` chunks.
   A store succeeds only when the peer stored every key. ``accepts_stores`` is False while no
@@ -54,9 +56,9 @@ from kvtier.tiers.peer.link import PeerLink, PeerRequest, State
 from kvtier.tiers.peer.probes import Probes
 from kvtier.tiers.peer.transport import Transport
 from kvtier.tiers.peer.zmq_transport import ZmqTransport
-from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.answers import Answers
 from kvtier.tiers.shared.jobs import drain
+from kvtier.tiers.shared.sealing import make_sealer
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class PeerTier(SecondaryTier):
     ) -> None:
         self.name = config.name or "p2p"
         self._region, self._digest = region, identity.digest
+        self._sealer = make_sealer(config.integrity_key_file, decrypts=False)
         if transport is None:
             curve = None
             if config.curve_secret_key_file and config.curve_server_key_file:
@@ -290,7 +293,7 @@ class PeerTier(SecondaryTier):
             frames: list[bytes | memoryview] = []
             for key, slot in part:
                 view = self._region.view(slot)
-                frames += [codec.encode_header(self._digest, key, view), view]
+                frames += [self._sealer.seal(self._digest, key, view), view]
             keys = [key for key, _ in part]
             self._send_or_fail(target, PeerRequest(proto.STORE, keys, (job.job_id, ()), frames))
 
@@ -341,7 +344,8 @@ class PeerTier(SecondaryTier):
             landed, checksum = request.checksums.get(id(payload), (None, None))
             in_slot = landed is payload  # received straight into its slot and checksummed there
             try:
-                codec.verify(header, payload, self._digest, key, checksum if in_slot else None)
+                digest = checksum if in_slot else None
+                self._sealer.open(header, payload, self._digest, key, digest)
             except IntegrityError as exc:
                 self._counters[f"integrity.{exc.reason}"] += 1
                 job.integrity_failed.add(key)

@@ -5,13 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
-from kvtier.config.checks import Count, HttpUrl, Seconds, Threads, Timeout, check_fields
+from kvtier.config.checks import (
+    Count,
+    FilePath,
+    HttpUrl,
+    Seconds,
+    Threads,
+    Timeout,
+    check_fields,
+)
 from kvtier.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class ObjTierConfig:
-    """``type: "obj"``: objects in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW)."""
+    """``type: "obj"``: objects in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW).
+
+    ``integrity_key_file`` seals every chunk with a keyed tag, ``encrypt`` also encrypts it
+    (``kvtier.tiers.shared.sealing``); ``None`` takes the configuration's top-level key.
+    """
 
     type_name: ClassVar[str] = "obj"
     bucket: str
@@ -26,6 +38,8 @@ class ObjTierConfig:
     circuit_failures: Count = 3
     reconnect_min_s: Timeout = 0.5
     reconnect_max_s: Timeout = 30.0
+    integrity_key_file: FilePath | None = None
+    encrypt: bool = False
     name: str | None = None
 
     def __post_init__(self) -> None:

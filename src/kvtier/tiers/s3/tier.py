@@ -2,12 +2,15 @@
 
 Every instance that points at the same bucket, prefix and cache identity shares the chunks. Objects
 are named ``<prefix>/<identity digest hex>/<key hex>``, next to ``identity.json`` (the identity's
-readable description), and hold the on-media format of ``tiers/codec.py``: a 4096-byte header,
-then the payload. A load streams the object's body from the client's receive buffers into a small
-header buffer and straight on into the host slot (obstore cannot read into a caller's buffer, so
-this one copy is the least there is), then verifies header, identity, key, length and checksum
-before the key is reported as loaded. A store copies the slot once into a per-thread staging
-buffer behind its header and puts it in one request.
+readable description), and hold the on-media format of ``shared/codec.py``: a 4096-byte header,
+then the payload. With ``integrity_key_file`` each object is sealed with a keyed tag, and with
+``encrypt`` its payload is encrypted (``shared/sealing.py``): an object that whoever can write
+the bucket planted is a miss counted as ``integrity.forged``. A load streams the object's body
+from the client's receive buffers into a small header buffer and straight on into the host slot
+(obstore cannot read into a caller's buffer, so this one copy is the least there is), then
+verifies header, identity, key, length and checksum or tag (decrypting in the slot) before the
+key is reported as loaded. A store copies the slot once into a per-thread staging buffer behind
+its header (encrypting on the way with ``encrypt``) and puts it in one request.
 
 Lookups never block: an unknown key answers ``RETRY`` and is probed (HEAD) on a background pool;
 all keys of one manager lookup go out together. Hits are remembered (bounded, most recent kept);
@@ -54,6 +57,7 @@ from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.answers import Answers
 from kvtier.tiers.shared.circuit import CircuitBreaker
 from kvtier.tiers.shared.jobs import drain
+from kvtier.tiers.shared.sealing import make_sealer
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,7 @@ class ObjectStoreTier(SecondaryTier):
     def __init__(self, config: ObjTierConfig, region: HostRegion, identity: CacheIdentity) -> None:
         self.name = config.name or "obj"
         self._region, self._digest = region, identity.digest
+        self._sealer = make_sealer(config.integrity_key_file, config.encrypt)
         prefix = "/".join(p for p in (config.prefix.strip("/"), identity.hexdigest) if p)
         self._prefix = prefix
         self._identity_doc = json.dumps(identity.describe(), indent=1, sort_keys=True).encode()
@@ -227,7 +232,7 @@ class ObjectStoreTier(SecondaryTier):
                 self._count("load_not_found")
                 return _Outcome.FAILED
             _check_length(size, len(payload))
-            codec.verify(header, payload, self._digest, key)
+            self._sealer.open(header, payload, self._digest, key)
         except IntegrityError as exc:
             return self._reject(key, exc)
         except TierError as exc:
@@ -256,13 +261,18 @@ class ObjectStoreTier(SecondaryTier):
         return f"{self._prefix}/{key.hex()}"
 
     def _encode(self, key: ChunkKey, payload: memoryview) -> memoryview:
-        """Header + payload in this thread's staging buffer (reused: no allocation per put)."""
+        """Header + payload (or its ciphertext) in this thread's staging buffer (reused: no
+        allocation per put). What is sent is what is sealed: the copy, not the slot."""
         staging = getattr(self._staging, "body", None)
         if staging is None or len(staging) != codec.HEADER_BYTES + len(payload):
             staging = self._staging.body = memoryview(bytearray(codec.HEADER_BYTES + len(payload)))
-        staging[codec.HEADER_BYTES :] = payload
-        body = staging[codec.HEADER_BYTES :]  # checksum what is sent, not the slot
-        staging[: codec.HEADER_BYTES] = codec.encode_header(self._digest, key, body)
+        body = staging[codec.HEADER_BYTES :]
+        if self._sealer.encrypts:  # the ciphertext lands in the staging buffer: no copy first
+            header = self._sealer.seal(self._digest, key, payload, body)
+        else:
+            body[:] = payload
+            header = self._sealer.seal(self._digest, key, body)
+        staging[: codec.HEADER_BYTES] = header
         return staging
 
     def _header_buffer(self) -> memoryview:

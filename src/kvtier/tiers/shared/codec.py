@@ -1,7 +1,9 @@
 """The on-media chunk format shared by every tier that stores bytes outside the process.
 
 A stored chunk is a header block of ``HEADER_BYTES`` (4096, so the payload starts aligned and
-O_DIRECT reads can land straight in a host slot) followed by the payload::
+O_DIRECT reads can land straight in a host slot) followed by the payload. The format version at
+offset 8 says which header follows. Version 1, written without an integrity key (anyone can
+compute its checksums)::
 
     offset  size  field
     0       8     magic b"KVTCHUNK"
@@ -15,8 +17,26 @@ O_DIRECT reads can land straight in a host slot) followed by the payload::
     104     8     header checksum (xxh3-64 of bytes 0..104)
     112     ...   zero padding up to 4096
 
-Everything is little-endian. ``verify`` checks a header against what the reader expects and the
-payload against its checksum; any mismatch raises ``IntegrityError`` with a ``reason``.
+Version 2, sealed with an integrity key (``sealing``): an AES-256-GCM tag over bytes 0..128 and
+the payload, under a key derived from the integrity key and the salt::
+
+    offset  size  field
+    0       8     magic b"KVTCHUNK"
+    8       2     format version (2)
+    10      2     algorithm (2 = AES-256-GCM tag, payload in the clear;
+                             3 = AES-256-GCM, payload encrypted)
+    12      4     header block length (4096)
+    16      32    cache identity digest
+    48      32    chunk key
+    80      8     payload length
+    88      8     key id (names the integrity key, not secret)
+    96      32    salt (random, one per sealing)
+    128     16    tag
+    144     ...   zero padding up to 4096
+
+Everything is little-endian. ``verify`` checks a version-1 header against what the reader
+expects and the payload against its checksum; any mismatch raises ``IntegrityError`` with a
+``reason``. ``sealing`` verifies version 2 (and answers version 1 under a key as ``unkeyed``).
 """
 
 from __future__ import annotations
@@ -31,11 +51,19 @@ from kvtier.errors import IntegrityError
 
 MAGIC = b"KVTCHUNK"
 FORMAT_VERSION = 1
+SEALED_VERSION = 2
 CHECKSUM_XXH3_128 = 1
+#: Version 2 algorithms: a tag over header and payload; the same with the payload encrypted.
+AES_GCM_TAG, AES_GCM_ENCRYPTED = 2, 3
 HEADER_BYTES = 4096
 _FIELDS = struct.Struct("<8sHHI32s32sQ16s")
 _HEADER_CHECK = struct.Struct("<Q")
 _USED = _FIELDS.size + _HEADER_CHECK.size
+_PREFIX = struct.Struct("<8sH")
+_SEALED = struct.Struct("<8sHHI32s32sQ8s32s")
+#: Version 2: the tag follows the bytes it authenticates (``SEALED_AAD_BYTES`` of the header).
+SEALED_AAD_BYTES = _SEALED.size
+TAG_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -46,7 +74,20 @@ class ChunkHeader:
     checksum: bytes
 
 
-def checksum(payload: bytes | memoryview) -> bytes:
+@dataclass(frozen=True)
+class SealedHeader:
+    """A version-2 header's fields; ``tag`` is not verified by decoding."""
+
+    algorithm: int
+    identity_digest: bytes
+    key: bytes
+    payload_len: int
+    key_id: bytes
+    salt: bytes
+    tag: bytes
+
+
+def checksum(payload: bytes | bytearray | memoryview) -> bytes:
     """xxh3-128 of the payload (16 bytes)."""
     return xxhash.xxh3_128_digest(payload)
 
@@ -62,7 +103,7 @@ def checksum_stream() -> Any:
 def encode_header(
     identity_digest: bytes,
     key: bytes,
-    payload: bytes | memoryview,
+    payload: bytes | bytearray | memoryview,
     payload_checksum: bytes | None = None,
 ) -> bytes:
     """The ``HEADER_BYTES`` header block for ``payload`` (``payload_checksum`` if already known)."""
@@ -81,7 +122,7 @@ def encode_header(
     return fields + check + bytes(HEADER_BYTES - _USED)
 
 
-def decode_header(block: bytes | memoryview) -> ChunkHeader:
+def decode_header(block: bytes | bytearray | memoryview) -> ChunkHeader:
     """Parse a header block; raises ``IntegrityError`` when it is not a valid kvtier header."""
     if len(block) < _USED:
         raise IntegrityError(f"header is {len(block)} bytes, expected {HEADER_BYTES}", "short")
@@ -99,8 +140,8 @@ def decode_header(block: bytes | memoryview) -> ChunkHeader:
 
 
 def verify(
-    block: bytes | memoryview,
-    payload: bytes | memoryview,
+    block: bytes | bytearray | memoryview,
+    payload: bytes | bytearray | memoryview,
     identity_digest: bytes,
     key: bytes,
     payload_checksum: bytes | None = None,
@@ -121,3 +162,45 @@ def verify(
     digest = checksum(payload) if payload_checksum is None else payload_checksum
     if digest != header.checksum:
         raise IntegrityError("payload checksum mismatch", "checksum")
+
+
+def format_version(block: bytes | bytearray | memoryview) -> int:
+    """The format version of a header block; ``IntegrityError`` if it is no kvtier header."""
+    if len(block) < _USED:
+        raise IntegrityError(f"header is {len(block)} bytes, expected {HEADER_BYTES}", "short")
+    magic, version = _PREFIX.unpack_from(block)
+    if magic != MAGIC:
+        raise IntegrityError("not a kvtier chunk (bad magic)", "magic")
+    return int(version)
+
+
+def encode_sealed(
+    algorithm: int,
+    identity_digest: bytes,
+    key: bytes,
+    payload_len: int,
+    key_id: bytes,
+    salt: bytes,
+) -> bytearray:
+    """A version-2 header block with a zero tag: bytes ``0..SEALED_AAD_BYTES`` are what the
+    tag authenticates; the caller computes the tag and puts it there (``put_tag``)."""
+    block = bytearray(HEADER_BYTES)
+    fields = (MAGIC, SEALED_VERSION, algorithm, HEADER_BYTES, identity_digest, key)
+    _SEALED.pack_into(block, 0, *fields, payload_len, key_id, salt)
+    return block
+
+
+def put_tag(block: bytearray, tag: bytes) -> None:
+    """Store ``tag`` (``TAG_BYTES``) in a header made by ``encode_sealed``."""
+    block[SEALED_AAD_BYTES : SEALED_AAD_BYTES + TAG_BYTES] = tag
+
+
+def decode_sealed(block: bytes | bytearray | memoryview) -> SealedHeader:
+    """Parse a version-2 header block; ``IntegrityError`` when it is not one."""
+    if format_version(block) != SEALED_VERSION:
+        raise IntegrityError("not a sealed (version 2) chunk header", "version")
+    _, _, algorithm, length, identity, key, payload_len, key_id, salt = _SEALED.unpack_from(block)
+    if algorithm not in (AES_GCM_TAG, AES_GCM_ENCRYPTED) or length != HEADER_BYTES:
+        raise IntegrityError(f"unsupported sealing algorithm {algorithm}", "version")
+    tag = bytes(block[SEALED_AAD_BYTES : SEALED_AAD_BYTES + TAG_BYTES])
+    return SealedHeader(algorithm, identity, key, payload_len, key_id, salt, tag)
