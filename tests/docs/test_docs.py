@@ -498,7 +498,10 @@ def number_words(value: float) -> set[str]:
 def default_words(f: dataclasses.Field[Any]) -> set[str] | None:
     """What the default cell may say; ``None`` when any "off" word will do."""
     if f.default_factory is not dataclasses.MISSING:
-        return {json.dumps(f.default_factory())}
+        default = f.default_factory()
+        if dataclasses.is_dataclass(default):  # its own table gives each field's default
+            return {f"(#{f.name})"}
+        return {json.dumps(default)}
     value = f.default
     if value is dataclasses.MISSING:
         return {"required"}
