@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from kvtier import CacheIdentity, ChunkKey, TieringManager
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, TierError
+from kvtier.tiers.fs.files import O_DIRECT
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import chunk_pattern, config, make_keys, read, settle, store
 from tests.tiers.sealing_keys import KEY_A, KEY_B, PLANTED, attack, key_file, key_id
@@ -139,23 +140,30 @@ def test_chunks_written_without_a_key_miss_once_one_is_set_and_are_written_anew(
         assert integrity(again) == {}
 
 
+@pytest.mark.parametrize("o_direct", ["off", "on"])
 @pytest.mark.parametrize("encrypt", [False, True])
-def test_encryption_leaves_no_plaintext_at_rest_and_round_trips(tmp_path, identity, encrypt):
+def test_encryption_leaves_no_plaintext_at_rest_and_round_trips(
+    tmp_path, identity, encrypt, o_direct
+):
+    """Through the page cache and with O_DIRECT (the ciphertext from an aligned scratch buffer)."""
+    if o_direct == "on" and not O_DIRECT:
+        pytest.skip("no O_DIRECT on this platform")
     keys = make_keys(identity, 4)
     root, secret = tmp_path / "cache", key_file(tmp_path / "a.key", KEY_A)
-    write(root, identity, keys, secret, encrypt=encrypt)
+    try:
+        write(root, identity, keys, secret, encrypt=encrypt, o_direct=o_direct)
+    except TierError as exc:
+        pytest.skip(f"this file system refuses O_DIRECT: {exc}")
     size = identity.layout.chunk_bytes
     for path in files(root, identity):
         data, plain = path.read_bytes(), chunk_pattern(bytes.fromhex(path.name), size)
         assert len(data) == HEADER_BYTES + size
         windows = [plain[i : i + 32] for i in range(0, size, size // 8)]
         assert any(w in data for w in windows) is not encrypt
-    with manager(root, identity, secret, encrypt=encrypt) as reader:
+    with manager(root, identity, secret, encrypt=encrypt, o_direct=o_direct) as reader:
         assert served(reader, keys) == [True] * 4 and read(reader, keys)
-    with manager(
-        root, identity, secret, encrypt=not encrypt
-    ) as other_mode:  # the header says which
-        assert served(other_mode, keys) == [True] * 4 and read(other_mode, keys)
+    with manager(root, identity, secret, encrypt=not encrypt) as other:  # the header says which
+        assert served(other, keys) == [True] * 4 and read(other, keys)
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640])
