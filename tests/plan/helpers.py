@@ -1,11 +1,15 @@
-"""Synthetic traces with known answers."""
+"""Synthetic traces with known answers, and the peak memory of a child process."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import xxhash
 
 from kvtier.plan.trace import Trace
+from tests.child_process import child_env
 
 MASK = (1 << 64) - 1
 
@@ -44,3 +48,25 @@ def shared_prefixes(requests: int, seed: int = 1, docs: int = 40) -> Trace:
             keys.append(key(-2, r))
         rows.append((r * 0.1, len(keys) * 16 + int(rng.integers(0, 3)), keys))
     return Trace.from_requests(rows, 16)
+
+
+#: Runs its arguments as its only child and prints that child's exit status and peak RSS.
+_MEASURE = (
+    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True); "
+    "sys.stderr.buffer.write(r.stderr); "
+    "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
+
+
+def peak_rss(argv: list[str], timeout: float = 300) -> tuple[int, int, str]:
+    """Run ``argv`` in a child of a fresh process (so no earlier child of the test run counts);
+    its exit status, its peak resident memory in bytes, and its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+    )
+    code, kib = done.stdout.split()
+    return int(code), int(kib) * 1024, done.stderr

@@ -4,6 +4,7 @@ and captured KV events."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 from pathlib import Path
 
@@ -120,7 +121,10 @@ def test_captured_kv_events_become_requests() -> None:
     capture = io.BytesIO(b"".join(msgpack.packb(b) for b in batches) + b"\xc1\xc1")
     out = io.StringIO()
     converter = convert(capture, out, "GPU", merge_within=1.0)
-    keys = [r.keys for r in converter.requests]
-    assert keys == [[1, 2, 3, 4], [1, 2, 5, 6, 7]]
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [[int(c, 16) for c in line["chunks"]] for line in lines[1:]] == [
+        [1, 2, 3, 4],
+        [1, 2, 5, 6, 7],
+    ]
     assert sum(converter.skipped.values()) == 4
-    assert out.getvalue().count("\n") == 3  # header + 2 requests
+    assert len(lines) == 3 and converter.output.requests == 2  # header + 2 requests

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtier.plan import trace_read
+from kvtier.plan.budget import MemoryBudget
 from kvtier.plan.trace import TraceWriter, keys_of_tokens
 from kvtier.plan.trace_read import TraceError, read_trace
 
@@ -69,16 +69,17 @@ def test_bad_lines_are_skipped_and_counted(tmp_path: Path) -> None:
     assert trace.skipped["requests without a finite time t >= 0"] == 2
 
 
-def test_a_huge_line_is_skipped_without_being_held(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(trace_read, "MAX_LINE_BYTES", 1000)
+def test_a_huge_line_is_skipped_without_being_held(tmp_path: Path) -> None:
+    budget = MemoryBudget(256_000)  # lines of up to 1000 bytes
     good = json.dumps({"t": 1, "tokens": [1, 2, 3]})
     path = write(
         tmp_path / "t.jsonl", good, json.dumps({"t": 1, "tokens": list(range(5000))}), good
     )
-    trace = read_trace(path)
-    assert trace.num_requests == 2 and trace.skipped == {"lines over 0 MiB": 1}
+    trace = read_trace(path, budget=budget)
+    assert trace.num_requests == 2
+    assert trace.skipped == {
+        "lines over 1,000 bytes (the line limit of --memory-budget 250 KiB)": 1
+    }
 
 
 @pytest.mark.parametrize(

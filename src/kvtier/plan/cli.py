@@ -16,7 +16,7 @@ from typing import Any
 from kvtier.cli.common import add_model_shape, float_in, int_in
 from kvtier.cli.files import atomic_output, check_output
 from kvtier.layout import DTYPE_SIZES
-from kvtier.plan.cli_common import Usage, byte_size, command
+from kvtier.plan.cli_common import Usage, add_memory_budget, byte_size, command, out_of_memory
 from kvtier.plan.trace_cli import add_trace_commands
 
 
@@ -66,7 +66,11 @@ def add_plan_commands(commands: Any) -> None:
         help="the vLLM build the --kv-transfer-config is for (default: the one "
         "installed here; vllm-cuda when there is none)",
     )
-    plan.set_defaults(handler=command(_run_plan), plan_parser=plan, command_parser=plan)
+    plan.set_defaults(
+        handler=command(_run_plan, out_of_memory=out_of_memory("the plan")),
+        plan_parser=plan,
+        command_parser=plan,
+    )
     add_trace_commands(commands)
 
 
@@ -197,6 +201,7 @@ def _machine_arguments(plan: Any) -> None:
         metavar="N",
         help="references of the ARC miniature simulations (at least 1000)",
     )
+    add_memory_budget(machine, "reading and analyzing the trace")
 
 
 def _run_plan(args: argparse.Namespace) -> int:
@@ -208,7 +213,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     base = _base_config(args.config)
     json_path, chart_path = _output_paths(args)
     _resolve_target(args)
-    trace = read_trace(args.trace, args.trace_chunk_tokens)
+    trace = read_trace(args.trace, args.trace_chunk_tokens, args.memory_budget)
     analysis = analyze(trace, _options(args))
     recommendation = recommend(analysis, _rates(args, analysis.chunk_bytes))
     print(text(analysis, recommendation, args.trace))

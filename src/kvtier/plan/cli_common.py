@@ -1,4 +1,5 @@
-"""Argument types and the error handling shared by ``kvtier plan`` and ``kvtier trace``.
+"""Argument types, ``--memory-budget``, and the error handling shared by ``kvtier plan`` and
+``kvtier trace``.
 
 Bad input is reported by the command's own parser (usage, an error line, exit status 2), never
 as a traceback. Runs on the main thread.
@@ -12,6 +13,7 @@ from collections.abc import Callable
 
 from kvtier.cli.common import UsageError
 from kvtier.errors import KVTierError
+from kvtier.plan.budget import MAX_MEMORY_BUDGET, MIN_MEMORY_BUDGET, MemoryBudget, text_of
 
 _UNITS = {
     "": 1,
@@ -46,10 +48,11 @@ Usage = UsageError
 def command(
     run: Callable[[argparse.Namespace], int],
     *,
-    out_of_memory: str = "lower --exact-limit, or coarsen the trace",
+    out_of_memory: str | Callable[[argparse.Namespace], str],
 ) -> Callable[[argparse.Namespace], int]:
     """A handler that turns bad input into its parser's error (exit 2, never a traceback);
-    running out of memory is one too, with ``out_of_memory`` saying what to lower."""
+    running out of memory is one too, ``out of memory: `` and ``out_of_memory`` (or what it
+    returns for the arguments) saying why and what to lower."""
     from kvtier.plan.cost import PlanInputError
     from kvtier.plan.trace_read import TraceError
 
@@ -59,7 +62,44 @@ def command(
         except (Usage, TraceError, PlanInputError, KVTierError) as exc:
             args.plan_parser.error(str(exc))
         except MemoryError:
-            args.plan_parser.error(f"out of memory: {out_of_memory}")
+            why = out_of_memory if isinstance(out_of_memory, str) else out_of_memory(args)
+            args.plan_parser.error(f"out of memory: {why}")
         raise AssertionError("unreachable: parser.error exits")
 
     return handler
+
+
+def memory_budget(text: str) -> MemoryBudget:
+    """An argparse type: ``--memory-budget`` in bytes with a unit (``8GiB``, ``512MiB``)."""
+    value = byte_size(text)
+    if not MIN_MEMORY_BUDGET <= value <= MAX_MEMORY_BUDGET:
+        raise argparse.ArgumentTypeError(
+            f"expected {text_of(MIN_MEMORY_BUDGET)} to 1 PiB, got {text!r}"
+        )
+    return MemoryBudget(value)
+
+
+def add_memory_budget(group: argparse._ActionsContainer, what: str) -> None:
+    """``--memory-budget`` on ``group``; ``what`` says what it bounds."""
+    group.add_argument(
+        "--memory-budget",
+        type=memory_budget,
+        default=MemoryBudget(),
+        metavar="BYTES",
+        help=f"the most memory {what} may take, at least 64MiB (default 8GiB); trace lines "
+        "over a 256th of it (16MiB at most) are neither read nor written, but counted",
+    )
+
+
+def out_of_memory(what: str) -> Callable[[argparse.Namespace], str]:
+    """The out-of-memory message of a command with ``--memory-budget``: ``what`` (``the
+    plan``) is held within the budget, so the machine had less memory free than the budget."""
+
+    def message(args: argparse.Namespace) -> str:
+        return (
+            f"{what} is held within {args.memory_budget}, and this machine had less memory "
+            "free than that: lower --memory-budget to the memory that is free (an input that "
+            "needs more is then refused with its size)"
+        )
+
+    return message

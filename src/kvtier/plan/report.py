@@ -48,10 +48,14 @@ def text(a: Analysis, rec: Recommendation, name: str) -> str:
 
 
 def _skipped(a: Analysis) -> str:
+    """The skipped lines: their count, the 3 commonest reasons, and always the lines too long
+    to read within the memory budget."""
     skipped = a.trace.skipped
     if not skipped:
         return ""
-    reasons = "; ".join(f"{n:,} {reason}" for reason, n in skipped.most_common(3))
+    shown = [reason for reason, _ in skipped.most_common(3)]
+    shown += [r for r in skipped if r.startswith("lines over ") and r not in shown]
+    reasons = "; ".join(f"{skipped[reason]:,} {reason}" for reason in shown)
     return f" ({sum(skipped.values()):,} lines skipped: {reasons})"
 
 

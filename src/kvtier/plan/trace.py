@@ -142,10 +142,10 @@ def keys_of_tokens(tokens: np.ndarray, chunk_tokens: int) -> list[int]:
     return keys
 
 
-def hex_keys(keys: np.ndarray) -> list[str]:
-    """16-hex-digit strings of 64-bit keys, as a trace line writes them."""
-    text = np.ascontiguousarray(keys, dtype=">u8").tobytes().hex()
-    return [text[i : i + 16] for i in range(0, len(text), 16)]
+def hex_keys(keys: np.ndarray) -> str:
+    """The ``chunks`` JSON array of 64-bit keys: 16 hex digits each, as a trace line writes it."""
+    raw = np.ascontiguousarray(keys, dtype=">u8").tobytes()
+    return '["' + raw.hex(",", 8).replace(",", '","') + '"]' if raw else "[]"
 
 
 class TraceWriter:
@@ -185,14 +185,12 @@ def request_line(
     """One request line (with its newline); ``ValueError`` for a non-finite or negative time."""
     if not (math.isfinite(t) and t >= 0):
         raise ValueError(f"t: expected a finite time >= 0, got {t}")
-    hexes = hex_keys(np.asarray(keys, dtype=np.uint64))
+    chunks = hex_keys(np.asarray(keys, dtype=np.uint64))
     head = f'{{"t":{t:.6f}'
     if request_id is not None:
         head += f',"id":{json.dumps(request_id)}'
     if session is not None:
         head += f',"session":{json.dumps(session)}'
-    chunks = '","'.join(hexes)
-    chunks = f'["{chunks}"]' if hexes else "[]"
     return (
         f'{head},"prompt_tokens":{int(prompt_tokens)},"output_tokens":{int(output_tokens)},'
         f'"chunks":{chunks}}}\n'

@@ -1,9 +1,10 @@
 """``kvtier trace synth`` and ``kvtier trace from-events``: write request traces.
 
-Bad input exits with status 2 and a one-line error. The trace is written to a temporary file
-renamed into place at the end (``cli_files.atomic_output``): a failed command leaves no file.
-A capture must be a regular file (a FIFO or a device would block or never end). Runs on the
-main thread.
+Bad input exits with status 2 and a one-line error, never a traceback. The trace is written to
+a temporary file renamed into place at the end (``cli_files.atomic_output``): a failed command
+leaves no file. A capture must be a regular file (a FIFO or a device would block or never end);
+``from-events`` holds its memory within ``--memory-budget`` and its output within
+``--max-output-bytes``. Runs on the main thread.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 from kvtier.cli.common import float_in, int_in
 from kvtier.cli.files import atomic_output, open_input
-from kvtier.plan.cli_common import Usage, command
+from kvtier.plan.budget import text_of
+from kvtier.plan.cli_common import Usage, add_memory_budget, byte_size, command, out_of_memory
 
 #: Synth options of a size in tokens, or a count: (flag, group, default, help).
 _SIZES = (
@@ -159,7 +161,20 @@ def _add_from_events(sub: Any) -> None:
         metavar="SECONDS",
         help="a store this soon after the one it extends continues that request, 0 to 86400 s",
     )
-    events.set_defaults(handler=command(_from_events), plan_parser=events, command_parser=events)
+    add_memory_budget(events, "the conversion")
+    events.add_argument(
+        "--max-output-bytes",
+        type=byte_size,
+        default="1GiB",
+        metavar="BYTES",
+        help="the largest trace to write; beyond it the command stops with an error (default "
+        "1GiB: a larger trace needs a --memory-budget over 8GiB to plan)",
+    )
+    events.set_defaults(
+        handler=command(_from_events, out_of_memory=out_of_memory("the conversion")),
+        plan_parser=events,
+        command_parser=events,
+    )
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -213,11 +228,15 @@ def _from_events(args: argparse.Namespace) -> int:
     from kvtier.plan.trace_from_events import convert
 
     medium = None if args.medium == "any" else args.medium
+    limits = (args.memory_budget, args.max_output_bytes)
     with open_input(args.capture, "capture") as capture, atomic_output(args.out, "--out") as out:
-        converter = convert(capture, out, medium, args.merge_within)
-    skipped = sum(converter.skipped.values())
+        converter = convert(capture, out, medium, args.merge_within, *limits)
+    output, skipped = converter.output, converter.skipped
+    reasons = "; ".join(f"{n:,} {reason}" for reason, n in skipped.most_common())
+    forgotten = f"; {converter.forgotten:,} block links forgotten within {limits[0]}"
     print(
-        f"wrote {len(converter.requests):,} requests to {args.out}"
-        + (f" ({skipped:,} skipped: {dict(converter.skipped)})" if skipped else "")
+        f"wrote {output.requests:,} requests ({text_of(output.written)}) to {args.out}"
+        + (f" ({skipped.total():,} skipped: {reasons})" if skipped else "")
+        + (forgotten if converter.forgotten else "")
     )
     return 0

@@ -1,11 +1,16 @@
-"""Streaming reader of kvtier traces (format: ``kvtier.plan.trace``).
+"""Streaming reader of kvtier traces (format: ``kvtier.plan.trace``), within a memory budget.
 
-``read_trace(path)`` reads line by line (never more than ``MAX_LINE_BYTES`` of one line in
-memory), parses lines in batches of ``BATCH_LINES`` with one ``json.loads`` call (falling back
-to line by line when a batch does not parse, so one bad line costs only itself), and collects
-keys into compact byte buffers that become numpy arrays at the end. Bad lines are skipped and
-counted by reason in ``Trace.skipped``; a file that yields no request at all is a
-``TraceError``, as is an unreadable file or an unknown format version.
+``read_trace(path, budget=...)`` reads line by line, never more than ``budget.line_bytes`` of a
+line: a longer line is skipped and counted without being held. Lines are parsed in batches of at
+most ``budget.line_bytes`` bytes with one ``json.loads`` call (line by line when a batch does not
+parse, so one bad line costs only itself), and keys are collected into compact byte buffers that
+become numpy arrays at the end without a copy. So the reader holds the trace read so far (8 bytes
+a key, 40 a request) plus at most ``PARSE_EXPANSION * budget.line_bytes`` while parsing. A trace
+whose analysis would take more than ``budget.plan_bytes`` is refused as soon as the part read
+shows it (``TraceError`` naming ``--memory-budget``): peak memory does not grow with the file.
+
+Bad lines are skipped and counted by reason in ``Trace.skipped``; a file that yields no request
+at all is a ``TraceError``, as is an unreadable file or an unknown format version.
 
 Runs on the caller's thread; holds no state between calls.
 """
@@ -16,22 +21,18 @@ import json
 import math
 import os
 import stat
+import sys
 from array import array
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import IO, Any
 
 import numpy as np
 
-from kvtier.plan.trace import (
-    DEFAULT_CHUNK_TOKENS,
-    FORMAT_VERSION,
-    MAX_LINE_BYTES,
-    Trace,
-    keys_of_tokens,
-)
+from kvtier.plan.budget import MemoryBudget, text_of
+from kvtier.plan.trace import DEFAULT_CHUNK_TOKENS, FORMAT_VERSION, Trace, keys_of_tokens
 
-BATCH_LINES = 4096
 MAX_CHUNK_TOKENS = 1 << 20
 _TOO_LONG = b"\0too-long"
 
@@ -56,25 +57,35 @@ class _Requests:
         self.keys += keys
 
     def trace(self, chunk_tokens: int, skipped: Counter[str], header: dict[str, Any]) -> Trace:
+        """The columns as a ``Trace``; the buffers become its arrays (no copy of the keys)."""
         lengths = np.frombuffer(self.lengths, dtype=np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
+        keys = np.frombuffer(self.keys, dtype=">u8")
+        if sys.byteorder == "little":
+            keys = keys.byteswap(inplace=True).view(np.uint64)
         return Trace(
             chunk_tokens=chunk_tokens,
-            times=np.frombuffer(self.times, dtype=np.float64).copy(),
-            prompt_tokens=np.frombuffer(self.prompt, dtype=np.int64).copy(),
-            output_tokens=np.frombuffer(self.output, dtype=np.int64).copy(),
+            times=np.frombuffer(self.times, dtype=np.float64),
+            prompt_tokens=np.frombuffer(self.prompt, dtype=np.int64),
+            output_tokens=np.frombuffer(self.output, dtype=np.int64),
             offsets=offsets,
-            keys=np.frombuffer(bytes(self.keys), dtype=">u8").astype(np.uint64),
+            keys=keys,
             skipped=skipped,
             header=header,
         )
 
 
-def read_trace(path: str | os.PathLike[str], chunk_tokens: int | None = None) -> Trace:
-    """Read a whole trace. ``chunk_tokens`` applies to a trace without a header (default 16)."""
+def read_trace(
+    path: str | os.PathLike[str],
+    chunk_tokens: int | None = None,
+    budget: MemoryBudget | None = None,
+) -> Trace:
+    """Read a whole trace within ``budget`` (default: ``MemoryBudget()``, 8 GiB).
+    ``chunk_tokens`` applies to a trace without a header (default 16)."""
     with _open(path) as file:
-        return _read(file, chunk_tokens or DEFAULT_CHUNK_TOKENS, str(path))
+        reader = _Reader(file, budget or MemoryBudget(), str(path))
+        return reader.read(chunk_tokens or DEFAULT_CHUNK_TOKENS)
 
 
 def _open(path: str | os.PathLike[str]) -> IO[bytes]:
@@ -89,22 +100,78 @@ def _open(path: str | os.PathLike[str]) -> IO[bytes]:
     return open(fd, "rb")
 
 
-def _read(file: IO[bytes], chunk_tokens: int, name: str) -> Trace:
-    skipped: Counter[str] = Counter()
-    requests = _Requests()
-    lines = _lines(file)
-    header, first = _header(lines)
-    tokens_per_chunk = int(header.get("chunk_tokens", chunk_tokens))
-    batch = [] if first is None else [first]
+class _Reader:
+    """One pass over an open trace file: its columns, skip counts and budget checks."""
+
+    def __init__(self, file: IO[bytes], budget: MemoryBudget, name: str) -> None:
+        self.file, self.budget, self.name = file, budget, name
+        self.skipped: Counter[str] = Counter()
+        self.requests = _Requests()
+        self.too_long = f"lines over {budget.line_bytes:,} bytes (the line limit of {budget})"
+
+    def read(self, chunk_tokens: int) -> Trace:
+        lines = self._lines()
+        header, first = _header(lines)
+        tokens_per_chunk = int(header.get("chunk_tokens", chunk_tokens))
+        rest = lines if first is None else chain([first], lines)
+        for batch in _batches(rest, self.budget.line_bytes):
+            self._take(batch, tokens_per_chunk)
+            self._check_budget()
+        if not self.requests.times:
+            raise TraceError(f"trace {self.name}: no requests ({_describe(self.skipped)})")
+        return self.requests.trace(tokens_per_chunk, self.skipped, header)
+
+    def _lines(self) -> Iterator[bytes]:
+        """Non-blank lines, stripped; a line over ``line_bytes`` comes out as ``_TOO_LONG``."""
+        limit, file = self.budget.line_bytes, self.file
+        while line := file.readline(limit + 1):
+            if len(line) > limit and not line.endswith(b"\n"):
+                while (rest := file.readline(min(limit + 1, 1 << 20))) and rest[-1:] != b"\n":
+                    pass
+                yield _TOO_LONG
+                continue
+            line = line.strip()
+            if line:
+                yield line
+
+    def _take(self, batch: list[bytes], chunk_tokens: int) -> None:
+        for value in _parse_batch(batch):
+            result = self.too_long if value is _TOO_LONG else request_fields(value, chunk_tokens)
+            if isinstance(result, str):
+                self.skipped[result] += 1
+            else:
+                self.requests.add(*result)
+
+    def _check_budget(self) -> None:
+        """``TraceError`` once the requests read need more than the budget leaves the plan."""
+        keys, requests = len(self.requests.keys) // 8, len(self.requests.times)
+        need = self.budget.plan_needs(keys, requests)
+        if need <= self.budget.plan_bytes:
+            return
+        read = self.file.tell()
+        whole = need * max(1.0, os.fstat(self.file.fileno()).st_size / max(1, read))
+        raise TraceError(
+            f"trace {self.name}: too large for {self.budget}: its first {requests:,} requests "
+            f"({keys:,} chunk keys, {text_of(read)} of the file) need {text_of(need)} to plan, "
+            f"more than the {text_of(self.budget.plan_bytes)} it leaves for the trace and its "
+            f"analysis; raise --memory-budget (the whole file needs about "
+            f"{text_of(int(whole) + self.budget.total - self.budget.plan_bytes)}) or plan a "
+            f"part of the trace"
+        )
+
+
+def _batches(lines: Iterable[bytes], limit: int) -> Iterator[list[bytes]]:
+    """``lines`` in lists of at most ``limit`` bytes (or one line, which is never longer)."""
+    batch: list[bytes] = []
+    size = 0
     for line in lines:
+        if batch and size + len(line) > limit:
+            yield batch
+            batch, size = [], 0
         batch.append(line)
-        if len(batch) >= BATCH_LINES:
-            _take(batch, tokens_per_chunk, requests, skipped)
-            batch = []
-    _take(batch, tokens_per_chunk, requests, skipped)
-    if not requests.times:
-        raise TraceError(f"trace {name}: no requests ({_describe(skipped)})")
-    return requests.trace(tokens_per_chunk, skipped, header)
+        size += len(line)
+    if batch:
+        yield batch
 
 
 def _describe(skipped: Counter[str]) -> str:
@@ -113,19 +180,6 @@ def _describe(skipped: Counter[str]) -> str:
     total = sum(skipped.values())
     reasons = ", ".join(f"{n} {reason}" for reason, n in skipped.most_common(4))
     return f"{total} lines skipped: {reasons}"
-
-
-def _lines(file: IO[bytes]) -> Iterator[bytes]:
-    """Non-blank lines, stripped; a line over ``MAX_LINE_BYTES`` comes out as ``_TOO_LONG``."""
-    while line := file.readline(MAX_LINE_BYTES + 1):
-        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-            while (rest := file.readline(1 << 20)) and not rest.endswith(b"\n"):
-                pass
-            yield _TOO_LONG
-            continue
-        line = line.strip()
-        if line:
-            yield line
 
 
 def _header(lines: Iterator[bytes]) -> tuple[dict[str, Any], bytes | None]:
@@ -142,15 +196,6 @@ def _header(lines: Iterator[bytes]) -> tuple[dict[str, Any], bytes | None]:
     if type(tokens) is not int or not 1 <= tokens <= MAX_CHUNK_TOKENS:
         raise TraceError(f"trace header: chunk_tokens must be 1 to {MAX_CHUNK_TOKENS}")
     return value, None
-
-
-def _take(batch: list[bytes], chunk_tokens: int, out: _Requests, skipped: Counter[str]) -> None:
-    for value in _parse_batch(batch):
-        result = request_fields(value, chunk_tokens)
-        if isinstance(result, str):
-            skipped[result] += 1
-        else:
-            out.add(*result)
 
 
 class _Bad:
@@ -172,7 +217,7 @@ def _parse_batch(batch: list[bytes]) -> list[Any]:
 
 def _parse_one(line: bytes) -> Any:
     if line is _TOO_LONG:
-        return _Bad(f"lines over {MAX_LINE_BYTES >> 20} MiB")
+        return _TOO_LONG
     try:
         return json.loads(line)
     except (ValueError, RecursionError):
