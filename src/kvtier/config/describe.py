@@ -126,6 +126,7 @@ def config_warnings(config: TieringConfig) -> Iterator[str]:
     if events is not None and events.enable_kv_cache_events and not _loopback_endpoint(events):
         yield f"kv events are published unauthenticated on {events.endpoint}"
     yield from _open_cache_dirs(config.secondary_tiers)
+    yield from _unsealed_group_caches(config.secondary_tiers)
 
 
 def _open_cache_dirs(tiers: Iterable[TierConfig]) -> Iterator[str]:
@@ -135,6 +136,19 @@ def _open_cache_dirs(tiers: Iterable[TierConfig]) -> Iterator[str]:
             problem = open_to_others(tier.root_dir, parse_mode(tier.dir_mode) or DEFAULT_DIR_MODE)
             if problem:
                 yield f"fs root_dir {tier.root_dir}: {problem} (chunks hold prompt content)"
+
+
+def _unsealed_group_caches(tiers: Iterable[TierConfig]) -> Iterator[str]:
+    """An fs tier whose group may write its chunks, without an integrity key."""
+    for tier in tiers:
+        if isinstance(tier, FsTierConfig) and tier.integrity_key_file is None:
+            mode = parse_mode(tier.dir_mode) or DEFAULT_DIR_MODE
+            if mode & 0o022:
+                yield (
+                    f"fs root_dir {tier.root_dir}: dir_mode {tier.dir_mode} lets others write "
+                    "chunks, and without integrity_key_file whoever writes one chooses the KV "
+                    "served (docs/security.md, sealed chunks)"
+                )
 
 
 def _loopback_endpoint(events: KVEventsConfig) -> bool:

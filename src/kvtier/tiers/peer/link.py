@@ -11,8 +11,9 @@ A FETCH request may name a ``landing`` buffer per key (its host slot): the paylo
 its reply are then received straight into them (``transport.Place``), but only while the request
 is in flight here, so a late reply never writes into a slot that was given back. Each landed
 payload is checksummed (xxh3-128) as soon as it has landed, while its bytes are still in the CPU
-cache, and the request's ``checksums`` map that payload's buffer to its checksum; landed bytes
-are not verified yet: the caller verifies them (header and checksum) before it reports success.
+cache (unless the tier checks a tag instead), and the request's ``checksums`` map that payload's
+buffer to its checksum; landed bytes are not verified yet: the caller verifies them (header and
+checksum or tag) before it reports success.
 
 Each request finishes exactly once, through ``on_done(link, request, reply)`` with the peer's
 validated reply, or ``None`` when it failed. ``on_down(link)`` is called when the link goes down.
@@ -60,8 +61,8 @@ class PeerRequest:
     context: Any = None
     frames: list[Buffer] = field(default_factory=list)  # STORE: header and payload per key
     landing: list[memoryview] = field(default_factory=list)  # FETCH: where each payload lands
-    #: FETCH: id of a landed payload frame of the reply -> (that frame, its checksum)
-    checksums: dict[int, tuple[memoryview, bytes]] = field(default_factory=dict)
+    #: FETCH: id of a landed payload frame of the reply -> (that frame, its checksum or None)
+    checksums: dict[int, tuple[memoryview, bytes | None]] = field(default_factory=dict)
     req_id: int = 0
     deadline: float = 0.0
 
@@ -77,7 +78,8 @@ class PeerLink:
         host: str,
         port: int,
         transport: Transport,
-        settings: tuple[bytes, int, float],  # identity digest, chunk bytes, timeout_s
+        settings: tuple[bytes, int, float, bool],  # identity digest, chunk bytes, timeout_s,
+        # whether to checksum landed payloads (not when a tag is checked instead)
         on_done: Done,
         on_down: Callable[[PeerLink], None],
         counters: Counter[str],
@@ -85,7 +87,7 @@ class PeerLink:
         self.host, self.port, self.address = host, port, f"{host}:{port}"
         self._transport, self._on_done, self._on_down = transport, on_done, on_down
         self._counters = counters
-        self._digest, self._chunk_bytes, self._timeout = settings
+        self._digest, self._chunk_bytes, self._timeout, self._checksum = settings
         self.state, self.accepts_stores = State.DOWN, False
         self._channel: Channel | None = None
         self._ids = itertools.count(1)
@@ -95,7 +97,7 @@ class PeerLink:
         self._backoff, self._retry_at = Backoff(MIN_BACKOFF_S, MAX_BACKOFF_S), 0.0
         self._landing: list[memoryview] = []  # of the reply being received
         self._landed_at = 0  # frame index of that reply's last payload received into _landing
-        self._checksums: dict[int, tuple[memoryview, bytes]] = {}  # of that reply's payloads
+        self._checksums: dict[int, tuple[memoryview, bytes | None]] = {}  # of its payloads
         self._open(State.CONNECTING)
 
     # -- requests ----------------------------------------------------------------------------
@@ -162,7 +164,8 @@ class PeerLink:
         """Checksum frame ``received - 1`` if it landed: its bytes are still in the CPU cache."""
         if self._landed_at and self._landed_at == received - 1:
             payload = frames[self._landed_at]
-            self._checksums[id(payload)] = (payload, codec.checksum(payload))
+            digest = codec.checksum(payload) if self._checksum else None
+            self._checksums[id(payload)] = (payload, digest)
 
     def _landing_for(self, meta: memoryview) -> list[memoryview]:
         fetched = proto.fetch_flags(meta)

@@ -102,7 +102,8 @@ class PeerTier(SecondaryTier):
                 curve = client_keys(config.curve_secret_key_file, config.curve_server_key_file)
             transport = ZmqTransport(curve_client=curve)
         self._transport = transport
-        self._settings = (identity.digest, region.slot_bytes, config.timeout_s)
+        keyed = self._sealer.keyed  # a tag is checked: no checksum as payloads land
+        self._settings = (identity.digest, region.slot_bytes, config.timeout_s, not keyed)
         self._answers = Answers(MISS_TTL_S, hit_ttl_s=config.hit_ttl_s)
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._results: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
