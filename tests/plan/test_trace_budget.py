@@ -22,7 +22,7 @@ from kvtier.plan.budget import (
     PLAN_BYTES_PER_REQUEST,
     MemoryBudget,
 )
-from kvtier.plan.synth import SynthSpec, write
+from kvtier.plan.synth import LINE_KEYS, SynthSpec, size_problem, write
 from kvtier.plan.trace_read import TraceError, read_trace
 from tests.plan.helpers import peak_rss
 
@@ -166,3 +166,23 @@ def test_running_out_of_memory_names_the_budget(
     assert len(error) == 1 and "--exact-limit" not in error[0]
     assert "out of memory: the plan is held within --memory-budget 8 GiB" in error[0]
     assert "lower --memory-budget" in error[0]
+
+
+@pytest.mark.parametrize("more", [0, 1])
+def test_synth_writes_no_line_plan_would_skip(tmp_path: Path, more: int) -> None:
+    """The longest line ``kvtier trace synth`` may write is read by ``kvtier plan``."""
+    document = LINE_KEYS - 512 - 64 + more  # a RAG prompt of LINE_KEYS (+ more) 1-token chunks
+    spec = SynthSpec(
+        kind="rag", requests=1, chunk_tokens=1, document=document, documents=1, rate=1e-300
+    )  # a time of 300 digits
+    problem = size_problem(spec)
+    if more:
+        assert problem is not None and f"more than the {LINE_KEYS:,}" in problem
+        return
+    assert problem is None
+    path = tmp_path / "rag.jsonl"
+    with open(path, "wb") as out:
+        write(spec, out)
+    assert max(len(line.rstrip(b"\n")) for line in path.open("rb")) <= MemoryBudget().line_bytes
+    trace = read_trace(path)
+    assert trace.num_chunks == LINE_KEYS and not trace.skipped

@@ -20,12 +20,13 @@ in bulk and written in one pass (about 1 s per 100k requests), on the caller's t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
 import numpy as np
 
-from kvtier.plan.trace import header_line
+from kvtier.plan.trace import MAX_LINE_BYTES, header_line
 
 KINDS = ("chat", "rag", "unique", "mix")
 _SYSTEM, _CHAT, _DOC, _REQ = 1, 2, 3, 4
@@ -158,27 +159,40 @@ def generate(spec: SynthSpec) -> _Requests:
 #: The most chunk keys (plus chat's conversation cells) one trace is generated with: about
 #: 2.5 GiB of memory at the peak (~70 bytes a chunk), and a trace file of up to ~700 MB.
 MAX_CELLS = 1 << 25
+#: The most chunk keys one request line holds (19 bytes a key, 512 for the other fields, a time
+#: of 300 digits included), so that no line is longer than ``kvtier plan`` reads by default.
+LINE_KEYS = (MAX_LINE_BYTES - 512) // 19
 
 
 def size_problem(spec: SynthSpec) -> str | None:
-    """Why ``spec`` is too large to generate in memory (``MAX_CELLS``), or ``None``.
+    """Why ``spec`` would write a line over ``MAX_LINE_BYTES`` (``LINE_KEYS``) or is too large
+    to generate in memory (``MAX_CELLS``), or ``None``.
 
     Counts each request at its kind's longest prompt, so it errs on the large side.
     """
-    longest = {
-        "chat": spec.system + spec.first_prompt + spec.rounds * (spec.answer + spec.user),
-        "rag": spec.system + spec.document + spec.question,
-        "unique": spec.unique_prompt * 3 // 2 + 1,
-    }
-    kinds = list(longest) if spec.kind == "mix" else [spec.kind]
-    chunks = spec.requests * max(longest[k] for k in kinds) // spec.chunk_tokens
-    cells = chunks + (spec.rounds + 1) * spec.conversations * ("chat" in kinds)
+    kinds = list(_KIND_SIZES) if spec.kind == "mix" else [spec.kind]
+    per_request = max(_KIND_SIZES[k](spec) for k in kinds) // spec.chunk_tokens
+    if per_request > LINE_KEYS:
+        return (
+            f"a request would hold up to {per_request:,} chunks, more than the {LINE_KEYS:,} "
+            f"of a {MAX_LINE_BYTES:,}-byte line (kvtier plan skips longer lines): lower the "
+            "prompt sizes, or raise --chunk-tokens"
+        )
+    cells = spec.requests * per_request + (spec.rounds + 1) * spec.conversations * ("chat" in kinds)
     if cells <= MAX_CELLS:
         return None
     return (
         f"the trace would hold up to {cells:,} chunks, more than {MAX_CELLS:,}: lower "
         "--requests or the prompt sizes, or raise --chunk-tokens"
     )
+
+
+#: The longest prompt of each kind, in tokens.
+_KIND_SIZES: dict[str, Callable[[SynthSpec], int]] = {
+    "chat": lambda s: s.system + s.first_prompt + s.rounds * (s.answer + s.user),
+    "rag": lambda s: s.system + s.document + s.question,
+    "unique": lambda s: s.unique_prompt * 3 // 2 + 1,
+}
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
