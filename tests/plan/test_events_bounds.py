@@ -126,7 +126,7 @@ def test_a_line_at_the_limit_is_written_one_byte_over_is_not(spare: int) -> None
 
 @pytest.mark.parametrize("more", [0, 1])
 def test_parent_links_are_kept_up_to_the_budget(more: int) -> None:
-    budget = MemoryBudget(100 * 3 * 256)  # 100 links
+    budget = MemoryBudget(100 * 4 * 256)  # 100 links
     assert budget.parent_links == 100
     converter = Converter(TraceOutput(io.StringIO(), budget.line_bytes, 1 << 20), budget)
     for key in range(100 + more):

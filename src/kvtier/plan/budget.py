@@ -14,7 +14,7 @@
   sampled; about 32 more a request). A trace that needs more is refused while it is read.
 * **Events.** ``from-events`` decodes msgpack batches of at most ``event_batch_bytes`` (decoding
   takes at most ``EVENT_EXPANSION`` times its bytes: empty maps, 74x measured), keeps at most
-  ``parent_links`` block -> parent links (a third of the budget, a half while they are pruned)
+  ``parent_links`` block -> parent links (a quarter of the budget, 7/16 while they are pruned)
   and writes requests out once more than ``pending_keys`` keys wait (a quarter).
 
 The interpreter and its libraries (about 50 MiB, 100 MiB with the chart) come on top. Frozen;
@@ -85,7 +85,7 @@ class MemoryBudget:
 
     @property
     def parent_links(self) -> int:
-        return max(1, self.total // 3 // PARENT_LINK_BYTES)
+        return max(2, self.total // 4 // PARENT_LINK_BYTES)
 
     @property
     def pending_keys(self) -> int:

@@ -28,8 +28,9 @@ one-chunk requests and say little about prefixes.
 written as soon as no later store extends them (they began over ``merge_within`` before the
 batch being read), or oldest first while more than ``budget.pending_keys`` keys wait; a capture
 whose times go backwards is converted as if each batch had come in time order. At most
-``budget.parent_links`` block -> parent links are kept: beyond, the oldest half is forgotten
-and counted (the chains they held are cut there, as for blocks stored before the capture). A
+``budget.parent_links`` block -> parent links are kept: beyond, the older links are forgotten
+and counted, but for those the chains of the newest half go through, which recent stores share
+(a chain through a forgotten link is cut there, as for blocks stored before the capture). A
 msgpack batch over ``budget.event_batch_bytes`` ends the reading, counted (``event_capture``).
 A request whose line would be longer than ``budget.line_bytes`` is skipped and counted, never
 written or held whole, so ``kvtier plan`` with the same or a larger budget reads every line.
@@ -219,10 +220,20 @@ class Converter:
         return array("Q", chain)
 
     def _forget(self) -> None:
-        """Keep the newest half of the links (rebuilt: deleting from a dict's front is slow)."""
-        drop = len(self._parent) - self._max_links // 2
-        self._parent = dict(islice(self._parent.items(), drop, None))
-        self.forgotten += drop
+        """Keep the newest half of the links, then the older links their chains go through (the
+        prefixes recent stores share), up to three quarters of ``parent_links`` in all."""
+        links, half = self._parent, self._max_links // 2
+        kept = dict(islice(links.items(), len(links) - half, None))
+        room = half + self._max_links // 4
+        for key in islice(reversed(links), half):
+            up = links[key][0]
+            while up is not None and up not in kept and len(kept) < room:
+                entry = links.get(up)
+                if entry is None:
+                    break
+                kept[up], up = entry, entry[0]
+        self.forgotten += len(links) - len(kept)
+        self._parent = kept
 
     def _flush(self, now: float | None) -> None:
         """Write, oldest first, the requests no store at ``now`` can extend (all, without
