@@ -186,3 +186,10 @@ def test_synth_writes_no_line_plan_would_skip(tmp_path: Path, more: int) -> None
     assert max(len(line.rstrip(b"\n")) for line in path.open("rb")) <= MemoryBudget().line_bytes
     trace = read_trace(path)
     assert trace.num_chunks == LINE_KEYS and not trace.skipped
+
+
+@pytest.mark.parametrize("need", [0, 1, 10 * MiB, 3 << 30, 4 << 30, 40 << 30])
+def test_the_budget_suggested_for_a_trace_leaves_it_room(need: int) -> None:
+    total = MemoryBudget.total_for(need)
+    assert MemoryBudget(total).plan_bytes >= need
+    assert MemoryBudget(total - 300).plan_bytes < need or need < 300  # the smallest, nearly

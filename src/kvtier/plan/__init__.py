@@ -4,7 +4,9 @@ Modules, one concept each:
 
 * ``trace``: the trace format (JSONL, versioned header) and its writer; ``trace_read``: the
   streaming reader; ``recorder``: ``TraceRecorder``, a bounded background writer for engines;
-* ``synth``: synthetic workloads; ``events``: traces from captured vLLM-format KV events;
+  ``budget``: how ``--memory-budget`` is shared out between lines, parsing and the analysis;
+* ``synth``: synthetic workloads; ``trace_from_events``: traces from captured vLLM-format KV
+  events, decoded by ``event_capture`` (msgpack objects of a capture, each within a limit);
 * ``stack``: LRU stack distances (exact, Fenwick tree; SHARDS sampling beyond a budget);
   ``sim``: kvtier's own policy classes and ``HostTier`` driven by a trace;
 * ``reuse``: reuse by chunk size, reuse-distance histograms; ``curves``: hit-ratio curves;

@@ -74,6 +74,15 @@ class MemoryBudget:
         """What the trace and its analysis may take."""
         return max(0, self.total - self.line_bytes * PARSE_EXPANSION)
 
+    @staticmethod
+    def total_for(plan_bytes: int) -> int:
+        """A budget that leaves at least ``plan_bytes`` to the plan (the smallest, but for a few
+        bytes of rounding)."""
+        large = plan_bytes + MAX_LINE_BYTES * PARSE_EXPANSION
+        if large // LINE_SHARE >= MAX_LINE_BYTES:
+            return large
+        return -(-(plan_bytes + PARSE_EXPANSION) * LINE_SHARE // (LINE_SHARE - PARSE_EXPANSION))
+
     def plan_needs(self, keys: int, requests: int) -> int:
         """Bytes the analysis of ``keys`` chunk keys in ``requests`` requests takes (estimate)."""
         return keys * PLAN_BYTES_PER_KEY + requests * PLAN_BYTES_PER_REQUEST

@@ -26,8 +26,9 @@ one-chunk requests and say little about prefixes.
 
 **Bounds** (``budget``, a ``MemoryBudget``: what ``--memory-budget`` allows). Requests are
 written as soon as no later store extends them (they began over ``merge_within`` before the
-batch being read), or oldest first while more than ``budget.pending_keys`` keys wait; a capture
-whose times go backwards is converted as if each batch had come in time order. At most
+batch being read), or oldest first while more than ``budget.pending_keys`` keys wait (where
+times go backwards, a store that would have continued a request already written starts a new
+one). At most
 ``budget.parent_links`` block -> parent links are kept: beyond, the older links are forgotten
 and counted, but for those the chains of the newest half go through, which recent stores share
 (a chain through a forgotten link is cut there, as for blocks stored before the capture). A

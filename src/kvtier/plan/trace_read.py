@@ -154,9 +154,8 @@ class _Reader:
             f"trace {self.name}: too large for {self.budget}: its first {requests:,} requests "
             f"({keys:,} chunk keys, {text_of(read)} of the file) need {text_of(need)} to plan, "
             f"more than the {text_of(self.budget.plan_bytes)} it leaves for the trace and its "
-            f"analysis; raise --memory-budget (the whole file needs about "
-            f"{text_of(int(whole) + self.budget.total - self.budget.plan_bytes)}) or plan a "
-            f"part of the trace"
+            "analysis; raise --memory-budget (the whole file needs about "
+            f"{text_of(MemoryBudget.total_for(int(whole)))}) or plan a part of the trace"
         )
 
 
