@@ -136,6 +136,19 @@ def test_parent_links_are_kept_up_to_the_budget(more: int) -> None:
     assert len(converter._parent) == (50 if more else 100)
 
 
+def test_forgetting_links_keeps_the_prefixes_recent_stores_share() -> None:
+    budget = MemoryBudget(100 * 4 * 256)  # 100 links
+    file = io.StringIO()
+    converter = Converter(TraceOutput(file, budget.line_bytes, 1 << 20), budget)
+    converter.batch([0.0, [stored([1, 2], None)]])  # a shared prefix, stored first
+    for i in range(1000):  # then 1,000 requests on it, each 2 s apart: 10 times the links
+        converter.batch([2.0 * (i + 1), [stored([10 + i], 2)]])
+    converter.finish()
+    assert converter.forgotten > 900 and len(converter._parent) <= 100
+    last = json.loads(file.getvalue().splitlines()[-1])
+    assert last["chunks"] == [f"{1:016x}", f"{2:016x}", f"{1009:016x}"]
+
+
 @pytest.mark.parametrize("ts", [float("inf"), float("nan")], ids=["inf", "nan"])
 def test_a_bad_timestamp_is_one_error_line(tmp_path: Path, ts: float) -> None:
     """Before: a timestamp of infinity raised ValueError out of the writer (a traceback); NaN
