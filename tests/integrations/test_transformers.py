@@ -177,6 +177,16 @@ def test_identity_follows_the_weights() -> None:
     assert identity_for(a, layout).digest != identity_for(b, layout).digest
 
 
+def test_identity_does_not_follow_the_path(tmp_path) -> None:
+    """The same weights loaded from two paths share an identity; the path is only displayed."""
+    a, b = build_model("llama", seed=0), build_model("llama", seed=0)
+    a.config.name_or_path, b.config.name_or_path = "/mnt/a/m", str(tmp_path)
+    layout = layout_for(a, BLOCK_SIZE, BLOCKS_PER_CHUNK)
+    first, second = identity_for(a, layout), identity_for(b, layout)
+    assert (first.model, second.model) == ("/mnt/a/m", tmp_path.name)
+    assert first.digest == second.digest
+
+
 def test_sliding_window_layers_get_their_own_group() -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

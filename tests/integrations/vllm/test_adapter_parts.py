@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,6 +19,7 @@ from kvtier.integrations.vllm.identity import (
 from kvtier.integrations.vllm.metrics import CounterBridge, tier_label
 from kvtier.integrations.vllm.options import adapter_options, fit_to_region, tier_config
 from kvtier.integrations.vllm.region import PrimaryRegion
+from tests.model_dir import write_model
 
 LAYERS = tuple(f"model.layers.{i}.self_attn.attn" for i in range(4))
 
@@ -77,6 +79,23 @@ def test_the_layout_has_vllms_chunk_size_and_the_identity_round_trips():
     assert identity.layout.chunk_bytes == config.worker_kv_bytes_per_block * 4
     again = identity_from_description(identity.describe())
     assert again.digest == identity.digest
+
+
+def test_a_local_model_is_identified_by_its_content_not_its_path(tmp_path):
+    """vLLM's ``--model`` path: two copies share an identity, changed weights do not."""
+    first = write_model(tmp_path / "mnt" / "m")
+    second = shutil.copytree(first, tmp_path / "models" / "m-copy")
+    model = SimpleNamespace(name=str(first), dtype="float32")
+    identity = identity_from_config(vllm_config(model=model))
+    copy = identity_from_config(
+        vllm_config(model=SimpleNamespace(name=str(second), dtype="float32"))
+    )
+    assert (identity.model, copy.model) == ("m", "m-copy")
+    assert identity.fingerprint.startswith("sha256-") and identity.digest == copy.digest
+    assert identity_from_description(copy.describe()).digest == identity.digest
+    assert identity_from_config(vllm_config(model=model), revision="r2").digest != identity.digest
+    write_model(first, shape=(32, 128))  # another weight file under the same path
+    assert identity_from_config(vllm_config(model=model)).digest != identity.digest
 
 
 def test_offload_keys_map_to_chunk_keys_deterministically_and_back():

@@ -1,7 +1,9 @@
 """Which vLLM caches may share chunks, and the kvtier key of each vLLM offload key.
 
 ``identity_from_config(spec.config)`` derives kvtier's ``CacheIdentity`` from vLLM's normalized
-``OffloadingConfig``: the model name, the KV dtype, every KV group (tokens per block and its
+``OffloadingConfig``: the model (a local model directory by its content fingerprint, see
+``kvtier.model_fingerprint``, so the same weights under two paths share chunks; a hub id by its
+name and ``revision``), the KV dtype, every KV group (tokens per block and its
 layer names), blocks per chunk and tokens per hash, the bytes one worker keeps per block, the
 parallel layout (or ``agnostic`` when vLLM says the bytes do not depend on it), the canonical
 layout flag and the KV cache layout name. Two engines of the same model and layout get the same
@@ -29,6 +31,7 @@ from typing import Any
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.layout import KVLayout
+from kvtier.model_fingerprint import fingerprint_model
 
 OFFLOAD_KEY_BYTES = 36
 #: Offload keys remembered for turning tier removals back into vLLM keys.
@@ -73,7 +76,12 @@ def byte_layout(
 
 
 def identity_from_config(config: Any, revision: str = "") -> CacheIdentity:
-    """kvtier's identity of the chunks an engine with vLLM ``OffloadingConfig`` ``config`` makes."""
+    """kvtier's identity of the chunks an engine with vLLM ``OffloadingConfig`` ``config`` makes.
+
+    ``config.model.name`` (vLLM's ``--model``) that is a local path is fingerprinted: the
+    identity's ``model`` is then its display name and its ``fingerprint`` decides. Raises
+    ``ConfigError`` when that local model cannot be fingerprinted (``fingerprint_model``).
+    """
     groups = _groups(config)
     num_layers = max(1, sum(len(g["layers"]) for g in groups))
     tokens_per_block = max(1, groups[0]["tokens_per_block"] if groups else 1)
@@ -91,8 +99,12 @@ def identity_from_config(config: Any, revision: str = "") -> CacheIdentity:
         "replicated_layout": _flag(getattr(config, "replicated_layout", False)),
         "kv_cache_layout": str(getattr(config, "kv_cache_layout", None)),
     }
+    name = str(config.model.name)
+    found = fingerprint_model(name)
+    if found is None:
+        return CacheIdentity(model=name, layout=layout, revision=revision, extra=extra)
     return CacheIdentity(
-        model=str(config.model.name), layout=layout, revision=revision, extra=extra
+        model=found.name, layout=layout, revision=revision, extra=extra, fingerprint=found.digest
     )
 
 
@@ -113,6 +125,7 @@ def identity_from_description(description: Mapping[str, Any]) -> CacheIdentity:
         layout=KVLayout(**fields),
         revision=description.get("revision", ""),
         extra=dict(description.get("extra", {})),
+        fingerprint=description.get("fingerprint", ""),
     )
 
 
