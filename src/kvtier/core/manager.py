@@ -31,6 +31,7 @@ from kvtier.control.retention import Priority, prefix_length
 from kvtier.control.tier_switches import TierSwitch
 from kvtier.core.entry_checks import engine_call, serialized
 from kvtier.core.host_slots import ENGINE
+from kvtier.core.links import LinkBook
 from kvtier.core.parts import TierFactory, build_parts
 from kvtier.core.peer_service import ManagerPeerHost, ManagerService, Services, close_all
 from kvtier.core.tier_set import Finished
@@ -85,6 +86,7 @@ class TieringManager:
         self._progress, self._clock, self._publisher = parts.progress, parts.clock, parts.publisher
         self._control = self.runtime.control
         self._write_throughs = parts.write_throughs
+        self._links = LinkBook(2 * self.region.num_slots)
         self._services = Services(self.metrics)
         self._peer_host = ManagerPeerHost(self)
         self.peer_server: PeerServer | None = None
@@ -118,13 +120,16 @@ class TieringManager:
         priority: Priority = None,
         duration_s: float | None = None,
         first_chunk: int = 0,
+        parent: ChunkKey | None = None,
         operator: bool = False,
     ) -> StorePlan | None:
         """Reserve host slots for the keys not in host and admitted; ``None`` if none can be freed.
 
         ``priority`` (0-100, one for all keys or one per key) orders eviction, lower first, for
         ``duration_s`` s or for good (``operator``: see ``touch``); ``first_chunk`` numbers
-        ``keys[0]`` in its prefix (for ``min_prefix_chunks``). Admission's drops are left out.
+        ``keys[0]`` in its prefix (for ``min_prefix_chunks``) and ``parent`` is the key before
+        it (``None``: ``keys`` start the prefix, or it is not known); tiers write both with the
+        chunks and evict a prefix from its tail. Admission's drops are left out.
         """
         asked = self._retention.asked(keys, priority, duration_s, operator, self.runtime)
         wanted, prefix = asked.by_key(keys), prefix_length(first_chunk, keys)
@@ -135,6 +140,7 @@ class TieringManager:
             self.metrics.count("store_rejected")
             return None
         self._retention.reserved(new, [wanted[k] for k in new], asked)
+        self._links.record(keys, first_chunk, parent)
         self._clock.start(new)
         return StorePlan(new, slots)
 
@@ -157,7 +163,7 @@ class TieringManager:
                 self._write_through(index, chosen)
 
     def _write_through(self, index: int, keys: list[ChunkKey]) -> None:
-        refused = self._write_throughs.start(index, keys)
+        refused = self._write_throughs.start(index, keys, self._links.links_of(keys))
         if refused is not None:
             self._route(refused)
 

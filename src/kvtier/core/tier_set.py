@@ -33,6 +33,7 @@ from kvtier.telemetry.logs import ThrottledLog
 from kvtier.telemetry.metrics import ManagerMetrics
 from kvtier.tiers.base import MISS, JobResult, Lookup, Op, SecondaryTier, TransferJob
 from kvtier.tiers.registry import make_names_unique
+from kvtier.tiers.shared.lineage import Link
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
@@ -141,10 +142,16 @@ class TierSet:
 
     # -- jobs --------------------------------------------------------------------------------
     def submit(
-        self, index: int, op: Op, keys: list[ChunkKey], slots: list[int], owner: Hashable = None
+        self,
+        index: int,
+        op: Op,
+        keys: list[ChunkKey],
+        slots: list[int],
+        owner: Hashable = None,
+        links: tuple[Link, ...] = (),
     ) -> Finished | None:
         """Hand a job to tier ``index``; if the tier raises, the failed job to apply at once."""
-        job = TransferJob(next(self._ids), tuple(keys), tuple(slots))
+        job = TransferJob(next(self._ids), tuple(keys), tuple(slots), links)
         started = self._clock()
         pending = PendingJob(op, index, job.keys, owner, started, started + self.deadlines.of(op))
         tier = self.tiers[index]

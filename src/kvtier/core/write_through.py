@@ -16,6 +16,7 @@ from kvtier.core.host_slots import HostTier, WriteThrough
 from kvtier.core.tier_set import Finished, TierSet
 from kvtier.keys import ChunkKey
 from kvtier.telemetry.metrics import ManagerMetrics
+from kvtier.tiers.shared.lineage import Link
 
 
 class WriteThroughs:
@@ -24,9 +25,11 @@ class WriteThroughs:
     def __init__(self, host: HostTier, tiers: TierSet, metrics: ManagerMetrics, cap: int) -> None:
         self._host, self._tiers, self._metrics, self.cap = host, tiers, metrics, cap
 
-    def start(self, index: int, keys: list[ChunkKey]) -> Finished | None:
-        """Tier ``index`` writes ``keys`` from their slots (or is refused, counted); a job the
-        tier refused at once comes back to be routed."""
+    def start(
+        self, index: int, keys: list[ChunkKey], links: tuple[Link, ...] = ()
+    ) -> Finished | None:
+        """Tier ``index`` writes ``keys`` from their slots (or is refused, counted), with their
+        ``links`` when known; a job the tier refused at once comes back to be routed."""
         name = self._tiers[index].name
         reason = self.refusal(index, keys)
         if reason is not None:
@@ -34,7 +37,7 @@ class WriteThroughs:
             return None
         owner = WriteThrough(name)
         slots = self._host.hold(keys, owner)
-        return self._tiers.submit(index, "store", keys, slots, owner)
+        return self._tiers.submit(index, "store", keys, slots, owner, links)
 
     def refusal(self, index: int, keys: list[ChunkKey]) -> str | None:
         """Why tier ``index`` gets no write-through of ``keys`` now, or ``None``."""

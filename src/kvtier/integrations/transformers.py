@@ -333,21 +333,24 @@ class TieredModel:
         if keys:
             chunks = session.pack(first_chunk, len(keys))
             self.device_cache.put(keys, list(chunks.unbind(0)))
-            self._store_in_host(keys, chunks, first_chunk, retention)
+            self._store_in_host(all_keys, chunks, first_chunk, retention)
         self.device_cache.touch(all_keys)
         if self.manager is not None:
             self.manager.touch(all_keys[::-1], hit=False, **retention)
 
     def _store_in_host(
         self,
-        keys: list[ChunkKey],
+        all_keys: list[ChunkKey],
         chunks: torch.Tensor,
         first_chunk: int,
         retention: dict[str, Any],
     ) -> None:
+        """Chunks ``all_keys[first_chunk:]`` (``chunks``) into host memory, with their lineage."""
         if self.manager is None or self.transfer is None:
             return
-        plan = self.manager.prepare_store(keys, first_chunk=first_chunk, **retention)
+        keys = all_keys[first_chunk:]
+        parent = all_keys[first_chunk - 1] if first_chunk else None
+        plan = self.manager.prepare_store(keys, first_chunk=first_chunk, parent=parent, **retention)
         if plan is None or not plan.keys:
             return
         index = {key: i for i, key in enumerate(keys)}

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from kvtier.keys import ChunkKey
 from kvtier.telemetry.logs import ThrottledLog
 from kvtier.telemetry.metrics import Telemetry, TierMetrics
+from kvtier.tiers.shared.lineage import Link
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
@@ -64,15 +65,26 @@ Op = Literal["store", "load"]
 
 @dataclass(frozen=True)
 class TransferJob:
-    """Move ``keys[i]`` to or from host slot ``slots[i]``."""
+    """Move ``keys[i]`` to or from host slot ``slots[i]``.
+
+    ``links`` (stores; empty when not known): ``links[i]`` names the chunk before ``keys[i]``
+    in its prefix, for tiers to write with it and to evict by (``tiers.shared.lineage``).
+    """
 
     job_id: int
     keys: tuple[ChunkKey, ...]
     slots: tuple[int, ...]
+    links: tuple[Link, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.slots):
             raise ValueError("a job needs exactly one slot per key")
+        if self.links and len(self.links) != len(self.keys):
+            raise ValueError("a job's links, when given, need exactly one per key")
+
+    def link_of(self, i: int) -> Link | None:
+        """The link of ``keys[i]``, ``None`` when the job carries none."""
+        return self.links[i] if self.links else None
 
 
 @dataclass(frozen=True)

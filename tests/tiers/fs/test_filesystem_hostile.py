@@ -94,9 +94,11 @@ def file_bytes(identity: CacheIdentity) -> int:
 
 
 def seed_cache(root: Path, identity: CacheIdentity, keys: list[ChunkKey]) -> None:
-    """Store ``keys`` through a manager that is then closed; oldest file: ``keys[0]``."""
+    """Store ``keys``, each the head of a prefix of its own, through a manager that is then
+    closed; oldest file: ``keys[0]``."""
     with TieringManager(config(16, secondary_tiers=fs_tiers(root)), identity) as manager:
-        store_through(manager, keys)
+        for key in keys:
+            store_through(manager, [key])
     for age, key in enumerate(reversed(keys)):
         os.utime(chunk_path(root, identity, key), (1e9 - age, 1e9 - age))
 

@@ -157,7 +157,7 @@ def test_page_cache_writes_take_turns(tier, region, identity, monkeypatch, direc
     inside, most, lock, all_in = 0, 0, threading.Lock(), threading.Event()
     write = files._write
 
-    def counting(key, reg, slot, is_direct):
+    def counting(key, reg, slot, link, is_direct):
         nonlocal inside, most
         with lock:
             inside += 1
@@ -167,7 +167,7 @@ def test_page_cache_writes_take_turns(tier, region, identity, monkeypatch, direc
         all_in.wait(timeout=0.5 if not direct else 30)  # only a bound on the wait
         with lock:
             inside -= 1
-        return write(key, reg, slot, is_direct)
+        return write(key, reg, slot, link, is_direct)
 
     monkeypatch.setattr(files, "_write", counting)
     threads = [

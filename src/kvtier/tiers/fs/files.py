@@ -62,6 +62,7 @@ from kvtier.tiers.fs.paths import (
 from kvtier.tiers.fs.pin import NamespacePin, NamespaceSwappedError
 from kvtier.tiers.fs.scan import HOST_TAG, ScanResult, scan_namespace
 from kvtier.tiers.shared.codec import HEADER_BYTES
+from kvtier.tiers.shared.lineage import Link, linked, read_link
 from kvtier.tiers.shared.sealing import ChecksumSealer, Sealer
 
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
@@ -121,8 +122,9 @@ class ChunkFiles:
         self._write_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
     # -- writing ----------------------------------------------------------------------------
-    def write(self, key: ChunkKey, region: HostRegion, slot: int) -> int:
-        """Store ``slot`` as chunk ``key``, atomically; returns the file size.
+    def write(self, key: ChunkKey, region: HostRegion, slot: int, link: Link | None = None) -> int:
+        """Store ``slot`` as chunk ``key``, with its ``link`` (``lineage``), atomically; returns
+        the file size.
 
         Replaces a link, FIFO or other non-directory entry at the chunk's path. Raises
         ``OSError``: ``NotRegularError`` when a directory is in the way. At most
@@ -131,25 +133,27 @@ class ChunkFiles:
         entry stands in its place.
         """
         try:
-            return self._write_turn(key, region, slot)
+            return self._write_turn(key, region, slot, link)
         except NamespaceSwappedError as exc:
             if not exc.absent or not self.directory.repin():
                 raise
-        return self._write_turn(key, region, slot)
+        return self._write_turn(key, region, slot, link)
 
-    def _write_turn(self, key: ChunkKey, region: HostRegion, slot: int) -> int:
+    def _write_turn(self, key: ChunkKey, region: HostRegion, slot: int, link: Link | None) -> int:
         if self._direct_write(HEADER_BYTES + region.slot_bytes):
-            return self._write(key, region, slot, True)
+            return self._write(key, region, slot, link, True)
         self._write_turns.get()
         try:
-            return self._write(key, region, slot, False)
+            return self._write(key, region, slot, link, False)
         finally:
             self._write_turns.put(None)
 
-    def _write(self, key: ChunkKey, region: HostRegion, slot: int, direct: bool) -> int:
+    def _write(
+        self, key: ChunkKey, region: HostRegion, slot: int, link: Link | None, direct: bool
+    ) -> int:
         name = key.hex()
         tmp = f"{name}.{self._tag}-{next(self._seq)}.tmp"
-        buffers, truncate_to = self._file_buffers(key, region, slot, direct)
+        buffers, truncate_to = self._file_buffers(key, region, slot, link, direct)
         flags = O_DIRECT if direct else 0
         modes = (self._dir_mode, self._file_mode)
         pin = self._pin()
@@ -163,7 +167,7 @@ class ChunkFiles:
         return not (self.adaptive and self._page_cache.write_buffered(nbytes))
 
     def _file_buffers(
-        self, key: ChunkKey, region: HostRegion, slot: int, direct: bool
+        self, key: ChunkKey, region: HostRegion, slot: int, link: Link | None, direct: bool
     ) -> tuple[tuple[memoryview | bytes, memoryview], int]:
         """[header block, payload] of ``slot``'s chunk file, and the size to truncate to (-1:
         none). O_DIRECT writes aligned memory: a scratch header, the slot with its padding. An
@@ -176,6 +180,7 @@ class ChunkFiles:
         else:
             digest = None if self._sealer.keyed else payload_checksum(payload)
             header = self._sealer.seal(self._digest, key, payload, None, digest)
+        header = linked(header, link)
         if not direct:
             return (header, payload), -1
         scratch = self._scratch()
@@ -214,8 +219,9 @@ class ChunkFiles:
                 os.fsync(directory)
 
     # -- reading ----------------------------------------------------------------------------
-    def read(self, key: ChunkKey, region: HostRegion, slot: int) -> int:
-        """Read chunk ``key`` straight into ``slot`` and verify it; returns the file size.
+    def read(self, key: ChunkKey, region: HostRegion, slot: int) -> tuple[int, Link | None]:
+        """Read chunk ``key`` straight into ``slot`` and verify it; returns the file size and
+        the link the file carries (``lineage``; ``None`` when it has none).
 
         Raises ``FileNotFoundError`` when there is no such chunk, ``NotRegularError`` when its
         path holds something else (left alone), ``OSError`` when it cannot be read, and
@@ -237,7 +243,14 @@ class ChunkFiles:
             with suppress(OSError), chunk_dir(pin.fd, name) as directory:
                 unlink_if_same(directory, name, (device, inode))
             raise
-        return size
+        return size, read_link(header)
+
+    def mark_used(self, key: ChunkKey) -> None:
+        """Set chunk ``key``'s mtime to now: what ``kvtier cache`` and a restart's scan take for
+        its last use. Raises ``OSError`` (``FileNotFoundError`` when it is gone)."""
+        name, pin = key.hex(), self._pin()
+        with chunk_dir(pin.fd, name) as directory:
+            os.utime(name, dir_fd=directory, follow_symlinks=False)
 
     def _read_walk(
         self,

@@ -26,7 +26,8 @@ from contextlib import closing
 from dataclasses import dataclass, field
 
 from kvtier.keys import ChunkKey
-from kvtier.tiers.fs.paths import NotRegularError, failure_reason, open_level_dir
+from kvtier.tiers.fs.paths import OPEN_FLAGS, NotRegularError, failure_reason, open_level_dir
+from kvtier.tiers.shared.lineage import LINK_BYTES, LINK_OFFSET, Link, read_link
 
 #: A temporary file older than this is stale whoever wrote it (a write takes far less).
 STALE_TMP_S = 600.0
@@ -39,10 +40,11 @@ HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 @dataclass
 class ScanResult:
-    """What ``scan`` found: chunk files as (mtime, key, size), stale temporaries removed, and
-    entries skipped by reason (``not_regular``, or the errno name of what failed on them)."""
+    """What ``scan`` found: chunk files as (mtime, key, size, parent key or ``None``: see
+    ``lineage``), stale temporaries removed, and entries skipped by reason (``not_regular``,
+    or the errno name of what failed on them)."""
 
-    chunks: list[tuple[float, ChunkKey, int]] = field(default_factory=list)
+    chunks: list[tuple[float, ChunkKey, int, bytes | None]] = field(default_factory=list)
     stale_removed: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
 
@@ -77,7 +79,9 @@ def _scan_entry(
             if not stat.S_ISREG(found.st_mode):
                 raise NotRegularError(entry.path)
             key = ChunkKey(bytes.fromhex(entry.name))
-            result.chunks.append((found.st_mtime, key, found.st_size))
+            link = read_file_link(directory, entry.name)
+            parent = link.parent if link is not None else None
+            result.chunks.append((found.st_mtime, key, found.st_size, parent))
         elif entry.name.endswith(".tmp") and _is_stale(entry, own_token):
             os.unlink(entry.name, dir_fd=directory)
             result.stale_removed += 1
@@ -85,6 +89,19 @@ def _scan_entry(
         pass  # removed meanwhile (evicted or renamed by another instance)
     except OSError as exc:
         result.skip(exc)
+
+
+def read_file_link(directory: int, name: str) -> Link | None:
+    """The link chunk file ``name`` (in the directory open as ``directory``) carries; ``None``
+    when it has none. Never follows a link or blocks; ``OSError`` when it cannot be read,
+    ``NotRegularError`` when it is not a regular file."""
+    fd = os.open(name, os.O_RDONLY | OPEN_FLAGS, dir_fd=directory)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularError(name)
+        return read_link(os.pread(fd, LINK_BYTES, LINK_OFFSET))
+    finally:
+        os.close(fd)
 
 
 def _is_stale(entry: os.DirEntry[str], own_token: str) -> bool:

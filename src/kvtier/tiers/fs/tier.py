@@ -58,12 +58,14 @@ from kvtier.tiers.base import HIT, MISS, RETRY, JobOutcome, Lookup, TransferJob
 from kvtier.tiers.fs import native
 from kvtier.tiers.fs.config import FsTierConfig
 from kvtier.tiers.fs.files import ChunkFiles
-from kvtier.tiers.fs.index import ChunkIndex, RecentMisses
+from kvtier.tiers.fs.index import RecentMisses, UseStamps
 from kvtier.tiers.fs.namespace import SpaceGuard
 from kvtier.tiers.fs.paths import NotRegularError, failure_reason
 from kvtier.tiers.fs.rows import o_direct_for
+from kvtier.tiers.shared.chunk_index import ChunkIndex
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from kvtier.tiers.shared.jobs import JobRunner, PooledTier
+from kvtier.tiers.shared.lineage import Link
 from kvtier.tiers.shared.sealing import make_sealer
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,9 @@ log = logging.getLogger(__name__)
 N_PROBE_THREADS = 4
 #: How many removed keys ``take_removed`` remembers at most.
 MAX_REMOVED = 1 << 16
+#: A chunk's mtime records its last use (for a restart's scan and ``kvtier cache``) at most
+#: this often: a chunk read again and again costs one ``utime`` a minute, not one per read.
+USE_STAMP_S = 60.0
 
 #: ``fault_hook(op, key)`` runs before each file operation ("store", "load", "probe"); it may
 #: raise ``OSError`` (or block) to inject faults in tests and drills.
@@ -145,6 +150,7 @@ class FilesystemTier(PooledTier):
         self._space = SpaceGuard(self._files.directory, config.min_free_bytes)
         self._index = ChunkIndex(config.max_bytes)
         self._misses = RecentMisses(config.negative_ttl_s)
+        self._stamps = UseStamps(USE_STAMP_S)
         self._counters = _Counters()
         self._probing: set[ChunkKey] = set()
         self._probing_lock = threading.Lock()
@@ -206,6 +212,7 @@ class FilesystemTier(PooledTier):
             **self._counters.snapshot(),
             "index_chunks": len(self._index),
             "index_bytes": self._index.used_bytes,
+            "unreachable_chunks": self._index.unreachable_count(),
             "o_direct": int(self.o_direct),
             "native_io": int(native.usable()),
             "read_only": int(self._files.directory.read_only),
@@ -226,11 +233,12 @@ class FilesystemTier(PooledTier):
 
     # -- stores -----------------------------------------------------------------------------
     def _store(self, job: TransferJob) -> list[ChunkKey]:
-        for key, slot in zip(job.keys, job.slots, strict=True):
-            self._store_one(key, slot)
+        for i, (key, slot) in enumerate(zip(job.keys, job.slots, strict=True)):
+            self._store_one(key, slot, job.link_of(i))
+        self._index.touch_many(job.keys)  # the job's prefix: its head ends most recent
         return list(job.keys)
 
-    def _store_one(self, key: ChunkKey, slot: int) -> None:
+    def _store_one(self, key: ChunkKey, slot: int, link: Link | None) -> None:
         """Write one chunk unless already on disk; raises ``TierError`` when it cannot."""
         if not self._files.directory.may_write():
             self._counters.add("store_failed.read_only")
@@ -239,7 +247,9 @@ class FilesystemTier(PooledTier):
             if self._on_disk(key):
                 self._counters.add("store_skipped_present")
                 return
-            self._write(key, slot)
+            if not self._write(key, slot, link):
+                self._counters.add("store_skipped_bound")  # a prefix longer than max_bytes
+                return
         except (OSError, CapacityError) as exc:
             reason = failure_reason(exc) if isinstance(exc, OSError) else "capacity"
             self._counters.add(f"store_failed.{reason}")
@@ -258,24 +268,31 @@ class FilesystemTier(PooledTier):
         self._index.discard(key)
         return False
 
-    def _write(self, key: ChunkKey, slot: int) -> None:
+    def _write(self, key: ChunkKey, slot: int, link: Link | None) -> bool:
+        """Write one chunk file; ``False`` when the bound leaves no room for it but by evicting
+        its own prefix (its tail is then not written: ``ChunkIndex.reserve``)."""
         nbytes = self._file_bytes
         if not self._space.allows(nbytes):
             raise OSError(errno.ENOSPC, "min_free_bytes reached")
-        self._delete(self._index.reserve(nbytes), "evicted")
+        victims = self._index.reserve(nbytes, link.parent if link is not None else None)
+        if victims is None:
+            return False
+        self._delete(victims, "evicted")
         try:
             self._hook("store", key)
-            self._files.write(key, self._region, slot)
+            self._files.write(key, self._region, slot, link)
         except BaseException:
             self._index.release(nbytes)
             raise
-        self._index.commit(key, nbytes)
+        self._index.commit(key, nbytes, link.parent if link is not None else None)
         self._space.wrote(nbytes)
+        return True
 
     # -- loads ------------------------------------------------------------------------------
     def _load(self, job: TransferJob) -> JobOutcome:
         pairs = zip(job.keys, job.slots, strict=True)
         outcomes = [(key, self._load_one(key, slot)) for key, slot in pairs]
+        self._index.touch_many(job.keys)
         return JobOutcome(
             [key for key, outcome in outcomes if outcome == "loaded"],
             [key for key, outcome in outcomes if outcome == "corrupt"],
@@ -285,7 +302,7 @@ class FilesystemTier(PooledTier):
         """Read and verify one chunk into ``slot``; every failure is counted, never raised."""
         try:
             self._hook("load", key)
-            size = self._files.read(key, self._region, slot)
+            size, link = self._files.read(key, self._region, slot)
         except FileNotFoundError:
             self._index.discard(key)
             self._counters.add("load_missing")
@@ -304,9 +321,20 @@ class FilesystemTier(PooledTier):
         except OSError as exc:
             self._counters.add(f"load_failed.{failure_reason(exc)}")
             return "unreadable"
-        self._delete(self._index.add(key, size), "evicted")
+        self._delete(self._index.add(key, size, link.parent if link else None), "evicted")
         self._counters.add_pair("loaded_chunks", "loaded_bytes", size)
+        self._mark_used(key)
         return "loaded"
+
+    def _mark_used(self, key: ChunkKey) -> None:
+        """Record the use in the file's mtime (throttled: ``USE_STAMP_S``); a failure only
+        costs the record, counted."""
+        if not self._stamps.due(key):
+            return
+        try:
+            self._files.mark_used(key)
+        except OSError as exc:
+            self._counters.add(f"mark_used_failed.{failure_reason(exc)}")
 
     # -- background -------------------------------------------------------------------------
     def _probe(self, key: ChunkKey) -> None:
@@ -331,7 +359,7 @@ class FilesystemTier(PooledTier):
     def _scan(self) -> None:
         try:
             result = self._files.scan(self._closed)
-            found = [(key, size) for _, key, size in sorted(result.chunks)]
+            found = [(key, size, parent) for _, key, size, parent in sorted(result.chunks)]
             self._delete(self._index.merge_cold(found), "evicted")
             self._counters.add("scan_found_chunks", len(found))
             self._counters.add("scrubbed_tmp_files", result.stale_removed)

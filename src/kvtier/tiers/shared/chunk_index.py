@@ -1,0 +1,289 @@
+"""ChunkIndex: what a tier holds, in the order it gives chunks up, bounded by ``max_bytes``.
+
+The one rule for which stored chunk goes first, used by the fs tier, the obj tier and
+``kvtier cache gc``:
+
+1. **Unreachable chunks first.** A prefix lookup reaches a chunk only through its predecessors
+   (``lineage``); a chunk whose predecessor (or any earlier chunk of its chain) is not held can
+   never be served. Such chunks go first, those that became unreachable earliest first. One
+   whose chain is stored again becomes reachable again.
+2. **Then least recently used, a prefix from its tail.** Using a chunk uses its whole prefix,
+   so ``touch_many`` and ``merge_cold`` keep every chunk more recent than its descendants:
+   eviction cuts a chain from its tail and never leaves a tail without its head.
+
+Chunks whose predecessor is not known (``parent`` ``None``: the first of a chain, or written
+without a link) count as heads. ``used_bytes`` counts indexed chunks plus *reservations* (bytes
+of writes in flight, from ``reserve`` to ``commit`` or ``release``), so what is stored never
+exceeds the bound, even while being written.
+
+No I/O: callers delete the victims every method returns. Thread safety: every public method
+takes the instance's lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from kvtier.errors import CapacityError
+from kvtier.keys import ChunkKey
+
+#: A chunk found by a listing: key, size in bytes, and its predecessor's key where known.
+Found = tuple[ChunkKey, int, "bytes | None"]
+
+
+class ChunkIndex:
+    """Key → size, with predecessors, in eviction order; see the module docstring."""
+
+    def __init__(self, max_bytes: int | None) -> None:
+        self.max_bytes = max_bytes
+        self._sizes: OrderedDict[bytes, int] = OrderedDict()  # coldest first
+        self._parents: dict[bytes, bytes] = {}
+        self._children: dict[bytes, list[bytes]] = {}
+        self._lost: OrderedDict[bytes, None] = OrderedDict()  # unreachable, first lost first
+        self._indexed = 0
+        self._reserved = 0
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._sizes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sizes)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of indexed chunks plus reservations of writes in flight."""
+        with self._lock:
+            return self._indexed + self._reserved
+
+    def unreachable_count(self) -> int:
+        """Indexed chunks that no prefix lookup can reach."""
+        with self._lock:
+            return len(self._lost)
+
+    # -- use ---------------------------------------------------------------------------------
+    def touch(self, key: ChunkKey) -> bool:
+        """Mark ``key`` (and its prefix) most recently used; ``False`` if it is not indexed."""
+        with self._lock:
+            return self._touch_chain([key]) > 0
+
+    def touch_many(self, keys: Sequence[ChunkKey]) -> int:
+        """Mark ``keys``, consecutive chunks of one prefix in chain order, and the chunks
+        before them most recently used; returns how many of ``keys`` are indexed."""
+        with self._lock:
+            return self._touch_chain(keys)
+
+    def _touch_chain(self, keys: Sequence[ChunkKey]) -> int:
+        found = 0
+        for key in reversed(keys):  # the head ends most recent
+            if key in self._sizes:
+                self._sizes.move_to_end(key)
+                found += 1
+        if keys:
+            self._touch_ancestors(keys[0])
+        return found
+
+    def _touch_ancestors(self, key: bytes) -> None:
+        parent = self._parents.get(key)
+        if parent is not None:
+            self._touch_ancestors_from(parent)
+
+    def _touch_ancestors_from(self, parent: bytes) -> None:
+        """Move ``parent`` and the held chunks before it to the MRU end, the head last."""
+        seen: set[bytes] = set()
+        node: bytes | None = parent
+        while node is not None and node in self._sizes and node not in seen:
+            self._sizes.move_to_end(node)
+            seen.add(node)
+            node = self._parents.get(node)
+
+    def _spares(self, nbytes: int, parent: bytes) -> bool:
+        """Whether a write after ``parent`` must be skipped rather than evict what it would."""
+        orphan = parent not in self._sizes or parent in self._lost
+        if not orphan:
+            self._touch_ancestors_from(parent)
+        victims = self._would_evict(nbytes)
+        if orphan:
+            return any(v not in self._lost for v in victims)
+        return any(self._is_ancestor(v, parent) for v in victims)
+
+    def _is_ancestor(self, candidate: bytes, parent: bytes) -> bool:
+        """Whether ``candidate`` is ``parent`` or a held chunk before it."""
+        seen: set[bytes] = set()
+        node: bytes | None = parent
+        while node is not None and node not in seen:
+            if node == candidate:
+                return True
+            seen.add(node)
+            node = self._parents.get(node)
+        return False
+
+    # -- writes ------------------------------------------------------------------------------
+    def reserve(self, nbytes: int, parent: bytes | None = None) -> list[ChunkKey] | None:
+        """Reserve room for a write of ``nbytes``, a chunk preceded by ``parent`` (``None``: a
+        head); returns the keys evicted to make it.
+
+        ``None`` (nothing reserved or evicted) when room could only be made by evicting
+        ``parent`` or a chunk before it (a prefix longer than the bound keeps its head, and
+        its tail is not written), or by evicting a reachable chunk for one that is not (its
+        ``parent`` is not held). Raises ``CapacityError`` (reserving nothing) when writes in
+        flight alone fill the bound.
+        """
+        with self._lock:
+            if parent is not None and self.max_bytes is not None and self._spares(nbytes, parent):
+                return None
+            victims = self._evict_for(nbytes)
+            if victims is None:
+                raise CapacityError(f"max_bytes={self.max_bytes} is taken by writes in flight")
+            self._reserved += nbytes
+            return victims
+
+    def release(self, nbytes: int) -> None:
+        """Give back a reservation whose write failed."""
+        with self._lock:
+            self._reserved -= nbytes
+
+    def commit(self, key: ChunkKey, nbytes: int, parent: bytes | None = None) -> None:
+        """A reserved write of ``key`` landed: the reservation becomes its entry (MRU)."""
+        with self._lock:
+            self._reserved -= nbytes
+            self._insert(key, nbytes, parent)
+
+    def add(self, key: ChunkKey, nbytes: int, parent: bytes | None = None) -> list[ChunkKey]:
+        """A chunk found stored (MRU); returns the keys evicted to stay under the bound."""
+        with self._lock:
+            if key in self._sizes:
+                self._sizes.move_to_end(key)
+                self._learn_parent(key, parent)
+                return []
+            self._insert(key, nbytes, parent)
+            return self._evict_for(0) or []
+
+    def set_parent(self, key: ChunkKey, parent: bytes | None) -> None:
+        """Record the predecessor of indexed ``key``, learnt after it was added (from a read)."""
+        with self._lock:
+            if key in self._sizes:
+                self._learn_parent(key, parent)
+
+    def merge_cold(self, found: Iterable[Found]) -> list[ChunkKey]:
+        """Add chunks found by a listing, given least recently used first, below every known
+        key; keys already indexed keep their place. Returns the keys evicted to stay under the
+        bound, in eviction order (what ``kvtier cache gc`` deletes)."""
+        with self._lock:
+            for key, nbytes, parent in reversed(_prefix_order(list(found))):
+                if key not in self._sizes:
+                    self._insert(key, nbytes, parent)
+                    self._sizes.move_to_end(key, last=False)
+            return self._evict_for(0) or []
+
+    def discard(self, key: ChunkKey) -> bool:
+        """Forget ``key`` (its chunk is gone or bad); ``False`` if it was not indexed."""
+        with self._lock:
+            return self._remove(key)
+
+    # -- internals (lock held) ---------------------------------------------------------------
+    def _insert(self, key: ChunkKey, nbytes: int, parent: bytes | None) -> None:
+        self._indexed += nbytes - self._sizes.pop(key, 0)  # a key written twice is replaced
+        self._sizes[key] = nbytes
+        self._learn_parent(key, parent)
+        if key not in self._lost:
+            self._revive(key)
+
+    def _learn_parent(self, key: ChunkKey, parent: bytes | None) -> None:
+        if parent is None or self._parents.get(key) == parent:
+            return
+        self._unlink(key)
+        self._parents[key] = parent
+        self._children.setdefault(parent, []).append(key)
+        if parent not in self._sizes or parent in self._lost:
+            self._lose(key)
+        elif key in self._lost:
+            del self._lost[key]
+            self._revive(key)
+
+    def _unlink(self, key: bytes) -> None:
+        parent = self._parents.pop(key, None)
+        if parent is None:
+            return
+        siblings = self._children[parent]
+        siblings.remove(key)
+        if not siblings:
+            del self._children[parent]
+
+    def _remove(self, key: bytes) -> bool:
+        nbytes = self._sizes.pop(key, None)
+        if nbytes is None:
+            return False
+        self._indexed -= nbytes
+        self._lost.pop(key, None)
+        self._unlink(key)
+        for child in self._children.get(key, ()):
+            self._lose(child)
+        return True
+
+    def _lose(self, key: bytes) -> None:
+        """``key`` and every indexed descendant become unreachable."""
+        stack = [key]
+        while stack:
+            node = stack.pop()
+            if node in self._sizes and node not in self._lost:
+                self._lost[node] = None
+                stack += self._children.get(node, ())
+
+    def _revive(self, key: bytes) -> None:
+        """``key`` is reachable: so are its unreachable descendants held in the index."""
+        stack = list(self._children.get(key, ()))
+        while stack:
+            node = stack.pop()
+            if node in self._lost:
+                del self._lost[node]
+                stack += self._children.get(node, ())
+
+    def _would_evict(self, nbytes: int) -> list[bytes]:
+        """The victims ``_evict_for(nbytes)`` would pop, without popping them (approximately:
+        chunks that a victim's eviction makes unreachable are not counted in)."""
+        assert self.max_bytes is not None
+        excess = self._indexed + self._reserved + nbytes - self.max_bytes
+        victims: list[bytes] = []
+        reachable = (k for k in self._sizes if k not in self._lost)
+        for key in itertools.chain(self._lost, reachable):
+            if excess <= 0:
+                break
+            excess -= self._sizes[key]
+            victims.append(key)
+        return victims
+
+    def _evict_for(self, nbytes: int) -> list[ChunkKey] | None:
+        """Pop victims until ``nbytes`` more fit; ``None`` (nothing popped) if they cannot."""
+        if self.max_bytes is None:
+            return []
+        excess = self._indexed + self._reserved + nbytes - self.max_bytes
+        if excess > self._indexed:
+            return None
+        victims: list[ChunkKey] = []
+        while excess > 0:
+            key = next(iter(self._lost)) if self._lost else next(iter(self._sizes))
+            excess -= self._sizes[key]
+            self._remove(key)
+            victims.append(key if isinstance(key, ChunkKey) else ChunkKey(key))
+        return victims
+
+
+def _prefix_order(found: list[Found]) -> list[Found]:
+    """``found`` (least recently used first) reordered so that no chunk comes after one of
+    its descendants: each chunk takes the latest use of its subtree, ties put deeper first."""
+    position: dict[bytes, int] = {key: i for i, (key, _, _) in enumerate(found)}
+    latest = list(range(len(found)))
+    height = [0] * len(found)
+    for i in range(len(found) - 1, -1, -1):  # newest first: a parent is later in the loop
+        parent = found[i][2]
+        j = position.get(parent) if parent is not None else None
+        if j is not None and j < i and (latest[i], height[i] + 1) > (latest[j], height[j]):
+            latest[j], height[j] = latest[i], height[i] + 1
+    order = sorted(range(len(found)), key=lambda i: (latest[i], height[i]))
+    return [found[i] for i in order]

@@ -1,0 +1,177 @@
+"""ChunkIndex: unreachable chunks first, a prefix evicted from its tail, the bound kept.
+
+A reference model (plain lists and a recompute of reachability from scratch) is checked
+against the index over random operation sequences.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.errors import CapacityError
+from kvtier.keys import ChunkKey
+from kvtier.tiers.shared.chunk_index import ChunkIndex
+
+
+def k(i: int) -> ChunkKey:
+    return ChunkKey(i.to_bytes(32, "big"))
+
+
+def chain(index: ChunkIndex, ids: list[int], size: int = 10) -> None:
+    """Store chunks ``ids`` as one prefix, head first, as a tier does."""
+    for i, key in enumerate(ids):
+        index.add(k(key), size, k(ids[i - 1]) if i else None)
+    index.touch_many([k(i) for i in ids])
+
+
+def test_a_prefix_is_evicted_from_its_tail_never_its_head() -> None:
+    index = ChunkIndex(max_bytes=50)
+    chain(index, [1, 2, 3, 4, 5])
+    victims = index.add(k(9), 10)  # one more chunk: one must go
+    assert victims == [k(5)]
+    assert index.add(k(10), 10) == [k(4)]
+
+
+def test_touching_a_tail_keeps_its_head_more_recent() -> None:
+    index = ChunkIndex(max_bytes=40)
+    chain(index, [1, 2, 3])
+    index.add(k(7), 10)  # an unrelated chunk, newer than the chain
+    index.touch(k(3))  # a later use of the whole prefix
+    assert index.add(k(8), 10) == [k(7)]
+
+
+def test_a_chunk_whose_predecessor_is_gone_goes_before_older_reachable_ones() -> None:
+    index = ChunkIndex(max_bytes=40)
+    index.add(k(100), 10)  # oldest, reachable
+    chain(index, [1, 2, 3])
+    index.discard(k(1))  # the head is gone: 2 and 3 can never be served
+    assert index.unreachable_count() == 2
+    assert index.add(k(8), 10) == []
+    assert index.add(k(9), 10) + index.add(k(10), 10) == [k(2), k(3)]
+    assert k(100) in index
+
+
+def test_storing_a_lost_head_again_makes_its_tail_reachable() -> None:
+    index = ChunkIndex(max_bytes=None)
+    chain(index, [1, 2, 3])
+    index.discard(k(1))
+    assert index.unreachable_count() == 2
+    index.add(k(1), 10)
+    assert index.unreachable_count() == 0
+
+
+def test_a_chunk_added_after_its_parent_was_lost_is_unreachable_at_once() -> None:
+    index = ChunkIndex(max_bytes=None)
+    index.add(k(2), 10, k(1))
+    assert index.unreachable_count() == 1
+    index.set_parent(k(2), None)  # learnt nothing: stays as it was
+    assert index.unreachable_count() == 1
+
+
+def test_merge_cold_puts_every_head_after_its_tail_whatever_the_listing_order() -> None:
+    index = ChunkIndex(max_bytes=30)
+    # oldest first by mtime: the head was written first, so a plain LRU would drop it first
+    found = [(k(1), 10, None), (k(2), 10, k(1)), (k(3), 10, k(2)), (k(4), 10, None)]
+    assert index.merge_cold(found) == [k(3)]
+
+
+def test_merge_cold_evicts_orphans_first() -> None:
+    index = ChunkIndex(max_bytes=20)
+    found = [(k(5), 10, None), (k(6), 10, None), (k(3), 10, k(2))]  # 3's parent is not there
+    assert index.merge_cold(found) == [k(3)]
+
+
+def test_reservations_count_against_the_bound_on_both_sides_of_it() -> None:
+    index = ChunkIndex(max_bytes=20)
+    assert index.reserve(20) == []
+    with pytest.raises(CapacityError):
+        index.reserve(1)
+    index.commit(k(1), 20)
+    assert index.reserve(20) == [k(1)]
+    index.release(20)
+    assert index.used_bytes == 0
+
+
+# -- reference model ---------------------------------------------------------------------
+class Model:
+    """What the index must say: held chunks, their parents, and recency (list order)."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound, self.order, self.parent, self.lost_order = bound, [], {}, []
+        self.size: dict[int, int] = {}
+
+    def reachable(self, key: int) -> bool:
+        seen = set()
+        while key in self.size and key not in seen:
+            seen.add(key)
+            parent = self.parent.get(key)
+            if parent is None:
+                return True
+            key = parent
+        return False
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "discard", "touch"]), st.integers(0, 11), st.integers(-1, 11)
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_the_index_keeps_the_bound_and_never_evicts_a_reachable_chunk_before_an_orphan(
+    steps: list[tuple[str, int, int]],
+) -> None:
+    index, model = ChunkIndex(max_bytes=50), Model(50)
+    for op, key, parent in steps:
+        if op == "add":
+            p = parent if 0 <= parent < key else None  # a chain of sha256 keys has no cycle
+            victims = index.add(k(key), 10, k(p) if p is not None else None)
+            if key not in model.size:
+                model.size[key] = 10
+                model.parent.pop(key, None)
+            if p is not None:
+                model.parent[key] = p
+            lost = {x for x in model.size if not model.reachable(x)}
+            if victims and lost:  # an orphan goes before any reachable chunk
+                assert int.from_bytes(victims[0], "big") in lost
+            for v in victims:
+                del model.size[int.from_bytes(v, "big")]
+        elif op == "discard":
+            assert index.discard(k(key)) == (key in model.size)
+            model.size.pop(key, None)
+            model.parent.pop(key, None)
+        else:
+            assert index.touch(k(key)) == (key in model.size)
+        assert index.used_bytes == sum(model.size.values()) <= 50
+        lost = {x for x in model.size if not model.reachable(x)}
+        assert index.unreachable_count() == len(lost)
+
+
+def test_a_prefix_longer_than_the_bound_keeps_its_head_and_skips_its_tail() -> None:
+    index = ChunkIndex(max_bytes=30)
+    index.add(k(50), 10)  # an older, unrelated chunk goes first
+    written = []
+    for i in range(1, 6):
+        parent = k(i - 1) if i > 1 else None
+        victims = index.reserve(10, parent)
+        if victims is None:
+            continue
+        assert k(i - 1) not in victims
+        index.commit(k(i), 10, parent)
+        written.append(i)
+    assert written == [1, 2, 3] and k(50) not in index
+    assert index.used_bytes == 30 and index.unreachable_count() == 0
+
+
+def test_reserve_for_a_head_or_without_a_bound_never_refuses() -> None:
+    unbounded = ChunkIndex(max_bytes=None)
+    unbounded.add(k(1), 10)
+    assert unbounded.reserve(10, k(1)) == []
+    bounded = ChunkIndex(max_bytes=10)
+    bounded.add(k(1), 10)
+    assert bounded.reserve(10, None) == [k(1)]
