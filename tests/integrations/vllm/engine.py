@@ -82,10 +82,14 @@ def shm_regions(engine_id: str) -> list[str]:
 
 
 def run_engine(env: VllmEnv, scenario: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """Run one engine through ``scenario``; returns the runner's report (plus ``wall_seconds``)."""
+    """Run one engine through ``scenario``; returns the runner's report (plus ``wall_seconds``).
+
+    The engine loads ``scenario["model"]`` when given (a model directory), else ``env.model``.
+    """
     name = scenario["engine_id"]
     path, output = workdir / f"{name}.json", workdir / f"{name}.out.json"
-    path.write_text(json.dumps({**scenario, "output": str(output), "model": str(env.model)}))
+    model = str(scenario.get("model") or env.model)
+    path.write_text(json.dumps({**scenario, "output": str(output), "model": model}))
     log = workdir / f"{name}.log"
     start = time.perf_counter()
     with open(log, "w") as log_file:
