@@ -55,7 +55,7 @@ def test_one_model_under_two_paths_has_one_identity(model, tmp_path):
     assert digest_of(model) == digest_of(copy)
     first, second = identity_of(model), identity_of(copy)
     assert (first.model, second.model) == ("smol", "renamed")  # displayed, not hashed
-    assert first.digest == second.digest
+    assert first.digest == second.digest and first == second
 
 
 def test_a_config_written_differently_is_the_same_config(model):

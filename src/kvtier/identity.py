@@ -66,5 +66,11 @@ class CacheIdentity:
     def hexdigest(self) -> str:
         return self.digest.hex()
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when the digests are: two display names of one fingerprint are one identity."""
+        if not isinstance(other, CacheIdentity):
+            return NotImplemented
+        return self.digest == other.digest
+
     def __hash__(self) -> int:
         return hash(self.digest)
