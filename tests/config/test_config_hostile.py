@@ -49,6 +49,7 @@ FLOAT_KEYS = [
     ("secondary_tiers[0].timeout_s", TIER % (OBJ % '"timeout_s": %s')),
     ("secondary_tiers[0].reconnect_min_s", TIER % (OBJ % '"reconnect_min_s": %s')),
     ("secondary_tiers[0].reconnect_max_s", TIER % (OBJ % '"reconnect_max_s": %s')),
+    ("secondary_tiers[0].max_age_s", TIER % (OBJ % '"max_age_s": %s')),
     ("secondary_tiers[0].delay_s", TIER % '{"type": "fault", "inner": {"type": "memory"}, "delay_s": %s}'),
 ]  # fmt: skip
 INT_KEYS = [
@@ -67,6 +68,7 @@ INT_KEYS = [
     ("secondary_tiers[0].min_free_bytes", TIER % (FS % '"min_free_bytes": %s')),
     ("secondary_tiers[0].io_threads", TIER % (OBJ % '"io_threads": %s')),
     ("secondary_tiers[0].circuit_failures", TIER % (OBJ % '"circuit_failures": %s')),
+    ("secondary_tiers[0].max_bytes", TIER % (OBJ % '"max_bytes": %s')),
 ]  # fmt: skip
 PORT_KEYS = [case for case in INT_KEYS if case[0].endswith("port")]
 HOST_KEYS = [

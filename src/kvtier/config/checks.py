@@ -201,6 +201,10 @@ Timeout = Annotated[
     float,
     Bounds(0, DAY_S, "a positive number of seconds (at most 86400)", integer=False, open_low=True),
 ]
+#: An age after which something unused goes (``max_age_s``): from 1 second to 100 years.
+Age = Annotated[
+    float, Bounds(1, 36_500 * DAY_S, "a number of seconds from 1 to 3153600000", integer=False)
+]
 DirMode = Annotated[str, OctalMode()]
 HostName = Annotated[str, Host()]
 BindHost = Annotated[str, Host(any=True)]

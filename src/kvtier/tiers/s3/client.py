@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +29,9 @@ from obstore.store import S3Store
 from kvtier.config.checks import redact_url, redact_urls
 from kvtier.errors import ConfigError, IntegrityError, TierError, TierUnavailable
 from kvtier.tiers.s3.config import ObjTierConfig
+
+#: One object of a listing: its name, size in bytes, and last modified time (Unix seconds).
+Listed = tuple[str, int, float]
 
 _STATUS = re.compile(r"status code: (\d{3})")
 _S3_CODE = re.compile(r"<Code>(\w+)</Code>")
@@ -81,7 +84,29 @@ class ObjectClient:
         return size
 
     def exists(self, name: str) -> bool:
-        return self._call(obstore.head, self._store, name) is not None
+        return self.size_of(name) is not None
+
+    def size_of(self, name: str) -> int | None:
+        """The size of object ``name`` (one HEAD request); ``None`` when there is none."""
+        meta = self._call(obstore.head, self._store, name)
+        return None if meta is None else int(meta["size"])
+
+    def delete(self, name: str) -> None:
+        """Delete object ``name``; one that is not there is no error (S3 answers 204)."""
+        self._call(obstore.delete, self._store, name)
+
+    def list_pages(self, prefix: str, after: str | None, page_size: int) -> Iterator[list[Listed]]:
+        """Objects under ``prefix/`` whose names sort after ``after``, in name order, as pages
+        of at most ``page_size`` (name, size, last modified as a Unix time).
+
+        Lazy: each page is fetched when asked for (S3 returns up to 1,000 names a request; the
+        client hands them out ``page_size`` at a time), so a listing of any size holds one
+        request's worth in memory. Every page can raise as a request does.
+        """
+        stream = self._call(obstore.list, self._store, prefix, offset=after, chunk_size=page_size)
+        pages = iter(stream)
+        while (page := self._call(next, pages, None)) is not None:
+            yield [(m["path"], int(m["size"]), m["last_modified"].timestamp()) for m in page]
 
     def check_bucket(self, probe_name: str) -> None:
         """List at most one object: proves the endpoint, the bucket and the credentials."""

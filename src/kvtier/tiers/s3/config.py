@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
 from kvtier.config.checks import (
+    Age,
     Count,
     FilePath,
     HttpUrl,
+    PositiveBytes,
     Seconds,
     Threads,
     Timeout,
@@ -21,8 +23,11 @@ from kvtier.errors import ConfigError
 class ObjTierConfig:
     """``type: "obj"``: objects in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW).
 
-    ``integrity_key_file`` seals every chunk with a keyed tag, ``encrypt`` also encrypts it
-    (``kvtier.tiers.shared.sealing``); ``None`` takes the configuration's top-level key.
+    ``max_bytes`` bounds the objects this tier indexes under its namespace (at least one object:
+    the tier checks that at start, when the chunk size is known); ``max_age_s`` deletes objects
+    unused for longer (``kvtier.tiers.s3.bound``). ``integrity_key_file`` seals every chunk
+    with a keyed tag, ``encrypt`` also encrypts it (``kvtier.tiers.shared.sealing``); ``None``
+    takes the configuration's top-level key.
     """
 
     type_name: ClassVar[str] = "obj"
@@ -38,6 +43,8 @@ class ObjTierConfig:
     circuit_failures: Count = 3
     reconnect_min_s: Timeout = 0.5
     reconnect_max_s: Timeout = 30.0
+    max_bytes: PositiveBytes | None = None
+    max_age_s: Age | None = None
     integrity_key_file: FilePath | None = None
     encrypt: bool = False
     name: str | None = None

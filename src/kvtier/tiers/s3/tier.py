@@ -16,19 +16,26 @@ Lookups never block: an unknown key answers ``RETRY`` and is probed (HEAD) on a 
 all keys of one manager lookup go out together. Hits are remembered (bounded, most recent kept);
 misses expire after ``negative_ttl_s`` so chunks stored by other instances become visible.
 
+Bounded (``max_bytes``, ``max_age_s``): an ``ObjectBound`` (``bound.py``) indexes what this tier
+stores, loads and finds, in the prefix-aware LRU order of ``tiers.shared.chunk_index``, and
+deletes objects on the I/O pool to stay within the bound; deleted keys go to ``take_removed``.
+The ``Upkeep`` thread (``upkeep.py``) rebuilds the index at start from a paged listing of the
+namespace (``listing.py``; foreign names are ignored, never deleted), then expires objects
+unused for ``max_age_s`` and retries failed deletes. Unbounded, the tier deletes nothing.
+
 Outages: each request is bounded by ``timeout_s``. ``circuit_failures`` consecutive request
 failures open a ``CircuitBreaker``: lookups answer ``MISS`` at once, stores are dropped and
 counted, queued loads fail fast. Probes with backoff (``reconnect_min_s`` .. ``reconnect_max_s``)
 close it when the store answers again; an endpoint that is down at start is the same, from the
 start. Wrong credentials or a missing bucket at start raise ``TierError`` naming the problem.
 
-Thread safety: ``lookup`` and ``submit_*`` are called from the manager's thread; requests run on
-the tier's pools; ``_known`` and ``_counters`` have their own locks.
+Thread safety: ``lookup``, ``submit_*`` and ``take_removed`` are called from the manager's thread;
+requests and deletes run on the tier's pools, the listing and sweeps on the upkeep thread;
+``_known``, ``_bound`` and ``_counters`` have their own locks.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import queue
@@ -37,7 +44,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from kvtier.errors import IntegrityError, TierError, TierUnavailable
+from kvtier.errors import CapacityError, ConfigError, IntegrityError, TierError, TierUnavailable
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
@@ -51,12 +58,18 @@ from kvtier.tiers.base import (
     TransferJob,
     job_result,
 )
+from kvtier.tiers.s3.bodies import ObjectBodies
+from kvtier.tiers.s3.bound import ObjectBound
 from kvtier.tiers.s3.client import ObjectClient, ObjectRefused
 from kvtier.tiers.s3.config import ObjTierConfig
+from kvtier.tiers.s3.listing import NamespaceListing
+from kvtier.tiers.s3.tracker import JobTracker, Outcome
+from kvtier.tiers.s3.upkeep import Upkeep
 from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.answers import Answers
 from kvtier.tiers.shared.circuit import CircuitBreaker
 from kvtier.tiers.shared.jobs import drain
+from kvtier.tiers.shared.lineage import read_link
 from kvtier.tiers.shared.sealing import make_sealer
 
 log = logging.getLogger(__name__)
@@ -64,24 +77,21 @@ log = logging.getLogger(__name__)
 MAX_PROBE_THREADS = 8
 
 
-class _Outcome(enum.Enum):
-    """How one key of a job ended."""
-
-    OK = "ok"
-    FAILED = "failed"
-    CORRUPT = "corrupt"  # found, but failed verification
-
-
-_KeyFn = Callable[[ChunkKey, int], _Outcome]
+_KeyFn = Callable[[JobTracker, int], Outcome]
+#: ``fault_hook(op, key)`` runs before each delete ("delete"); it may raise ``TierError`` to
+#: inject faults in tests and drills.
+FaultHook = Callable[[str, ChunkKey], None]
 
 
 class ObjectStoreTier(SecondaryTier):
     """Chunks in ``config.bucket``; see the module docstring for naming, lookups and outages."""
 
     def __init__(self, config: ObjTierConfig, region: HostRegion, identity: CacheIdentity) -> None:
+        _check_room(config.max_bytes, codec.HEADER_BYTES + region.slot_bytes)
         self.name = config.name or "obj"
-        self._region, self._digest = region, identity.digest
-        self._sealer = make_sealer(config.integrity_key_file, config.encrypt)
+        self._region = region
+        sealer = make_sealer(config.integrity_key_file, config.encrypt)
+        self._bodies = ObjectBodies(sealer, identity.digest)
         prefix = "/".join(p for p in (config.prefix.strip("/"), identity.hexdigest) if p)
         self._prefix = prefix
         self._identity_doc = json.dumps(identity.describe(), indent=1, sort_keys=True).encode()
@@ -89,13 +99,13 @@ class ObjectStoreTier(SecondaryTier):
         self._known = Answers(config.negative_ttl_s)
         self._counters: Counter[str] = Counter()
         self._counters_lock = threading.Lock()
-        self._staging = threading.local()
         self._results: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
         self._closed = False
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"{self.name}-io")
         self._probes = ThreadPoolExecutor(
             min(MAX_PROBE_THREADS, config.io_threads), thread_name_prefix=f"{self.name}-probe"
         )
+        self.fault_hook: FaultHook | None = None
         self._breaker = CircuitBreaker(
             f"obj tier (bucket {config.bucket!r} at {self._client.endpoint})",
             self._reconnect,
@@ -104,7 +114,22 @@ class ObjectStoreTier(SecondaryTier):
             backoff_max_s=config.reconnect_max_s,
             on_close=self._known.clear,
         )
+        self._bound, self._upkeep = self._make_bound(config, region)
         self._start()
+        if self._upkeep is not None:
+            self._upkeep.start()
+
+    def _make_bound(
+        self, config: ObjTierConfig, region: HostRegion
+    ) -> tuple[ObjectBound | None, Upkeep | None]:
+        """The index and upkeep thread of ``max_bytes``/``max_age_s`` (none without either)."""
+        if config.max_bytes is None and config.max_age_s is None:
+            return None, None
+        bound = ObjectBound(
+            config.max_bytes, config.max_age_s, self._delete, self._submit, self._known.missing
+        )
+        listing = NamespaceListing(self._client, self._prefix)
+        return bound, Upkeep(self.name, bound, listing, self._breaker.allow, self._count)
 
     def _start(self) -> None:
         try:
@@ -155,15 +180,17 @@ class ObjectStoreTier(SecondaryTier):
             self._known.missing(key)
             return
         try:
-            found = self._client.exists(self._object_name(key))
+            size = self._client.size_of(self._object_name(key))
         except TierError as exc:
             self._request_failed(exc)
             self._known.missing(key)
             self._count("probe_error")
             return
         self._breaker.record_success()
-        (self._known.found if found else self._known.missing)(key)
-        self._count("probe_hit" if found else "probe_miss")
+        if size is not None and self._bound is not None:
+            self._bound.found(key, size)
+        (self._known.missing if size is None else self._known.found)(key)
+        self._count("probe_miss" if size is None else "probe_hit")
 
     # -- jobs --------------------------------------------------------------------------------
     def submit_store(self, job: TransferJob) -> None:
@@ -184,71 +211,104 @@ class ObjectStoreTier(SecondaryTier):
         if self._closed or not job.keys:
             self._results.put(job_result(job, op, (), "tier is closed" if self._closed else None))
             return
-        tracker = _JobTracker(job, op)
+        tracker = JobTracker(job, op)
         one = self._put_one if op == "store" else self._get_one
-        for key, slot in zip(job.keys, job.slots, strict=True):
-            self._io.submit(self._run_one, tracker, one, key, slot)
+        for i in range(len(job.keys)):
+            self._io.submit(self._run_one, tracker, one, i)
 
-    def _run_one(self, tracker: _JobTracker, one: _KeyFn, key: ChunkKey, slot: int) -> None:
+    def _run_one(self, tracker: JobTracker, one: _KeyFn, i: int) -> None:
         try:
-            outcome = one(key, slot)
+            outcome = one(tracker, i)
         except Exception as exc:  # a worker must report, never die silently
             log.warning("obj tier %s of one chunk failed unexpectedly: %r", tracker.op, exc)
-            outcome = _Outcome.FAILED
-        result = tracker.record(key, outcome)
-        if result is not None:
-            self._results.put(result)
+            outcome = Outcome.FAILED
+        result = tracker.record(tracker.job.keys[i], outcome)
+        if result is None:
+            return
+        if self._bound is not None:  # puts indexed in chain order, the head most recent
+            self._bound.job_done(tracker.job, tracker.written, result.succeeded)
+        self._results.put(result)
 
-    def _put_one(self, key: ChunkKey, slot: int) -> _Outcome:
+    def _put_one(self, tracker: JobTracker, i: int) -> Outcome:
+        job = tracker.job
+        key, link = job.keys[i], job.link_of(i)
         if not self._breaker.allow():
             self._count("store_dropped")
-            return _Outcome.FAILED
+            return Outcome.FAILED
         if self._known.is_hit(key):
             self._count("store_already_present")
-            return _Outcome.OK
-        body = self._encode(key, self._region.view(slot))
+            return Outcome.OK
+        body = self._bodies.encode(key, self._region.view(job.slots[i]), link)
+        skipped = self._make_room(len(body), _outside_parent(job, i))
+        if skipped is not None:
+            return skipped
         try:
             self._client.put(self._object_name(key), body)
         except TierError as exc:
             self._request_failed(exc)
             self._count("store_failed")
-            return _Outcome.FAILED
+            if self._bound is not None:
+                self._bound.store_failed(len(body))
+            return Outcome.FAILED
         self._breaker.record_success()
         self._known.found(key)
+        tracker.wrote(key, len(body))
         self._count("store_ok")
         self._count("bytes_written", len(body))
-        return _Outcome.OK
+        return Outcome.OK
 
-    def _get_one(self, key: ChunkKey, slot: int) -> _Outcome:
+    def _make_room(self, nbytes: int, parent: bytes | None) -> Outcome | None:
+        """Reserve ``nbytes`` under ``max_bytes`` (evicting): ``None`` when reserved, else how
+        the put ends without being sent: ``OK`` when room would take the chunk's own prefix
+        (``store_skipped_bound``), ``FAILED`` when puts in flight alone fill the bound
+        (``store_no_room``)."""
+        if self._bound is None:
+            return None
+        try:
+            if self._bound.before_store(nbytes, parent):
+                return None
+        except CapacityError:
+            self._count("store_no_room")
+            return Outcome.FAILED
+        self._count("store_skipped_bound")
+        return Outcome.OK
+
+    def _get_one(self, tracker: JobTracker, i: int) -> Outcome:
+        key, slot = tracker.job.keys[i], tracker.job.slots[i]
         if not self._breaker.allow():
             self._count("load_skipped_unavailable")
-            return _Outcome.FAILED
-        header, payload = self._header_buffer(), self._region.view(slot)
+            return Outcome.FAILED
+        header, payload = self._bodies.header_buffer(), self._region.view(slot)
         try:
             size = self._client.get_into(self._object_name(key), (header, payload))
             self._breaker.record_success()
             if size is None:
                 self._known.missing(key)
                 self._count("load_not_found")
-                return _Outcome.FAILED
+                if self._bound is not None:
+                    self._bound.gone(key)
+                return Outcome.FAILED
             _check_length(size, len(payload))
-            self._sealer.open(header, payload, self._digest, key)
+            self._bodies.open(header, payload, key)
         except IntegrityError as exc:
             return self._reject(key, exc)
         except TierError as exc:
             self._request_failed(exc)
             self._count("load_failed")
-            return _Outcome.FAILED
+            return Outcome.FAILED
         self._known.found(key)
+        if self._bound is not None:
+            found = read_link(header)
+            self._bound.used(key, found.parent if found else None)
         self._count("load_ok")
         self._count("bytes_read", size)
-        return _Outcome.OK
+        return Outcome.OK
 
-    def _reject(self, key: ChunkKey, exc: IntegrityError) -> _Outcome:
+    def _reject(self, key: ChunkKey, exc: IntegrityError) -> Outcome:
         log.warning("obj tier: %s failed verification (%s); a miss", self._object_name(key), exc)
         self._known.missing(key)
         self._count(f"integrity.{exc.reason}")
-        return _Outcome.CORRUPT
+        return Outcome.CORRUPT
 
     def _request_failed(self, exc: TierError) -> None:
         kind = "refused" if isinstance(exc, ObjectRefused) else "unavailable"
@@ -256,38 +316,43 @@ class ObjectStoreTier(SecondaryTier):
         log.debug("obj tier request failed: %s", exc)
         self._breaker.record_failure(str(exc))
 
-    # -- buffers and names -------------------------------------------------------------------
+    # -- names -------------------------------------------------------------------------------
     def _object_name(self, key: ChunkKey) -> str:
         return f"{self._prefix}/{key.hex()}"
 
-    def _encode(self, key: ChunkKey, payload: memoryview) -> memoryview:
-        """Header + payload (or its ciphertext) in this thread's staging buffer (reused: no
-        allocation per put). What is sent is what is sealed: the copy, not the slot."""
-        staging = getattr(self._staging, "body", None)
-        if staging is None or len(staging) != codec.HEADER_BYTES + len(payload):
-            staging = self._staging.body = memoryview(bytearray(codec.HEADER_BYTES + len(payload)))
-        body = staging[codec.HEADER_BYTES :]
-        if self._sealer.encrypts:  # the ciphertext lands in the staging buffer: no copy first
-            header = self._sealer.seal(self._digest, key, payload, body)
-        else:
-            body[:] = payload
-            header = self._sealer.seal(self._digest, key, body)
-        staging[: codec.HEADER_BYTES] = header
-        return staging
-
-    def _header_buffer(self) -> memoryview:
-        header = getattr(self._staging, "header", None)
-        if header is None:
-            header = self._staging.header = memoryview(bytearray(codec.HEADER_BYTES))
-        return header
-
     # -- lifecycle and stats -----------------------------------------------------------------
     def close(self) -> None:
-        """Stop the probes; finish queued requests (each bounded by ``timeout_s``); join all."""
+        """Stop the probes and the upkeep; finish queued requests and deletes (each bounded by
+        ``timeout_s``); join all."""
         self._closed = True
+        if self._upkeep is not None:
+            self._upkeep.stop()
         self._breaker.close()
         self._probes.shutdown(wait=True, cancel_futures=True)
         self._io.shutdown(wait=True)
+
+    def wait_rebuilt(self, timeout: float | None = None) -> bool:
+        """Wait for the start-up listing to be indexed (``True`` at once without a bound)."""
+        return self._upkeep is None or self._upkeep.rebuilt.wait(timeout)
+
+    def take_removed(self) -> list[ChunkKey]:
+        return [] if self._bound is None else self._bound.take_removed()
+
+    # -- deletes (ObjectBound's) -------------------------------------------------------------
+    def _submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (a delete) on the I/O pool; dropped once the tier is closing."""
+        try:
+            self._io.submit(fn)
+        except RuntimeError:  # shut down: the object stays, as after a failed delete
+            self._count("delete_skipped_closed")
+
+    def _delete(self, key: ChunkKey) -> None:
+        """Delete chunk ``key``'s object; ``TierUnavailable`` at once while the circuit is open."""
+        if not self._breaker.allow():
+            raise TierUnavailable("circuit open")
+        if self.fault_hook is not None:
+            self.fault_hook("delete", key)
+        self._client.delete(self._object_name(key))
 
     def stats(self) -> dict[str, int]:
         with self._counters_lock:
@@ -298,6 +363,8 @@ class ObjectStoreTier(SecondaryTier):
             "circuit_opened": self._breaker.num_opened,
             "circuit_probes": self._breaker.num_probes,
             **self._known.sizes(),
+            **(self._bound.stats() if self._bound is not None else {}),
+            "rebuild_done": int(self._upkeep is not None and self._upkeep.rebuilt.is_set()),
         }
 
     def _count(self, name: str, n: int = 1) -> None:
@@ -308,24 +375,17 @@ class ObjectStoreTier(SecondaryTier):
         return f"ObjectStoreTier(name={self.name!r}, bucket={self._client.bucket!r})"
 
 
-class _JobTracker:
-    """Counts down the keys of one job; the last ``record`` returns the job's result."""
+def _outside_parent(job: TransferJob, i: int) -> bytes | None:
+    """The parent of ``job.keys[i]`` when it is not the key before it in the job: the puts of a
+    job run concurrently, so a parent in the job is not indexed yet when its child reserves."""
+    link = job.link_of(i)
+    parent = link.parent if link is not None else None
+    return None if i and parent == job.keys[i - 1] else parent
 
-    def __init__(self, job: TransferJob, op: Op) -> None:
-        self.job, self.op = job, op
-        self._remaining = len(job.keys)
-        self._ended: dict[_Outcome, list[ChunkKey]] = {outcome: [] for outcome in _Outcome}
-        self._lock = threading.Lock()
 
-    def record(self, key: ChunkKey, outcome: _Outcome) -> JobResult | None:
-        with self._lock:
-            self._ended[outcome].append(key)
-            self._remaining -= 1
-            if self._remaining:
-                return None
-        corrupt = self._ended[_Outcome.CORRUPT]
-        ok = set(self._ended[_Outcome.OK]).difference(self._ended[_Outcome.FAILED], corrupt)
-        return job_result(self.job, self.op, ok, None, corrupt)
+def _check_room(max_bytes: int | None, object_bytes: int) -> None:
+    if max_bytes is not None and max_bytes < object_bytes:
+        raise ConfigError(f"max_bytes: {max_bytes} cannot hold one object of {object_bytes} bytes")
 
 
 def _check_length(size: int, payload_len: int) -> None:
