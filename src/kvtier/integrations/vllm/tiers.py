@@ -74,6 +74,7 @@ from kvtier.tiers import base as kv
 from kvtier.tiers.base import TierConfig
 from kvtier.tiers.catalog import TIER_TYPES, TierType
 from kvtier.tiers.registry import build_tier
+from kvtier.tiers.shared.lineage import Link
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
@@ -198,9 +199,24 @@ class KvtierSecondaryTier(SecondaryTierManager):
             job = _Job(job.job_id, tuple(row[0] for row in rows), job.submit_time)
             op: kv.Op = "load" if promotion else "store"
             chunks, slots = [row[1] for row in rows], [row[2] for row in rows]
-            refused = self._runtime.tiers.submit(self._index, op, chunks, slots, job)
+            links = () if promotion else self._links(rows, job_metadata.req_context)
+            refused = self._runtime.tiers.submit(self._index, op, chunks, slots, job, links)
         if refused is not None:
             self._ready.append(self._result(refused))
+
+    def _links(self, rows: list[_Row], req_context: Any) -> tuple[Link, ...]:
+        """Each stored chunk's predecessor (``lineage``): the row before it when that one ends
+        a chunk earlier in the request; the first chunk of a request starts its chain."""
+        position = getattr(req_context, "get_offload_key_position", None)
+        if position is None:
+            return ()
+        ends = [int(position(row[0]) or 0) for row in rows]
+        links = []
+        for i, row_end in enumerate(ends):
+            index = row_end // self._chunk_tokens - 1 if row_end > 0 else -1
+            follows = i > 0 and ends[i - 1] == row_end - self._chunk_tokens > 0
+            links.append(Link(rows[i - 1][1] if follows else None, index))
+        return tuple(links)
 
     def _admitted(self, rows: list[_Row], keys: Any, req_context: Any) -> list[_Row]:
         """The rows the runtime's admission keeps for this tier (the others counted)."""

@@ -16,6 +16,10 @@ class FsTierConfig:
     too, where missing); its files get the same bits without execute (``kvtier.config.file_modes``).
     ``integrity_key_file`` seals every chunk with a keyed tag, ``encrypt`` also encrypts it
     (``kvtier.tiers.shared.sealing``); ``None`` takes the configuration's top-level key.
+
+    ``max_bytes`` bounds what this instance keeps of its own identity's folder;
+    ``root_dir_max_bytes`` bounds everything under ``root_dir``, every identity and every
+    instance that sets it (``kvtier.tiers.fs.shared_bound``).
     """
 
     type_name: ClassVar[str] = "fs"
@@ -23,6 +27,7 @@ class FsTierConfig:
     n_read_threads: Threads = 16
     n_write_threads: Threads = 16
     max_bytes: Bytes | None = None
+    root_dir_max_bytes: Bytes | None = None
     min_free_bytes: Bytes = 256 << 20
     o_direct: Literal["auto", "on", "off"] = "auto"
     fsync: bool = False

@@ -318,12 +318,17 @@ class ChunkFiles:
         except FileNotFoundError:
             return None
 
-    def remove(self, key: ChunkKey) -> None:
-        """Delete chunk ``key``'s entry (whatever it is, unless a directory); never via a link."""
+    def remove(self, key: ChunkKey) -> bool:
+        """Delete chunk ``key``'s entry (whatever it is, unless a directory); never via a link.
+        ``False`` when there was none (another instance deleted it first)."""
         name, pin = key.hex(), self._pin()
         pin.check()
-        with suppress(FileNotFoundError), chunk_dir(pin.fd, name) as directory:
-            os.unlink(name, dir_fd=directory)
+        try:
+            with chunk_dir(pin.fd, name) as directory:
+                os.unlink(name, dir_fd=directory)
+        except FileNotFoundError:
+            return False
+        return True
 
     def _pin(self) -> NamespacePin:
         """The pinned namespace; ``FileNotFoundError`` while there is none (not made yet)."""

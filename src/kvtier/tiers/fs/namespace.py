@@ -27,7 +27,7 @@ import threading
 import time
 from contextlib import suppress
 
-from kvtier.config.file_modes import DEFAULT_DIR_MODE, file_mode, make_dirs
+from kvtier.config.file_modes import DEFAULT_DIR_MODE, file_mode, make_dirs, open_to_others
 from kvtier.errors import TierError
 from kvtier.identity import CacheIdentity
 from kvtier.tiers.fs.pin import NamespacePin, NamespaceSwappedError
@@ -192,3 +192,17 @@ class SpaceGuard:
     def wrote(self, nbytes: int) -> None:
         with self._lock:
             self._free -= nbytes
+
+
+def warn_if_open(root_dir: str, namespace: str, dir_mode: int) -> None:
+    """One warning per directory of the cache more open than ``dir_mode`` (chunks hold prompt
+    content); kvtier leaves the mode of directories it did not create alone."""
+    for path in (root_dir, namespace):
+        problem = open_to_others(path, dir_mode)
+        if problem:
+            log.warning(
+                "fs tier: %s: %s; chunks hold prompt content: chmod %o it, or set dir_mode",
+                path,
+                problem,
+                dir_mode,
+            )

@@ -43,13 +43,13 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from typing import Literal
 
-from kvtier.config.file_modes import DEFAULT_DIR_MODE, open_to_others, parse_mode
+from kvtier.config.file_modes import DEFAULT_DIR_MODE, file_mode, parse_mode
 from kvtier.errors import CapacityError, ConfigError, IntegrityError, TierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
@@ -59,11 +59,13 @@ from kvtier.tiers.fs import native
 from kvtier.tiers.fs.config import FsTierConfig
 from kvtier.tiers.fs.files import ChunkFiles
 from kvtier.tiers.fs.index import RecentMisses, UseStamps
-from kvtier.tiers.fs.namespace import SpaceGuard
+from kvtier.tiers.fs.namespace import SpaceGuard, warn_if_open
 from kvtier.tiers.fs.paths import NotRegularError, failure_reason
 from kvtier.tiers.fs.rows import o_direct_for
+from kvtier.tiers.fs.shared_bound import SharedBound
 from kvtier.tiers.shared.chunk_index import ChunkIndex
 from kvtier.tiers.shared.codec import HEADER_BYTES
+from kvtier.tiers.shared.counters import Counters
 from kvtier.tiers.shared.jobs import JobRunner, PooledTier
 from kvtier.tiers.shared.lineage import Link
 from kvtier.tiers.shared.sealing import make_sealer
@@ -84,40 +86,19 @@ FaultHook = Callable[[str, ChunkKey], None]
 _LoadOutcome = Literal["loaded", "absent", "corrupt", "unreadable"]
 
 
-class _Counters:
-    """Thread-safe named counters."""
-
-    def __init__(self) -> None:
-        self._counts: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def add(self, name: str, n: int = 1) -> None:
-        with self._lock:
-            self._counts[name] += n
-
-    def add_pair(self, first: str, second: str, n: int) -> None:
-        """``first`` += 1 and ``second`` += ``n`` under one lock (a chunk and its bytes)."""
-        with self._lock:
-            self._counts[first] += 1
-            self._counts[second] += n
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-
-def _warn_if_open(root_dir: str, namespace: str, dir_mode: int) -> None:
-    """One warning per directory of the cache more open than ``dir_mode`` (chunks hold prompt
-    content); kvtier leaves the mode of directories it did not create alone."""
-    for path in (root_dir, namespace):
-        problem = open_to_others(path, dir_mode)
-        if problem:
-            log.warning(
-                "fs tier: %s: %s; chunks hold prompt content: chmod %o it, or set dir_mode",
-                path,
-                problem,
-                dir_mode,
-            )
+def _shared_bound(
+    config: FsTierConfig, identity: CacheIdentity, dir_mode: int
+) -> SharedBound | None:
+    """The ``root_dir_max_bytes`` bound, or ``None``; ``TierError`` when its ledger cannot be
+    opened (the bound would not hold)."""
+    if config.root_dir_max_bytes is None:
+        return None
+    try:
+        return SharedBound(
+            config.root_dir, config.root_dir_max_bytes, identity.hexdigest, file_mode(dir_mode)
+        )
+    except OSError as exc:
+        raise TierError(f"root_dir_max_bytes: cannot open the usage ledger: {exc}") from exc
 
 
 class FilesystemTier(PooledTier):
@@ -133,10 +114,12 @@ class FilesystemTier(PooledTier):
         self.name = config.name or "fs"
         self._region = region
         self._file_bytes = HEADER_BYTES + region.slot_bytes
-        if config.max_bytes is not None and config.max_bytes < self._file_bytes:
-            raise ConfigError(
-                f"max_bytes: {config.max_bytes} cannot hold one chunk file of {self._file_bytes}"
-            )
+        for option in ("max_bytes", "root_dir_max_bytes"):
+            bound = getattr(config, option)
+            if bound is not None and bound < self._file_bytes:
+                raise ConfigError(
+                    f"{option}: {bound} cannot hold one chunk file of {self._file_bytes}"
+                )
         dir_mode = parse_mode(config.dir_mode) or DEFAULT_DIR_MODE  # checked by the config
         self._files = ChunkFiles(
             config.root_dir,
@@ -146,12 +129,13 @@ class FilesystemTier(PooledTier):
             dir_mode=dir_mode,
             sealer=make_sealer(config.integrity_key_file, config.encrypt),
         )
-        _warn_if_open(config.root_dir, self._files.namespace, dir_mode)
+        warn_if_open(config.root_dir, self._files.namespace, dir_mode)
         self._space = SpaceGuard(self._files.directory, config.min_free_bytes)
+        self._shared = _shared_bound(config, identity, dir_mode)
         self._index = ChunkIndex(config.max_bytes)
         self._misses = RecentMisses(config.negative_ttl_s)
         self._stamps = UseStamps(USE_STAMP_S)
-        self._counters = _Counters()
+        self._counters = Counters()
         self._probing: set[ChunkKey] = set()
         self._probing_lock = threading.Lock()
         self._removed: deque[ChunkKey] = deque(maxlen=MAX_REMOVED)
@@ -205,6 +189,8 @@ class FilesystemTier(PooledTier):
         self._probes.shutdown(wait=True, cancel_futures=True)
         self._scanner.join()
         self._files.close()
+        if self._shared is not None:
+            self._shared.close()
 
     def stats(self) -> dict[str, int]:
         """Counters (see the module docstring) plus ``index_chunks``, ``index_bytes``, ..."""
@@ -278,14 +264,21 @@ class FilesystemTier(PooledTier):
         if victims is None:
             return False
         self._delete(victims, "evicted")
+        if not self._reserve_shared(nbytes):
+            self._index.release(nbytes)
+            return False
         try:
             self._hook("store", key)
             self._files.write(key, self._region, slot, link)
         except BaseException:
             self._index.release(nbytes)
+            if self._shared is not None:
+                self._shared.release(nbytes, reserved=True)
             raise
         self._index.commit(key, nbytes, link.parent if link is not None else None)
         self._space.wrote(nbytes)
+        if self._shared is not None:
+            self._shared.wrote(nbytes)
         return True
 
     # -- loads ------------------------------------------------------------------------------
@@ -371,10 +364,24 @@ class FilesystemTier(PooledTier):
         finally:
             self._scanned.set()
 
+    def _reserve_shared(self, nbytes: int) -> bool:
+        """Room under ``root_dir_max_bytes`` (when set); own chunks it deleted are forgotten."""
+        if self._shared is None:
+            return True
+        own = self._shared.reserve(nbytes)
+        if own is None:
+            return False
+        for key in own:
+            self._index.discard(key)
+            self._removed.append(key)
+            self._counters.add("evicted_shared")
+        return True
+
     def _delete(self, keys: Iterable[ChunkKey], reason: str) -> None:
         for key in keys:
             try:
-                self._files.remove(key)
+                if self._files.remove(key) and self._shared is not None:
+                    self._shared.release(self._file_bytes)
             except OSError as exc:
                 self._counters.add(f"remove_failed.{failure_reason(exc)}")
             self._removed.append(key)

@@ -1,0 +1,118 @@
+"""``root_dir_max_bytes``: servers of different models sharing one directory hold at most the
+bound together; nothing but chunk files is deleted; both sides of the number."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvtier import CacheIdentity, TieringManager
+from kvtier.errors import ConfigError
+from kvtier.tiers.shared.codec import HEADER_BYTES
+from tests.conftest import SMALL_LAYOUT, config, make_keys, settle, store
+
+FILE = HEADER_BYTES + SMALL_LAYOUT.chunk_bytes
+WRITER = Path(__file__).with_name("shared_bound_writer.py")
+ROOT_OF_REPO = Path(__file__).parents[3]
+
+
+def chunk_bytes_under(root: Path) -> int:
+    """Bytes of chunk files (64-hex names) under ``root``, every identity."""
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            if len(name) == 64:
+                try:
+                    total += (Path(directory) / name).stat().st_size
+                except FileNotFoundError:
+                    pass  # deleted while walking
+    return total
+
+
+def fs_tier(root: Path, **options: object) -> list[dict[str, object]]:
+    return [{"type": "fs", "root_dir": str(root), "name": "disk", "min_free_bytes": 0, **options}]
+
+
+def test_three_servers_of_different_models_hold_at_most_the_bound_together(tmp_path: Path) -> None:
+    root, bound = tmp_path / "shared", 24 * FILE
+    root.mkdir()
+    foreign = [root / "notes.txt", root / ("ab" * 32)]
+    foreign[0].write_text("an operator's file")
+    foreign[1].mkdir()
+    (foreign[1] / "README").write_text("not a namespace of kvtier's layout")
+    env = {**os.environ, "PYTHONPATH": str(ROOT_OF_REPO)}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, str(WRITER), str(root), f"model-{i}", str(bound), "6", "8"],
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=ROOT_OF_REPO,
+        )
+        for i in range(3)
+    ]
+    peak = 0
+    while any(w.poll() is None for w in writers):
+        peak = max(peak, chunk_bytes_under(root))
+        time.sleep(0.01)
+    outputs = [w.communicate(timeout=120)[0] for w in writers]
+    assert all(w.returncode == 0 for w in writers)
+    stats = [json.loads(out) for out in outputs]
+    written = sum(s.get("stored_chunks", 0) for s in stats)
+    assert written * FILE > 2 * bound  # together they wrote far more than the bound
+    in_flight = 3 * 2 * FILE  # one chunk per writer thread, 2 threads per server
+    assert peak <= bound + in_flight
+    assert chunk_bytes_under(root) <= bound + in_flight
+    assert sum(s.get("evicted_shared", 0) for s in stats) > 0
+    assert foreign[0].read_text() == "an operator's file"
+    assert (foreign[1] / "README").exists()
+
+
+def test_a_server_keeps_its_heads_and_loses_tails_to_another_models_writes(tmp_path: Path) -> None:
+    root = tmp_path / "shared"
+    a = CacheIdentity(model="a", layout=SMALL_LAYOUT)
+    b = CacheIdentity(model="b", layout=SMALL_LAYOUT)
+    tiers = fs_tier(root, root_dir_max_bytes=6 * FILE)
+    with TieringManager(config(16, secondary_tiers=tiers), a) as first:
+        keys_a = make_keys(a, 4)
+        store(first, keys_a)
+        assert first.wait_idle(timeout=20)
+    time.sleep(0.02)  # b's chunks are newer by mtime
+    with TieringManager(config(16, secondary_tiers=tiers), b) as second:
+        store(second, make_keys(b, 4))
+        assert second.wait_idle(timeout=20)
+    assert chunk_bytes_under(root) <= 6 * FILE
+    with TieringManager(config(16, secondary_tiers=tiers), a) as again:
+        again.tiers[0].wait_scanned(20)  # type: ignore[attr-defined]
+        assert settle(again, keys_a) == 2  # a's tail went first, its head is served
+
+
+@pytest.mark.parametrize("bound", [FILE - 1, 0])
+def test_a_bound_below_one_chunk_file_is_refused_naming_the_key(tmp_path: Path, bound: int) -> None:
+    identity = CacheIdentity(model="m", layout=SMALL_LAYOUT)
+    tiers = fs_tier(tmp_path, root_dir_max_bytes=bound)
+    with pytest.raises(ConfigError, match="root_dir_max_bytes"):
+        TieringManager(config(4, secondary_tiers=tiers), identity).close()
+
+
+def test_a_bound_of_exactly_one_chunk_file_holds_one(tmp_path: Path) -> None:
+    identity = CacheIdentity(model="m", layout=SMALL_LAYOUT)
+    tiers = fs_tier(tmp_path, root_dir_max_bytes=FILE)
+    with TieringManager(config(8, secondary_tiers=tiers), identity) as manager:
+        store(manager, make_keys(identity, 3, seed=1)[:1])
+        store(manager, make_keys(identity, 3, seed=2)[:1])
+        assert manager.wait_idle(timeout=20)
+    assert chunk_bytes_under(tmp_path) == FILE
+
+
+def test_a_ledger_that_is_not_a_regular_file_fails_the_start(tmp_path: Path) -> None:
+    (tmp_path / ".kvtier-usage").mkdir()
+    identity = CacheIdentity(model="m", layout=SMALL_LAYOUT)
+    tiers = fs_tier(tmp_path, root_dir_max_bytes=4 * FILE)
+    with pytest.raises(Exception, match="ledger"):
+        TieringManager(config(4, secondary_tiers=tiers), identity).close()
