@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from kvtier.cli.about import missing_package, version_text
 from kvtier.cli.admin import add_admin_command
+from kvtier.cli.cache import add_cache_commands
 from kvtier.cli.common import CliFormatter, UsageError, add_model_shape, float_in, int_in, one_line
 from kvtier.config.checks import endpoint_problem
 from kvtier.config.describe import config_warnings, describe_config
@@ -42,6 +43,7 @@ examples:
   kvtier events --connect tcp://127.0.0.1:5557 --timeout 30
   kvtier admin --url http://127.0.0.1:9100 tiers
   kvtier peer keygen --out keys --name server
+  kvtier cache ls /mnt/kv-cache             what a shared cache holds (also du, verify, gc)
 
 `kvtier COMMAND --help` lists a command's options. The manual is in kvtier's repository:
 docs/configuration.md, docs/operating.md, docs/security.md, and docs/README.md for the rest."""
@@ -301,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_peer_commands(commands)
     add_admin_command(commands)
     add_plan_commands(commands)
+    add_cache_commands(commands)
     return parser
 
 

@@ -1,0 +1,81 @@
+"""What a namespace's ``identity.json`` says: the model, revision and layout behind a digest.
+
+The fs tier writes ``{"format": "kvtier-fs", "digest": ..., "identity": {...}}``
+(``kvtier.tiers.fs.namespace.describe``); the obj tier writes the identity's description
+itself. Both are read here. Anything else (not JSON, not an object, a missing field) gives an
+``IdentityInfo`` with ``problem`` set and ``?`` for what is unknown: never an exception.
+
+Thread safety: plain functions and an immutable dataclass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+#: identity.json is a few kilobytes; a larger one is not kvtier's.
+MAX_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class IdentityInfo:
+    """``layout_digest``: the first 12 hex digits of sha256 of the layout's canonical JSON."""
+
+    model: str = "?"
+    revision: str = "?"
+    dtype: str = "?"
+    layout_digest: str = "?"
+    tokens_per_chunk: int | None = None
+    problem: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "revision": self.revision,
+            "dtype": self.dtype,
+            "layout_digest": self.layout_digest,
+            "tokens_per_chunk": self.tokens_per_chunk,
+        }
+
+
+def parse_identity(raw: bytes | None) -> IdentityInfo:
+    """The description in ``raw`` (``None``: there is no identity.json)."""
+    if raw is None:
+        return IdentityInfo(problem="no identity.json")
+    if len(raw) > MAX_BYTES:
+        return IdentityInfo(problem=f"identity.json is over {MAX_BYTES} bytes")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return IdentityInfo(problem=f"identity.json is not JSON ({str(exc)[:80]})")
+    identity = doc.get("identity", doc) if isinstance(doc, dict) else None
+    if not isinstance(identity, dict):
+        return IdentityInfo(problem="identity.json is not an object")
+    return _from_description(identity)
+
+
+def _from_description(identity: dict[str, Any]) -> IdentityInfo:
+    layout = identity.get("layout")
+    if not isinstance(layout, dict):
+        return IdentityInfo(_text(identity.get("model")), problem="identity.json has no layout")
+    canonical = json.dumps(layout, sort_keys=True, separators=(",", ":"))
+    return IdentityInfo(
+        model=_text(identity.get("model")),
+        revision=_text(identity.get("revision")),
+        dtype=_text(layout.get("dtype")),
+        layout_digest=hashlib.sha256(canonical.encode()).hexdigest()[:12],
+        tokens_per_chunk=_tokens(layout),
+    )
+
+
+def _text(value: Any) -> str:
+    return "?" if value is None else str(value) or "-"
+
+
+def _tokens(layout: dict[str, Any]) -> int | None:
+    block, blocks = layout.get("block_size"), layout.get("blocks_per_chunk")
+    if isinstance(block, int) and isinstance(blocks, int):
+        return block * blocks
+    return None

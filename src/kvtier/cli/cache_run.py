@@ -1,0 +1,139 @@
+"""``kvtier cache verify`` and ``gc``: running them and printing what they did.
+
+``run_gc`` with ``--every`` runs a round, then waits ``--every`` seconds, until SIGTERM or
+SIGINT: the signal ends the wait at once, or the round in progress between two deletions,
+and the command exits 0. Each round opens the target again (namespaces made since are seen).
+
+Thread safety: the main thread only (signal handlers are installed there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kvtier.cache.gc import GcOptions, GcReport, collect_garbage
+from kvtier.cache.inventory import size
+from kvtier.cache.progress import Progress
+from kvtier.cache.records import Problems
+from kvtier.cache.store import Store
+from kvtier.cache.verify import Verifier, VerifyReport
+from kvtier.cli.cache import report_problems
+from kvtier.cli.common import UsageError, one_line
+from kvtier.errors import KVTierError
+
+
+def run_verify(args: argparse.Namespace, store: Store[Any], key_file: str | None) -> int:
+    """Verify every chunk; exit status 1 when one was bad or something could not be read."""
+    from kvtier.tiers.shared.sealing import make_sealer
+
+    try:
+        sealer = make_sealer(key_file) if key_file else None
+    except KVTierError as exc:
+        store.close()
+        raise UsageError(f"--integrity-key-file: {exc}") from None
+    problems = Problems()
+    verifier = Verifier(
+        store, problems, Progress(args.progress), jobs=args.jobs, repair=args.repair, sealer=sealer
+    )
+    try:
+        report = verifier.run()
+    except KVTierError as exc:
+        print(f"kvtier: error: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    report_problems(problems)
+    print(verify_summary(report, problems))
+    return 1 if report.bad or problems.serious() else 0
+
+
+def verify_summary(report: VerifyReport, problems: Problems) -> str:
+    """One line: chunks, bytes, time, read rate, good and bad by reason, removed."""
+    bad = sum(report.bad.values())
+    reasons = ", ".join(f"{k}={n}" for k, n in sorted(report.bad.items()))
+    parts = [
+        f"verified {report.chunks} chunks, {size(report.bytes)} in {report.seconds:.1f} s "
+        f"({size(int(report.rate))}/s)",
+        f"{report.good} good",
+        f"{bad} bad" + (f" ({reasons})" if reasons else ""),
+    ]
+    for kind, what in (("sealed_unverified", "sealed, not verifiable without the key"),):
+        if problems.counts[kind]:
+            parts.append(f"{problems.counts[kind]} {what}")
+    if problems.counts["vanished"]:
+        parts.append(f"{problems.counts['vanished']} deleted meanwhile (not a fault)")
+    if report.removed:
+        parts.append(f"{report.removed} removed")
+    return ": ".join(parts[:1]) + ": " + ", ".join(parts[1:])
+
+
+def run_gc(args: argparse.Namespace, store: Store[Any]) -> int:
+    """One round of gc, or (``--every``) rounds until a signal; exit status 0."""
+    options = GcOptions(args.max_bytes, args.older_than, args.identity, args.model, args.dry_run)
+    if args.every is None:
+        _gc_round(store, options, None)
+        return 0
+    from kvtier.cli.cache import reopen
+
+    stop = threading.Event()
+    with _stopping_on_signals(stop.set):
+        while not stop.is_set():
+            _gc_round(store, options, stop)
+            if stop.wait(args.every):
+                break
+            store = reopen(args)
+    print("kvtier cache gc: stopped", file=sys.stderr)
+    return 0
+
+
+def _gc_round(store: Store[Any], options: GcOptions, stop: threading.Event | None) -> None:
+    problems = Problems()
+    try:
+        report = collect_garbage(store, problems, options, time.time(), stop)
+    except KVTierError as exc:
+        print(f"kvtier: error: {one_line(str(exc))}", file=sys.stderr)
+        return
+    finally:
+        store.close()
+    report_problems(problems)
+    print(gc_summary(report, options.dry_run), flush=True)
+
+
+def gc_summary(report: GcReport, dry_run: bool) -> str:
+    """One line: what was found, chosen (by why), deleted and left."""
+    why = ", ".join(f"{k}={n}" for k, n in sorted(report.chosen.items())) or "nothing"
+    chosen = sum(report.chosen.values())
+    found = f"found {report.chunks} chunks, {size(report.bytes)}"
+    unreachable = f", {report.unreachable_first} unreachable" if report.unreachable_first else ""
+    if dry_run:
+        return (
+            f"gc (dry run): {found}: would delete {chosen} ({why}{unreachable}), "
+            f"{size(report.chosen_bytes)}; deleted nothing"
+        )
+    return (
+        f"gc: {found}: deleted {report.deleted} ({why}{unreachable}), "
+        f"{size(report.deleted_bytes)}; {report.skipped} skipped (used or gone meanwhile); "
+        f"{size(report.left_bytes)} left"
+    )
+
+
+class _stopping_on_signals:
+    """Install ``handler`` for SIGTERM and SIGINT for the block; the old ones after it."""
+
+    def __init__(self, handler: Callable[[], None]) -> None:
+        self._handler = handler
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old[sig] = signal.signal(sig, lambda *_: self._handler())
+
+    def __exit__(self, *_: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
