@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,8 @@ def chunk_bytes_under(root: Path) -> int:
     for directory, _, files in os.walk(root):
         for name in files:
             if len(name) == 64:
-                try:
+                with suppress(FileNotFoundError):  # deleted while walking
                     total += (Path(directory) / name).stat().st_size
-                except FileNotFoundError:
-                    pass  # deleted while walking
     return total
 
 
