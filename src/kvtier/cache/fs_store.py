@@ -41,6 +41,7 @@ from kvtier.tiers.fs.paths import (
     open_regular,
 )
 from kvtier.tiers.fs.scan import read_file_link
+from kvtier.tiers.fs.shared_bound import LEDGER_NAME
 from kvtier.tiers.shared import codec
 
 KEY_NAME = re.compile(r"[0-9a-f]{64}")
@@ -102,6 +103,8 @@ class FsStore:
         found: list[FsNamespace] = []
         for entry in _entries(self._root_fd, self.root, problems):
             where = os.path.join(self.root, entry.name)
+            if entry.name == LEDGER_NAME:
+                continue  # root_dir_max_bytes' ledger: kvtier's, not a namespace
             if not KEY_NAME.fullmatch(entry.name):
                 problems.note("foreign", where, "not kvtier's; left alone")
                 continue

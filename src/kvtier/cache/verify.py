@@ -32,6 +32,8 @@ from kvtier.tiers.fs.paths import failure_reason
 from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.sealing import Sealer
 
+_UNVERIFIED = "sealed_unverified"
+
 
 @dataclass
 class VerifyReport:
@@ -121,16 +123,18 @@ class Verifier:
             self.report.chunks += 1
             self.report.bytes += nbytes
             self.report.good += reason is None
-        if reason is not None:
+        if reason is not None and reason != _UNVERIFIED:
             self._bad(ns, name, where, got.seen, reason)
 
     def _judge(self, got: ChunkRead, digest: bytes, key: bytes, where: str) -> str | None:
-        """``None`` when the chunk is good (or sealed and not verifiable here), else why not."""
+        """``None`` when the chunk is good, ``_UNVERIFIED`` when it is sealed and no key was
+        given, else why it is bad."""
         try:
             if codec.format_version(got.header) != codec.SEALED_VERSION:
                 codec.verify(got.header, got.payload, digest, key, got.checksum)
             elif self._sealer is None:
-                self._problems.note("sealed_unverified", where, quiet=True)
+                self._problems.note(_UNVERIFIED, where, quiet=True)
+                return _UNVERIFIED
             else:
                 self._sealer.open(got.header, got.payload, digest, key)
         except IntegrityError as exc:
