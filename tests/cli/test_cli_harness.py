@@ -49,6 +49,10 @@ TARGETS: dict[str, list[str]] = {
     "plan": ["plan", "{trace}", "--no-chart", HOLE],
     "trace synth": ["trace", "synth", "--out", "out.jsonl", "--requests", "40", HOLE],
     "trace from-events": ["trace", "from-events", "{capture}", "--out", "out.jsonl", HOLE],
+    "cache ls": ["cache", "ls", "{directory}", HOLE],
+    "cache du": ["cache", "du", "{directory}", HOLE],
+    "cache verify": ["cache", "verify", "{directory}", "--progress", "none", HOLE],
+    "cache gc": ["cache", "gc", "{directory}", "--dry-run", "--max-bytes", "0", HOLE],
 }
 #: Targets whose positional argument is attacked: argv with HOLE where it goes.
 POSITIONALS: dict[str, list[str]] = {
@@ -56,6 +60,8 @@ POSITIONALS: dict[str, list[str]] = {
     "admin disable": [*ADMIN, "disable", HOLE],
     "plan": ["plan", HOLE, "--no-chart"],
     "trace from-events": ["trace", "from-events", HOLE, "--out", "out.jsonl"],
+    "cache ls": ["cache", "ls", HOLE],
+    "cache gc": ["cache", "gc", HOLE, "--max-bytes", "0"],
 }
 
 #: Values a newcomer (or a script gone wrong) passes; ``{name}`` are paths made per test.

@@ -10,9 +10,9 @@ where a directory or chunk belongs is skipped and counted (``not_regular``), and
 that cannot be listed is counted under its errno name (``EACCES``...). The root itself may be a
 link (the operator's choice of where the cache lives).
 
-Listing reads ``DirEntry`` types from ``d_type`` and ``lstat``s chunk files only; ``du``, ``gc``
-also ``pread`` each chunk's link (``LINK_BYTES`` bytes). A namespace's descriptor stays open
-while it is worked on (``FsNamespace.fd``), and every chunk is reached from it.
+Listing reads ``DirEntry`` types from the kernel's d_type and ``lstat``s chunk files only;
+``du`` and ``gc`` also ``pread`` each chunk's link (``LINK_BYTES`` bytes). A namespace's
+descriptor stays open while it is worked on (``FsNamespace.fd``); every chunk is reached from it.
 
 Thread safety: ``FsStore`` is built and walked on one thread; ``open_chunk`` and the
 ``remove_*`` methods may run on any thread while a walk goes on.

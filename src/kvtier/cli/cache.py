@@ -21,8 +21,7 @@ from typing import Any
 from kvtier.cache.duration import parse_duration
 from kvtier.cache.inventory import as_json, du_lines, ls_lines, take_inventory
 from kvtier.cache.records import Problems
-from kvtier.cache.store import Store
-from kvtier.cache.target import TargetSpec, open_target
+from kvtier.cli.cache_run import open_store, report_problems, run_gc, run_verify
 from kvtier.cli.common import UsageError, int_in, one_line
 from kvtier.errors import KVTierError
 
@@ -44,7 +43,8 @@ def add_cache_commands(commands: Any) -> None:
     cache = commands.add_parser(
         "cache",
         help="see, verify, bound and clean a shared fs directory or S3 prefix",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description="Look after a shared cache: what it holds (ls, du), whether it is sound "
+        "(verify), and a bound on it (gc). TARGET is an fs tier's root_dir or s3://BUCKET/PREFIX.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -127,29 +127,8 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def reopen(args: argparse.Namespace) -> Store[Any]:
-    """The target of ``args`` opened again (a ``gc --every`` round)."""
-    return _open(args)[0]
-
-
-def _open(args: argparse.Namespace) -> tuple[Store[Any], str | None]:
-    spec = TargetSpec(args.target, args.config, args.tier, args.endpoint, args.region)
-    try:
-        return open_target(spec)
-    except KVTierError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def report_problems(problems: Problems) -> None:
-    """Each problem's line on stderr, then the counters."""
-    for line in problems.lines:
-        print(f"kvtier cache: {line}", file=sys.stderr)
-    if problems.counts:
-        print(f"kvtier cache: counted: {problems.summary()}", file=sys.stderr)
-
-
 def _inventory(args: argparse.Namespace, *, links: bool) -> int:
-    store, _ = _open(args)
+    store, _ = open_store(args)
     problems = Problems()
     try:
         entries = take_inventory(store, problems, links=links)
@@ -175,18 +154,14 @@ def _du(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from kvtier.cli.cache_run import run_verify
-
-    store, key_file = _open(args)
+    store, key_file = open_store(args)
     return run_verify(args, store, args.integrity_key_file or key_file)
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from kvtier.cli.cache_run import run_gc
-
     if not (args.max_bytes is not None or args.older_than or args.identity or args.model):
         raise UsageError("say what to delete: --max-bytes, --older-than, --identity or --model")
-    store, _ = _open(args)
+    store, _ = open_store(args)
     return run_gc(args, store)
 
 

@@ -22,10 +22,31 @@ from kvtier.cache.inventory import size
 from kvtier.cache.progress import Progress
 from kvtier.cache.records import Problems
 from kvtier.cache.store import Store
+from kvtier.cache.target import TargetSpec, open_target
 from kvtier.cache.verify import Verifier, VerifyReport
-from kvtier.cli.cache import report_problems
 from kvtier.cli.common import UsageError, one_line
 from kvtier.errors import KVTierError
+
+
+def reopen(args: argparse.Namespace) -> Store[Any]:
+    """The target of ``args`` opened again (a ``gc --every`` round)."""
+    return open_store(args)[0]
+
+
+def open_store(args: argparse.Namespace) -> tuple[Store[Any], str | None]:
+    spec = TargetSpec(args.target, args.config, args.tier, args.endpoint, args.region)
+    try:
+        return open_target(spec)
+    except KVTierError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def report_problems(problems: Problems) -> None:
+    """Each problem's line on stderr, then the counters."""
+    for line in problems.lines:
+        print(f"kvtier cache: {line}", file=sys.stderr)
+    if problems.counts:
+        print(f"kvtier cache: counted: {problems.summary()}", file=sys.stderr)
 
 
 def run_verify(args: argparse.Namespace, store: Store[Any], key_file: str | None) -> int:
@@ -79,8 +100,6 @@ def run_gc(args: argparse.Namespace, store: Store[Any]) -> int:
     if args.every is None:
         _gc_round(store, options, None)
         return 0
-    from kvtier.cli.cache import reopen
-
     stop = threading.Event()
     with _stopping_on_signals(stop.set):
         while not stop.is_set():
