@@ -340,8 +340,9 @@ def test_a_failed_delete_is_counted_retried_and_never_an_error(
     jobs, keys = Jobs(tier, region), make_keys(identity, 10, seed=12)
     for key in keys:
         jobs.store([key])
-    wait_for(lambda: tier.stats().get("delete_failed.unavailable", 0) >= 5, SETTLE_S)
-    assert tier.stats()["delete_pending"] == 5 and tier.stats()["circuit_state"] == 0
+    wait_for(lambda: tier.stats().get("delete_retried", 0) >= 5, SETTLE_S)  # failed, retried
+    wait_for(lambda: tier.stats()["delete_pending"] == 5, SETTLE_S)  # between two retries
+    assert tier.stats()["delete_failed.unavailable"] >= 10 and tier.stats()["circuit_state"] == 0
     assert len(chunk_names(s3_server, tier)) == 10
     assert jobs.load(keys[5:]) == set(keys[5:])
     failing.clear()
