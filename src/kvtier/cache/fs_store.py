@@ -28,7 +28,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.cache.identity_doc import MAX_BYTES, IdentityInfo, parse_identity
+from kvtier.cache.identity_doc import MAX_BYTES, IdentityInfo, parse_identity, problem_kind
 from kvtier.cache.records import Problems, Usage
 from kvtier.cache.store import Chunk, ChunkRead, Scratch
 from kvtier.errors import KVTierError
@@ -128,7 +128,7 @@ class FsStore:
             return IdentityInfo(problem=f"identity.json: {_why(exc)}")
         info = parse_identity(raw)
         if info.problem is not None:
-            problems.note("bad_identity", f"{where}/identity.json", info.problem)
+            problems.note(problem_kind(info), f"{where}/identity.json", info.problem)
         return info
 
     # -- walking -----------------------------------------------------------------------------

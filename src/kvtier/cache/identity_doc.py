@@ -15,6 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+#: ``IdentityInfo.problem`` of a namespace without identity.json (not damage: it may be a
+#: foreign directory named like one, or a namespace a server has not described yet).
+MISSING = "no identity.json"
 #: identity.json is a few kilobytes; a larger one is not kvtier's.
 MAX_BYTES = 1 << 20
 
@@ -43,7 +46,7 @@ class IdentityInfo:
 def parse_identity(raw: bytes | None) -> IdentityInfo:
     """The description in ``raw`` (``None``: there is no identity.json)."""
     if raw is None:
-        return IdentityInfo(problem="no identity.json")
+        return IdentityInfo(problem=MISSING)
     if len(raw) > MAX_BYTES:
         return IdentityInfo(problem=f"identity.json is over {MAX_BYTES} bytes")
     try:
@@ -79,3 +82,8 @@ def _tokens(layout: dict[str, Any]) -> int | None:
     if isinstance(block, int) and isinstance(blocks, int):
         return block * blocks
     return None
+
+
+def problem_kind(info: IdentityInfo) -> str:
+    """The counter for ``info.problem``: ``no_identity`` (benign) or ``bad_identity``."""
+    return "no_identity" if info.problem == MISSING else "bad_identity"

@@ -19,7 +19,7 @@ import numpy as np
 #: Lines kept per kind of problem (the rest are only counted).
 LINES_PER_KIND = 20
 #: Kinds that are not the cache's fault: counted and shown, but no reason for a failing status.
-BENIGN = frozenset({"foreign", "vanished", "in_progress", "sealed_unverified"})
+BENIGN = frozenset({"foreign", "vanished", "in_progress", "sealed_unverified", "no_identity"})
 
 
 class Problems:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import obstore
 
 from kvtier.cache.fs_store import TargetError
-from kvtier.cache.identity_doc import IdentityInfo, parse_identity
+from kvtier.cache.identity_doc import IdentityInfo, parse_identity, problem_kind
 from kvtier.cache.records import Problems, Usage
 from kvtier.cache.store import Chunk, ChunkRead, Scratch
 from kvtier.errors import TierError
@@ -128,7 +128,7 @@ class S3Store:
         except TierError as exc:
             info = IdentityInfo(problem=f"identity.json: {exc}")
         if info.problem is not None:
-            problems.note("bad_identity", f"s3://{self._bucket}/{name}", info.problem)
+            problems.note(problem_kind(info), f"s3://{self._bucket}/{name}", info.problem)
         return info
 
     def _objects(self, ns: S3Namespace, problems: Problems) -> Iterator[Page]:
