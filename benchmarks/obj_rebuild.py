@@ -120,7 +120,7 @@ def merge_run(n: int) -> dict[str, Any]:
     assert listing.run(threading.Event())
     listed_s = time.perf_counter() - start
     listed_bytes = tracemalloc.get_traced_memory()[0]
-    listing.merge_into(bound)
+    assert listing.merge_into(bound, threading.Event())
     seconds = time.perf_counter() - start
     left, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()

@@ -240,6 +240,8 @@ def test_objects_unused_for_max_age_are_deleted(s3_server, tiers, region, identi
     now[0] += 11
     settled(tier, expired=4, index_chunks=0)
     assert chunk_names(s3_server, tier) == set()
+    tier.close()  # the upkeep thread stops with the tier
+    assert not [t for t in threading.enumerate() if t.name == f"{tier.name}-upkeep"]
 
 
 # -- restart -----------------------------------------------------------------------------------

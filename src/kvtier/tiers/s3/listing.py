@@ -99,8 +99,12 @@ class NamespaceListing:
         if page:
             self.after = page[-1][0]
 
-    def merge_into(self, bound: ObjectBound) -> None:
-        """Merge what was listed into ``bound``'s index, newest first (see the module)."""
+    def merge_into(self, bound: ObjectBound, stop: threading.Event) -> bool:
+        """Merge what was listed into ``bound``'s index, newest first (see the module);
+        ``False`` when ``stop`` was set first (the oldest are then left out)."""
         for batch in self.chunks.newest_first(MERGE_BATCH):
+            if stop.is_set():
+                return False
             bound.merge_listed(batch)
         self.chunks = ListedChunks()
+        return True

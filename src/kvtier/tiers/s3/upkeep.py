@@ -86,7 +86,8 @@ class Upkeep:
                 self._stop.wait(RELIST_WAIT_S)
                 continue
             self._report_listing()
-            self._listing.merge_into(self._bound)
+            if not self._listing.merge_into(self._bound, self._stop):
+                return False
             self.rebuilt.set()
             return True
         return False
