@@ -7,9 +7,9 @@
   objects per second, pages, and this process's peak RSS growth over the rebuild (``ru_maxrss``,
   which counts the client's Rust allocations too; the process has done nothing else large).
 * ``merge``: no server: ``--synthetic`` chunks fed to ``NamespaceListing`` as pages of 1,000
-  (as S3 returns them) and merged into an ``ObjectBound`` with no bound, to measure what a
-  listing of that size costs in Python: seconds, and tracemalloc's peak and what is left
-  (the index itself), per object.
+  (as S3 returns them) and merged into an ``ObjectBound`` with no byte bound, without and with
+  ``max_age_s`` (which keeps each object's last use too), to measure what a listing of that size
+  costs in Python: seconds, and tracemalloc's peak and what is left (the index), per object.
 
 ``python benchmarks/obj_rebuild.py --objects 20000 --synthetic 1000000``
 """
@@ -110,10 +110,10 @@ def synthetic_pages(n: int, namespace: str) -> Any:
         ]
 
 
-def merge_run(n: int) -> dict[str, Any]:
+def merge_run(n: int, max_age_s: float | None) -> dict[str, Any]:
     client = mock.Mock()
     client.list_pages = lambda prefix, after, size: synthetic_pages(n, prefix)
-    bound = ObjectBound(None, None, delete=lambda key: None, submit=lambda fn: None)
+    bound = ObjectBound(None, max_age_s, delete=lambda key: None, submit=lambda fn: None)
     tracemalloc.start()
     start = time.perf_counter()
     listing = NamespaceListing(client, "p/d")
@@ -141,10 +141,11 @@ def main() -> None:
     parser.add_argument("--synthetic", type=int, default=1_000_000)
     args = parser.parse_args()
     out: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
-    if args.synthetic:
-        out["merge"] = merge_run(args.synthetic)
-    if args.objects:
+    if args.objects:  # first: the peak RSS growth is this process's
         out["listing"] = listing_run(args.objects)
+    if args.synthetic:
+        out["merge"] = merge_run(args.synthetic, None)
+        out["merge_with_max_age"] = merge_run(args.synthetic, 86_400.0)
     print(json.dumps(out, indent=1))
 
 

@@ -54,19 +54,25 @@ Submit = Callable[[Callable[[], None]], None]
 
 
 class UseClock:
-    """Key → time of last use (Unix seconds), least recently used first."""
+    """Key → time of last use (Unix seconds), least recently used first; keeps nothing when
+    not ``active`` (no ``max_age_s``: about 130 bytes an object saved)."""
 
-    def __init__(self) -> None:
+    def __init__(self, active: bool = True) -> None:
         self._last: OrderedDict[bytes, float] = OrderedDict()
+        self._active = active
         self._lock = threading.Lock()
 
     def used(self, key: bytes, when: float) -> None:
+        if not self._active:
+            return
         with self._lock:
             self._last[key] = when
             self._last.move_to_end(key)
 
     def merge_old(self, found: Iterable[tuple[bytes, float]]) -> None:
         """Add keys used before any known one, given newest first; known keys keep theirs."""
+        if not self._active:
+            return
         with self._lock:
             for key, when in found:
                 if key not in self._last:
@@ -111,7 +117,7 @@ class ObjectBound:
         self.index = ChunkIndex(max_bytes)
         self.max_age_s = max_age_s
         self.now = now
-        self._clock = UseClock()
+        self._clock = UseClock(active=max_age_s is not None)
         self._delete, self._submit, self._on_drop = delete, submit, on_drop
         self._pending: OrderedDict[ChunkKey, str] = OrderedDict()  # failed deletes → reason
         self._removed: deque[ChunkKey] = deque(maxlen=MAX_REMOVED)

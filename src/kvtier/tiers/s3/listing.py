@@ -57,13 +57,17 @@ class ListedChunks:
 
     def newest_first(self, batch: int) -> Iterator[list[ListedChunk]]:
         """The chunks, most recently modified first, in lists of at most ``batch``."""
-        order = np.argsort(-np.frombuffer(self._times, dtype=np.float64), kind="stable")
+        keys = np.frombuffer(bytes(self._keys), dtype=np.uint8).reshape(-1, KEY_BYTES)
+        sizes, times = np.asarray(self._sizes), np.asarray(self._times)
+        order = np.argsort(-times, kind="stable")
         for start in range(0, len(order), batch):
-            yield [self._chunk(int(i)) for i in order[start : start + batch]]
-
-    def _chunk(self, i: int) -> ListedChunk:
-        key = ChunkKey(bytes(self._keys[i * KEY_BYTES : (i + 1) * KEY_BYTES]))
-        return key, self._sizes[i], self._times[i]
+            chosen = order[start : start + batch]
+            block = keys[chosen].tobytes()
+            named = zip(sizes[chosen].tolist(), times[chosen].tolist(), strict=True)
+            yield [
+                (ChunkKey(block[j * KEY_BYTES : (j + 1) * KEY_BYTES]), size, when)
+                for j, (size, when) in enumerate(named)
+            ]
 
 
 class NamespaceListing:
