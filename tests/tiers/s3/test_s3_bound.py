@@ -13,16 +13,18 @@ from typing import Any
 
 import pytest
 
-from kvtier import CacheIdentity, ChunkKey, KVLayout
+from kvtier import CacheIdentity, ChunkKey, KVLayout, TieringManager
 from kvtier.config import ObjTierConfig
 from kvtier.errors import ConfigError, TierUnavailable
 from kvtier.region import HostRegion
+from kvtier.telemetry.kv_events import EventKind, KVEvent
 from kvtier.tiers.base import HIT, TransferJob
 from kvtier.tiers.s3 import listing, upkeep
 from kvtier.tiers.s3.tier import ObjectStoreTier
 from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.lineage import chain_links
-from tests.conftest import collect, fill, holds, make_keys, settle_lookup, wait_for
+from tests.conftest import collect, config, fill, holds, make_keys, settle_lookup, wait_for
+from tests.tiers.s3.s3_workload import store
 from tests.tiers.s3_server import MotoServer
 
 obstore = pytest.importorskip("obstore")
@@ -374,3 +376,26 @@ def test_deletes_while_the_server_is_down_wait_for_it(identity, region, tiers, f
         settled(tier, evicted=1, delete_pending=0, circuit_state=0)
     finally:
         server.stop()
+
+
+# -- through the manager -----------------------------------------------------------------------
+def test_the_manager_publishes_what_the_bound_deletes(s3_server, identity):
+    """From the JSON entry to KV events: evicted objects come out as REMOVED from the obj tier,
+    each once, and the tier's stats say so."""
+    entry = s3_server.tier_config(BUCKET).__dict__ | {"type": "obj", "max_bytes": 8 * OBJECT}
+    entry.pop("name")
+    keys = make_keys(identity, 24, seed=14)
+    with TieringManager(config(8, TINY, secondary_tiers=[entry]), identity) as manager:
+        for start in range(0, 24, 8):
+            store(manager, keys[start : start + 8])
+        wait_for(lambda: manager.stats()["tiers"]["obj"].get("evicted", 0) == 16, SETTLE_S)
+        events: list[KVEvent] = []
+        wait_for(lambda: removed_by(manager, events) == 16, SETTLE_S, "16 REMOVED events")
+    removed = [e.key for e in events if e.kind is EventKind.REMOVED and e.source == "obj"]
+    assert sorted(removed) == sorted(keys[:16])
+
+
+def removed_by(manager: TieringManager, events: list[KVEvent]) -> int:
+    manager.lookup(make_keys(manager.identity, 1, seed=15))  # a call that polls the tiers
+    events += manager.take_events()
+    return sum(e.kind is EventKind.REMOVED and e.source == "obj" for e in events)
