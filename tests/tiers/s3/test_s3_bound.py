@@ -298,6 +298,8 @@ def test_a_restart_rebuilds_the_index_from_a_paged_listing(
     assert len(left - {f"{namespace}/{n}" for n in FOREIGN_INSIDE}) == 1000
     assert set(foreign_outside(prefix, identity)) <= names(s3_server, "")
     kept = [k for k in keys if name_of(tier, k) in left][:SLOTS]
+    assert all(tier.lookup(k) is HIT for k in kept)  # indexed: no probe needed
+    assert tier.stats().get("probe_hit", 0) == 0
     assert Jobs(tier, region).load(kept) == set(kept)
 
 

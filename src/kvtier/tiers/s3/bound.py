@@ -254,6 +254,15 @@ class ObjectBound:
             self._counters[name] += n
 
 
+def reserve_parent(job: TransferJob, i: int) -> bytes | None:
+    """The parent ``before_store`` is given for ``job.keys[i]``: its link's, unless that is the
+    key before it in the job (a job's puts run concurrently, so a parent in the same job is not
+    indexed yet when its child reserves; ``job_done`` indexes them in chain order)."""
+    link = job.link_of(i)
+    parent = link.parent if link is not None else None
+    return None if i and parent == job.keys[i - 1] else parent
+
+
 def _failure(exc: TierError) -> str:
     if isinstance(exc, ObjectRefused):
         return "refused"

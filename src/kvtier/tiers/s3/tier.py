@@ -49,6 +49,7 @@ from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import (
+    HIT,
     MISS,
     RETRY,
     JobResult,
@@ -59,7 +60,7 @@ from kvtier.tiers.base import (
     job_result,
 )
 from kvtier.tiers.s3.bodies import ObjectBodies
-from kvtier.tiers.s3.bound import ObjectBound
+from kvtier.tiers.s3.bound import ObjectBound, reserve_parent
 from kvtier.tiers.s3.client import ObjectClient, ObjectRefused
 from kvtier.tiers.s3.config import ObjTierConfig
 from kvtier.tiers.s3.listing import NamespaceListing
@@ -170,10 +171,18 @@ class ObjectStoreTier(SecondaryTier):
             return MISS
         answer = self._known.answer(key)
         if answer is None:
-            answer = RETRY
-            self._probes.submit(self._probe, key)
+            answer = self._unknown(key)
         self._count(f"lookup_{answer.value}")
         return answer
+
+    def _unknown(self, key: ChunkKey) -> Lookup:
+        """A key with no answer remembered: ``HIT`` when the bound's index holds it (stored,
+        loaded or listed here), else ``RETRY`` while a probe finds out."""
+        if self._bound is not None and key in self._bound.index:
+            self._known.found(key)
+            return HIT
+        self._probes.submit(self._probe, key)
+        return RETRY
 
     def _probe(self, key: ChunkKey) -> None:
         if not self._breaker.allow():
@@ -235,11 +244,11 @@ class ObjectStoreTier(SecondaryTier):
         if not self._breaker.allow():
             self._count("store_dropped")
             return Outcome.FAILED
-        if self._known.is_hit(key):
+        if self._known.is_hit(key) or (self._bound is not None and key in self._bound.index):
             self._count("store_already_present")
             return Outcome.OK
         body = self._bodies.encode(key, self._region.view(job.slots[i]), link)
-        skipped = self._make_room(len(body), _outside_parent(job, i))
+        skipped = self._make_room(len(body), reserve_parent(job, i))
         if skipped is not None:
             return skipped
         try:
@@ -373,14 +382,6 @@ class ObjectStoreTier(SecondaryTier):
 
     def __repr__(self) -> str:
         return f"ObjectStoreTier(name={self.name!r}, bucket={self._client.bucket!r})"
-
-
-def _outside_parent(job: TransferJob, i: int) -> bytes | None:
-    """The parent of ``job.keys[i]`` when it is not the key before it in the job: the puts of a
-    job run concurrently, so a parent in the job is not indexed yet when its child reserves."""
-    link = job.link_of(i)
-    parent = link.parent if link is not None else None
-    return None if i and parent == job.keys[i - 1] else parent
 
 
 def _check_room(max_bytes: int | None, object_bytes: int) -> None:
