@@ -225,6 +225,21 @@ def test_a_load_teaches_the_index_a_chunk_s_parent(s3_server, tiers, region, ide
     assert victim in chain[1:]
 
 
+def test_a_corrupt_object_is_unindexed_and_stored_again(s3_server, tiers, region, identity):
+    """An object that fails verification leaves the index (it is not deleted: it may be another
+    key's writer's), so the next store of its key puts it again instead of skipping it."""
+    tier = make(s3_server, tiers, region, identity, max_bytes=4 * OBJECT)
+    jobs, (key,) = Jobs(tier, region), make_keys(identity, 1, seed=16)
+    jobs.store([key])
+    raw = raw_store(s3_server)
+    good = bytes(obstore.get(raw, name_of(tier, key)).bytes())
+    obstore.put(raw, name_of(tier, key), good[:-1] + bytes([good[-1] ^ 1]))
+    assert jobs.load([key]) == frozenset()
+    assert tier.stats()["index_chunks"] == 0 and tier.stats()["integrity.checksum"] == 1
+    jobs.store([key])
+    assert jobs.load([key]) == {key} and tier.stats()["store_ok"] == 2
+
+
 # -- max_age_s ---------------------------------------------------------------------------------
 def test_objects_unused_for_max_age_are_deleted(s3_server, tiers, region, identity, fast_sweeps):
     """On a stepped clock: what was loaded within max_age_s stays, the rest goes."""

@@ -316,6 +316,8 @@ class ObjectStoreTier(SecondaryTier):
     def _reject(self, key: ChunkKey, exc: IntegrityError) -> Outcome:
         log.warning("obj tier: %s failed verification (%s); a miss", self._object_name(key), exc)
         self._known.missing(key)
+        if self._bound is not None:  # unindexed: a store puts it again (it is not deleted)
+            self._bound.gone(key)
         self._count(f"integrity.{exc.reason}")
         return Outcome.CORRUPT
 
