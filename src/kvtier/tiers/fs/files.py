@@ -62,6 +62,7 @@ from kvtier.tiers.fs.paths import (
 from kvtier.tiers.fs.pin import NamespacePin, NamespaceSwappedError
 from kvtier.tiers.fs.scan import HOST_TAG, ScanResult, scan_namespace
 from kvtier.tiers.shared.codec import HEADER_BYTES
+from kvtier.tiers.shared.counters import Counters
 from kvtier.tiers.shared.lineage import Link, linked, read_link
 from kvtier.tiers.shared.sealing import ChecksumSealer, Sealer
 
@@ -117,6 +118,9 @@ class ChunkFiles:
         self._write_turns: queue.SimpleQueue[None] = queue.SimpleQueue()
         for _ in range(BUFFERED_WRITERS):
             self._write_turns.put(None)
+        #: Chunk files read per path, ``page_cache`` or ``o_direct`` (each read, verified or
+        #: not): what "auto" chose, visible in the tier's stats as ``read_path.<path>``.
+        self.read_paths = Counters()
         direct = O_DIRECT if self.o_direct and not self.adaptive else 0
         self._read_flags = os.O_RDONLY | direct
         self._write_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -234,7 +238,8 @@ class ChunkFiles:
         path = f"{level_path(name)}/{name}"
         loaded = native.load(pin, path, *args, self.adaptive, O_DIRECT)
         loaded = loaded or self._read_walk(pin, name, *args)
-        size, got, device, inode, _ = loaded
+        size, got, device, inode, direct = loaded
+        self.read_paths.add("o_direct" if direct else "page_cache")
         body = payload[: max(0, got - HEADER_BYTES)]
         digest = None if self._sealer.keyed else payload_checksum(body)
         try:

@@ -33,6 +33,10 @@ symlink at a chunk path is never opened in a way that blocks or followed (``path
 miss (``probe_failed.not_regular``) or a failed key (``load_failed.not_regular``), left in place
 until a store of that key replaces it.
 
+Which way each chunk file was read is counted too: ``read_path.page_cache`` and
+``read_path.o_direct`` (with ``o_direct: "auto"``, cached chunks go through the page cache and
+cold ones are read with O_DIRECT: ``page_cache``).
+
 Thread safety: lookups and job submission come from the manager's thread; jobs, probes and the
 scan run on the tier's threads. Shared state lives in ``ChunkIndex``, ``RecentMisses`` and
 ``_Counters``, each with its own lock; ``_probing`` is guarded by ``_probing_lock``.
@@ -196,6 +200,7 @@ class FilesystemTier(PooledTier):
         """Counters (see the module docstring) plus ``index_chunks``, ``index_bytes``, ..."""
         return {
             **self._counters.snapshot(),
+            **self._read_paths(),
             "index_chunks": len(self._index),
             "index_bytes": self._index.used_bytes,
             "unreachable_chunks": self._index.unreachable_count(),
@@ -204,6 +209,11 @@ class FilesystemTier(PooledTier):
             "read_only": int(self._files.directory.read_only),
             "scan_done": int(self._scanned.is_set()),
         }
+
+    def _read_paths(self) -> dict[str, int]:
+        """``read_path.page_cache`` and ``read_path.o_direct``: chunk files read each way."""
+        counts = self._files.read_paths.snapshot()
+        return {f"read_path.{path}": counts.get(path, 0) for path in ("page_cache", "o_direct")}
 
     # -- extras -----------------------------------------------------------------------------
     def wait_scanned(self, timeout: float | None = None) -> bool:
