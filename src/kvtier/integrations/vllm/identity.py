@@ -22,20 +22,19 @@ Thread safety: ``KeyMap`` is used by the scheduler thread only.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kvtier.identity import CacheIdentity
-from kvtier.keys import ChunkKey
+from kvtier.integrations.common.byte_layout import byte_layout
+from kvtier.integrations.common.keymap import REVERSE_CAPACITY, KeyMap
 from kvtier.layout import KVLayout
 from kvtier.model_fingerprint import fingerprint_model
 
 OFFLOAD_KEY_BYTES = 36
-#: Offload keys remembered for turning tier removals back into vLLM keys.
-REVERSE_CAPACITY = 1 << 16
+
+__all__ = ["REVERSE_CAPACITY", "KeyMap", "byte_layout", "identity_from_config"]
 
 
 def parallel_layout(parallel: Any) -> str:
@@ -57,22 +56,6 @@ def row_bytes_per_block(config: Any) -> int:
     """Bytes one block takes in a chunk row of the host region (every worker's share)."""
     copies = 1 if getattr(config, "replicated_layout", False) else config.parallel.world_size
     return int(config.worker_kv_bytes_per_block) * max(1, int(copies))
-
-
-def byte_layout(
-    bytes_per_block: int, tokens_per_block: int, blocks_per_chunk: int, num_layers: int
-) -> KVLayout:
-    """A kvtier layout whose ``chunk_bytes`` is vLLM's chunk (uint8 "heads" of the right size).
-
-    kvtier sizes host slots from the layout, so a kvtier instance built with this identity (a
-    peer server, say) has slots exactly as long as vLLM's rows. When the bytes do not split
-    into K and V per token and layer, coarser shapes of the same size are used.
-    """
-    for layers, tokens in ((num_layers, tokens_per_block), (1, tokens_per_block), (1, 1)):
-        if bytes_per_block > 0 and bytes_per_block % (2 * layers * tokens) == 0:
-            head_dim = bytes_per_block // (2 * layers * tokens)
-            return KVLayout(layers, 1, head_dim, "uint8", tokens, blocks_per_chunk)
-    return KVLayout(max(1, num_layers), 1, 1, "uint8", tokens_per_block, blocks_per_chunk)
 
 
 def identity_from_config(config: Any, revision: str = "") -> CacheIdentity:
@@ -127,29 +110,3 @@ def identity_from_description(description: Mapping[str, Any]) -> CacheIdentity:
         extra=dict(description.get("extra", {})),
         fingerprint=description.get("fingerprint", ""),
     )
-
-
-class KeyMap:
-    """vLLM offload keys to kvtier chunk keys (and recent ones back); see the module docstring."""
-
-    def __init__(self, identity: CacheIdentity, remember: int = REVERSE_CAPACITY) -> None:
-        self._seed = identity.digest
-        self._back: OrderedDict[ChunkKey, bytes] = OrderedDict()
-        self._remember = remember
-
-    def chunk_key(self, offload_key: bytes) -> ChunkKey:
-        key = ChunkKey(hashlib.sha256(self._seed + bytes(offload_key)).digest())
-        if not self._remember:
-            return key
-        self._back[key] = bytes(offload_key)
-        self._back.move_to_end(key)
-        if len(self._back) > self._remember:
-            self._back.popitem(last=False)
-        return key
-
-    def chunk_keys(self, offload_keys: Iterable[bytes]) -> list[ChunkKey]:
-        return [self.chunk_key(k) for k in offload_keys]
-
-    def offload_key(self, key: ChunkKey) -> bytes | None:
-        """The offload key ``key`` was made from, if it is still remembered."""
-        return self._back.get(key)

@@ -22,10 +22,10 @@ from typing import Any
 from kvtier.config.parser import parse_tier
 from kvtier.control.admission import AdmissionConfig
 from kvtier.errors import ConfigError
+from kvtier.integrations.common.tier_fit import fit_to_rows
 from kvtier.integrations.vllm.region import PrimaryRegion
 from kvtier.policies.priority import checked_priority
 from kvtier.tiers.base import TierConfig
-from kvtier.tiers.fs.config import FsTierConfig
 
 #: Keys of the entry the adapter reads itself (not passed to the kvtier tier).
 ADAPTER_OPTIONS = (
@@ -70,10 +70,7 @@ def adapter_options(options: Mapping[str, Any], path: str) -> tuple[dict[str, An
 
 def fit_to_region(config: TierConfig, region: PrimaryRegion) -> TierConfig:
     """``config``, with O_DIRECT off where vLLM's rows are not aligned for it (``auto`` only)."""
-    unaligned = not region.direct_io_capable
-    if isinstance(config, FsTierConfig) and config.o_direct == "auto" and unaligned:
-        return dataclasses.replace(config, o_direct="off")
-    return config
+    return fit_to_rows(config, region.direct_io_capable)
 
 
 _ADMISSION_FIELDS = {f.name for f in dataclasses.fields(AdmissionConfig)} - {"level"}
