@@ -21,13 +21,24 @@ Thread safety: ``FsStore`` is built and walked on one thread; ``open_chunk`` and
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
+from kvtier.cache.fs_records import (
+    KEY_NAME,
+    LEVEL_NAME,
+    SCAN_THREADS,
+    entries_of,
+    open_level,
+    parent_bytes,
+    parents_of,
+    tree_records,
+    why,
+)
 from kvtier.cache.identity_doc import MAX_BYTES, IdentityInfo, parse_identity, problem_kind
 from kvtier.cache.records import Problems, Usage
 from kvtier.cache.store import Chunk, ChunkRead, Scratch
@@ -35,20 +46,14 @@ from kvtier.errors import KVTierError
 from kvtier.tiers.fs.paths import (
     NotRegularError,
     chunk_dir,
-    failure_reason,
     open_beneath,
-    open_level_dir,
     open_regular,
 )
-from kvtier.tiers.fs.scan import read_file_link
 from kvtier.tiers.fs.shared_bound import LEDGER_NAME
 from kvtier.tiers.shared import codec
 
-KEY_NAME = re.compile(r"[0-9a-f]{64}")
-_LEVEL_NAME = re.compile(r"[0-9a-f]{2}")
 #: Bytes read (and hashed, while still in CPU cache) per call.
 READ_STEP = 1 << 20
-_NO_PARENT = bytes(32)
 
 
 class TargetError(KVTierError):
@@ -101,14 +106,14 @@ class FsStore:
     def namespaces(self, problems: Problems) -> list[FsNamespace]:
         """Every namespace directory under the root, opened, with its identity.json read."""
         found: list[FsNamespace] = []
-        for entry in _entries(self._root_fd, self.root, problems):
+        for entry in entries_of(self._root_fd, self.root, problems):
             where = os.path.join(self.root, entry.name)
             if entry.name == LEDGER_NAME:
                 continue  # root_dir_max_bytes' ledger: kvtier's, not a namespace
             if not KEY_NAME.fullmatch(entry.name):
                 problems.note("foreign", where, "not kvtier's; left alone")
                 continue
-            fd = _open_level(entry.name, self._root_fd, where, problems)
+            fd = open_level(entry.name, self._root_fd, where, problems)
             if fd is not None:
                 ns = FsNamespace(entry.name, fd, self._identity(fd, where, problems))
                 self._open.append(ns)
@@ -124,84 +129,65 @@ class FsStore:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            problems.note("bad_identity", f"{where}/identity.json", _why(exc))
-            return IdentityInfo(problem=f"identity.json: {_why(exc)}")
+            problems.note("bad_identity", f"{where}/identity.json", why(exc))
+            return IdentityInfo(problem=f"identity.json: {why(exc)}")
         info = parse_identity(raw)
         if info.problem is not None:
             problems.note(problem_kind(info), f"{where}/identity.json", info.problem)
         return info
 
     # -- walking -----------------------------------------------------------------------------
-    def chunk_dirs(
-        self, ns: FsNamespace, problems: Problems
-    ) -> Iterator[tuple[int, list[os.DirEntry[str]]]]:
-        """Each ``ab/cd`` directory of ``ns`` (its descriptor, open until the next item) and
-        the chunk files in it: regular files named by a key under their own ``ab/cd``. The
-        rest is counted in ``problems`` (``foreign``, ``not_regular``, ``in_progress``)."""
+    def records(self, ns: FsNamespace, problems: Problems, *, links: bool) -> Iterator[Any]:
+        """Each ``ab`` directory's chunk files as ``native.CHUNK_RECORD`` rows, listed by
+        ``SCAN_THREADS`` threads: regular files named by a key under their own ``ab/cd``
+        (``fs_records``); with ``links`` their links too. The rest is counted in ``problems``
+        (``foreign``, ``not_regular``, ``in_progress``)."""
         base = self.path(ns)
-        for l1, fd1 in self._levels(ns.fd, base, problems, top=True):
-            try:
-                for l2, fd2 in self._levels(fd1, f"{base}/{l1}", problems, top=False):
-                    try:
-                        where = f"{base}/{l1}/{l2}"
-                        yield fd2, _chunk_entries(fd2, where, l1 + l2, problems)
-                    finally:
-                        os.close(fd2)
-            finally:
-                os.close(fd1)
+        levels = list(self._top_levels(ns, base, problems))
 
-    def _levels(
-        self, fd: int, where: str, problems: Problems, *, top: bool
-    ) -> Iterator[tuple[str, int]]:
-        for entry in _entries(fd, where, problems):
-            if top and entry.name == "identity.json":
+        def scan(name: str) -> Any:
+            return tree_records(ns.fd, name, f"{base}/{name}", problems, links=links)
+
+        with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="kvtier-cache-scan") as pool:
+            yield from pool.map(scan, levels)
+
+    def _top_levels(self, ns: FsNamespace, base: str, problems: Problems) -> Iterator[str]:
+        for entry in entries_of(ns.fd, base, problems):
+            if entry.name == "identity.json":
                 continue
-            if not _LEVEL_NAME.fullmatch(entry.name):
-                problems.note("foreign", f"{where}/{entry.name}", "not kvtier's; left alone")
-                continue
-            child = _open_level(entry.name, fd, f"{where}/{entry.name}", problems)
-            if child is not None:
-                yield entry.name, child
+            if LEVEL_NAME.fullmatch(entry.name):
+                yield entry.name
+            else:
+                problems.note("foreign", f"{base}/{entry.name}", "not kvtier's; left alone")
 
     def usage(self, ns: FsNamespace, problems: Problems, *, links: bool) -> Usage:
         """``ns``'s totals; with ``links``, also its unreachable chunks."""
         usage = Usage()
-        for fd, entries in self.chunk_dirs(ns, problems):
-            for entry in entries:
-                try:
-                    found = entry.stat(follow_symlinks=False)
-                    if links:
-                        _add_link(usage, fd, entry.name)
-                except FileNotFoundError:
-                    continue  # evicted meanwhile
-                except OSError as exc:
-                    problems.note(failure_reason(exc), entry.path, _why(exc))
-                    continue
-                _count(usage, found)
+        for rows in self.records(ns, problems, links=links):
+            if not len(rows):
+                continue
+            usage.chunks += len(rows)
+            usage.bytes += int(rows["size"].sum())
+            usage.disk_bytes += int(rows["disk"].sum())
+            usage.add_times(float(rows["mtime"].min()), float(rows["mtime"].max()))
+            if links:
+                usage.keys += rows["key"].tobytes()
+                usage.parents += parent_bytes(rows)
         if links:
             usage.settle_links()
         return usage
 
     def chunks(self, ns: FsNamespace, problems: Problems) -> Iterator[Chunk]:
         """``ns``'s chunk files with their sizes, mtimes and parents."""
-        for fd, entries in self.chunk_dirs(ns, problems):
-            for entry in entries:
-                try:
-                    found = entry.stat(follow_symlinks=False)
-                    link = read_file_link(fd, entry.name)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    problems.note(failure_reason(exc), entry.path, _why(exc))
-                    continue
-                parent = link.parent if link is not None else None
-                yield entry.name, found.st_size, found.st_mtime, parent
+        for rows in self.records(ns, problems, links=True):
+            for row, parent in zip(rows, parents_of(rows), strict=True):
+                yield bytes(row["key"]).hex(), int(row["size"]), float(row["mtime"]), parent
 
     def names(self, ns: FsNamespace, problems: Problems) -> Iterator[tuple[str, int]]:
         """``ns``'s chunk names (size 0: ``read`` takes it from ``fstat``)."""
-        for _, entries in self.chunk_dirs(ns, problems):
-            for entry in entries:
-                yield entry.name, 0
+        for rows in self.records(ns, problems, links=False):
+            for key in rows["key"]:
+                yield bytes(key).hex(), 0
 
     # -- reading and removing ----------------------------------------------------------------
     def read(self, ns: FsNamespace, name: str, size: int, scratch: Scratch) -> ChunkRead | None:
@@ -291,61 +277,3 @@ def _read_hashed(fd: int, view: memoryview, offset: int, hasher: Any) -> int:
         if n < len(piece):
             break  # the file ended early (truncated): verify says so
     return done
-
-
-def _count(usage: Usage, found: os.stat_result) -> None:
-    usage.chunks += 1
-    usage.bytes += found.st_size
-    usage.disk_bytes += found.st_blocks * 512
-    usage.add_times(found.st_mtime, found.st_mtime)
-
-
-def _add_link(usage: Usage, fd: int, name: str) -> None:
-    link = read_file_link(fd, name)
-    usage.keys += bytes.fromhex(name)
-    parent = link.parent if link is not None else None
-    usage.parents += parent or _NO_PARENT
-
-
-def _chunk_entries(fd: int, where: str, prefix: str, problems: Problems) -> list[os.DirEntry[str]]:
-    chunks = []
-    for entry in _entries(fd, where, problems):
-        name = entry.name
-        if len(name) == 64 and name.startswith(prefix) and KEY_NAME.fullmatch(name):
-            if entry.is_file(follow_symlinks=False):
-                chunks.append(entry)
-            else:
-                problems.note("not_regular", f"{where}/{name}", "not a regular file; skipped")
-        elif name.endswith(".tmp") and KEY_NAME.fullmatch(name[:64]):
-            problems.add("in_progress", 1)
-        else:
-            problems.note("foreign", f"{where}/{name}", "not kvtier's; left alone")
-    return chunks
-
-
-def _entries(fd: int, where: str, problems: Problems) -> list[os.DirEntry[str]]:
-    """The entries of directory ``fd``; none (counted, with a line) when it cannot be listed."""
-    try:
-        with os.scandir(fd) as it:
-            return list(it)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        problems.note(failure_reason(exc), where, f"cannot list: {_why(exc)}")
-        return []
-
-
-def _open_level(name: str, fd: int, where: str, problems: Problems) -> int | None:
-    try:
-        return open_level_dir(name, fd)
-    except FileNotFoundError:
-        return None
-    except NotRegularError:
-        problems.note("not_regular", where, "a link or not a directory; not followed")
-    except OSError as exc:
-        problems.note(failure_reason(exc), where, f"cannot open: {_why(exc)}")
-    return None
-
-
-def _why(exc: OSError) -> str:
-    return exc.strerror or str(exc)

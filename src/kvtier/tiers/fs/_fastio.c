@@ -20,8 +20,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <stdio.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
@@ -304,9 +308,199 @@ static PyObject *fastio_load(PyObject *self, PyObject *args)
                          a.direct ? Py_True : Py_False);
 }
 
+
+/*
+ * scan_chunks: every entry of a level directory of the layout (with depth 1, of each level
+ * directory below it too), listed with stat (and each chunk's link) in one call that releases
+ * the GIL once. Why compiled: `kvtier cache du` of a
+ * million chunk files spent its time on one lstat and one open/pread/close per file, each a
+ * GIL round trip through the os module. Same rules as the rest of this file: nothing is
+ * followed (fstatat AT_SYMLINK_NOFOLLOW, openat O_NOFOLLOW | O_NONBLOCK), nothing but a
+ * regular file is read. A record per 64-hex name of a regular file:
+ *   key[32] size:int64 disk_bytes:int64 mtime:double link_err:int32 level:int32 link[56] pad[8]
+ * and, NUL-separated, the names of every other entry (a leading d_type byte, then the name,
+ * "cd/name" below a level directory) for Python to classify: a level directory that could not
+ * be opened or listed is among them, for Python to try and name. An entry that vanished
+ * meanwhile is left out.
+ */
+#define LINK_READ_BYTES 56
+struct chunk_rec {
+    unsigned char key[32];
+    int64_t size, disk;
+    double mtime;
+    int32_t link_err, level; /* level: the level directory's value (0-255), -1 at depth 0 */
+    unsigned char link[LINK_READ_BYTES];
+    unsigned char tail[8];
+};
+
+struct grow {
+    char *data;
+    size_t len, cap;
+};
+
+static int grow_add(struct grow *g, const void *bytes, size_t n)
+{
+    if (g->len + n > g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 4096;
+        while (cap < g->len + n)
+            cap *= 2;
+        char *data = realloc(g->data, cap);
+        if (data == NULL)
+            return -1;
+        g->data = data;
+        g->cap = cap;
+    }
+    memcpy(g->data + g->len, bytes, n);
+    g->len += n;
+    return 0;
+}
+
+static int hex_key(const char *name, unsigned char *key)
+{
+    for (int i = 0; i < 64; i++) {
+        char c = name[i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0)
+            return 0;
+        key[i / 2] = (unsigned char)(i % 2 ? key[i / 2] | v : v << 4);
+    }
+    return name[64] == '\0';
+}
+
+/* Fill `r` from chunk file `name`: with `links`, open it (never following, never blocking),
+ * fstat it and read its link; else, or when its type is not known from the listing, lstat it
+ * first. 0: a regular file; 1: something else; -1: gone meanwhile. */
+static int stat_chunk(int dir, const char *name, int unknown, int links, long offset,
+                      struct chunk_rec *r)
+{
+    struct stat st;
+    int fd = -1;
+    if ((unknown || !links) && fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return -1;
+    if ((unknown || !links) && !S_ISREG(st.st_mode))
+        return 1;
+    if (links) {
+        fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        if (fd < 0) {
+            r->link_err = errno;
+            if (errno == ELOOP)
+                return 1;
+            if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+                return -1;
+        } else if (fstat(fd, &st) != 0) {
+            close(fd);
+            return -1;
+        }
+    }
+    int regular = S_ISREG(st.st_mode);
+    if (regular) {
+        r->size = st.st_size;
+        r->disk = (int64_t)st.st_blocks * 512;
+        r->mtime = (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec / 1e9;
+        if (fd >= 0 && pread(fd, r->link, LINK_READ_BYTES, offset) < 0)
+            r->link_err = errno;
+    }
+    if (fd >= 0)
+        close(fd);
+    return regular ? 0 : 1;
+}
+
+static int add_other(struct grow *others, unsigned char type, const char *dir, const char *name)
+{
+    if (grow_add(others, &type, 1))
+        return -1;
+    if (dir != NULL && (grow_add(others, dir, strlen(dir)) || grow_add(others, "/", 1)))
+        return -1;
+    return grow_add(others, name, strlen(name) + 1);
+}
+
+/* One entry of a chunk directory (`sub`: its name below the scanned one, or NULL). */
+static int scan_entry(int dir, const char *sub, struct dirent *e, int links, long offset,
+                      struct grow *recs, struct grow *others)
+{
+    struct chunk_rec r;
+    memset(&r, 0, sizeof r);
+    r.level = sub == NULL ? -1 : (int32_t)strtol(sub, NULL, 16);
+    if (hex_key(e->d_name, r.key) && (e->d_type == DT_REG || e->d_type == DT_UNKNOWN)) {
+        int kind = stat_chunk(dir, e->d_name, e->d_type == DT_UNKNOWN, links, offset, &r);
+        if (kind == 0)
+            return grow_add(recs, &r, sizeof r);
+        if (kind < 0)
+            return 0;
+    }
+    return add_other(others, e->d_type, sub, e->d_name);
+}
+
+static int is_level(const char *name)
+{
+    return strlen(name) == 2 && strspn(name, "0123456789abcdef") == 2;
+}
+
+/* Every entry of directory `dir`; with `depth` 1 its level directories are scanned as chunk
+ * directories (a level that cannot be opened as a directory without following a link goes to
+ * `others` as it is). Returns an errno, 0 when listed. */
+static int scan_dir(int dir, const char *sub, int depth, int links, long offset,
+                    struct grow *recs, struct grow *others)
+{
+    int fd = dup(dir), failed = 0;
+    DIR *d = fd < 0 ? NULL : fdopendir(fd);
+    if (d == NULL) {
+        int err = errno;
+        if (fd >= 0)
+            close(fd);
+        return err;
+    }
+    rewinddir(d);
+    struct dirent *e;
+    while (!failed && (errno = 0, e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        int child = -1;
+        if (depth > 0 && is_level(e->d_name))
+            child = openat(dirfd(d), e->d_name,
+                           O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (child >= 0) {
+            if (scan_dir(child, e->d_name, 0, links, offset, recs, others) != 0)
+                failed = add_other(others, e->d_type, NULL, e->d_name);
+            close(child);
+        } else if (depth > 0) {
+            failed = add_other(others, e->d_type, NULL, e->d_name);
+        } else {
+            failed = scan_entry(dirfd(d), sub, e, links, offset, recs, others);
+        }
+    }
+    int err = failed ? ENOMEM : errno;
+    closedir(d);
+    return err;
+}
+
+static PyObject *fastio_scan_chunks(PyObject *self, PyObject *args)
+{
+    int dir, links, depth, err;
+    long offset;
+    if (!PyArg_ParseTuple(args, "ipli", &dir, &links, &offset, &depth))
+        return NULL;
+    struct grow recs = {0}, others = {0};
+    Py_BEGIN_ALLOW_THREADS
+    err = scan_dir(dir, NULL, depth, links, offset, &recs, &others);
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+    } else {
+        result = Py_BuildValue("(y#y#)", recs.data ? recs.data : "", (Py_ssize_t)recs.len,
+                               others.data ? others.data : "", (Py_ssize_t)others.len);
+    }
+    free(recs.data);
+    free(others.data);
+    return result;
+}
+
 static PyMethodDef fastio_methods[] = {
     {"store", fastio_store, METH_VARARGS, "See kvtier.tiers.fs.native.store."},
     {"load", fastio_load, METH_VARARGS, "See kvtier.tiers.fs.native.load."},
+    {"scan_chunks", fastio_scan_chunks, METH_VARARGS, "See kvtier.tiers.fs.native.scan_chunks."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -318,8 +512,8 @@ static struct PyModuleDef fastio_module = {
     .m_methods = fastio_methods,
 };
 
-/* The calling convention of store and load; native.py uses a module of its own ABI only. */
-#define FASTIO_ABI 3
+/* The calling convention of store, load and scan_chunks; native.py uses its own ABI only. */
+#define FASTIO_ABI 4
 
 PyMODINIT_FUNC PyInit__fastio(void)
 {

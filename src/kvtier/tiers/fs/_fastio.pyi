@@ -29,3 +29,6 @@ def load(
     o_direct: int,
     /,
 ) -> tuple[int, int, int, int, bool] | None: ...
+def scan_chunks(
+    dir_fd: int, links: bool, link_offset: int, depth: int, /
+) -> tuple[bytes, bytes]: ...
