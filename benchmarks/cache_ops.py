@@ -2,7 +2,8 @@
 
 * ``ls``/``du``/``gc --max-bytes``: ``--files`` (1,000,000) tiny chunk files with valid names
   under two identities (made once under ``--dir``, kept for reruns). Each command runs in its
-  own process; its wall time and peak RSS (``ru_maxrss``) are reported. ``gc`` bounds the
+  own process; its wall time, CPU time (user + system: what a loaded machine does not
+  inflate) and peak RSS (``ru_maxrss``) are reported. ``gc`` bounds the
   directory to half its bytes (``--gc-dry-run`` decides without deleting).
 * ``verify``: ``--verify-mib`` of real 8 MiB chunks, cold (``posix_fadvise DONTNEED`` on every
   file before each run), read by ``cat`` (one process per 256 files) and by ``kvtier cache
@@ -31,8 +32,10 @@ from kvtier.cli.main import main
 start = time.perf_counter()
 code = main(sys.argv[1:])
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"code": code, "seconds": seconds, "peak_rss_bytes": peak}), file=sys.stderr)
+usage = resource.getrusage(resource.RUSAGE_SELF)
+peak, cpu = usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
+report = {"code": code, "seconds": seconds, "cpu_seconds": cpu, "peak_rss_bytes": peak}
+print(json.dumps(report), file=sys.stderr)
 """
 
 
