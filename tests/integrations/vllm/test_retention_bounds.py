@@ -217,3 +217,35 @@ def test_an_expiry_is_replaced_by_a_later_one(now, evicted):
     cache.use([b"kept"], lambda key: Retention(80, 10.0))
     clock.now = now
     assert [k for k, _ in cache.evict(1, set()) or []] == [evicted]
+
+
+# -- what the adapter offers a tier's admission (its vLLM-free half: offer_terms) -------------
+@pytest.mark.parametrize(
+    ("ends", "prefix"),
+    [([], 0), ([None], 0), ([16], 1), ([32], 2), ([33], 3), ([16, 47], 3), ([48, 17], 3)],
+)
+def test_the_offered_prefix_is_the_last_recorded_token_in_whole_chunks(ends, prefix):
+    positions = {bytes([i]): end for i, end in enumerate(ends)}
+    context = Context(None, positions)
+    got, priorities = retentions.offer_terms(list(positions), context, 16)
+    assert (got, priorities) == (prefix, [DEFAULT_PRIORITY] * len(ends))
+
+
+@pytest.mark.parametrize(("end", "kept"), [(32, False), (33, True), (48, True)])
+def test_min_prefix_chunks_through_the_adapters_offer(end, kept):
+    """min_prefix_chunks 3, 16-token chunks: a store ending at token 32 is a 2-chunk prefix;
+    at 33 it reaches into the third chunk."""
+    gate, chunks = Gate({"min_prefix_chunks": 3}), keys(1)
+    prefix, priorities = retentions.offer_terms([b"k"], Context(None, {b"k": end}), 16)
+    assert (gate.offer(chunks, prefix, priorities) == chunks) is kept
+
+
+def test_the_offered_priorities_are_each_keys_retention_or_the_default():
+    entry = {"priority": 60, "ranges": [{"start": 0, "end": 16, "priority": 90}]}
+    context = Context(given_(entry), {b"sys": 16, b"q": 32})
+    assert retentions.offer_terms([b"sys", b"q"], context, 16) == (2, [90, 60])
+    plain = Context(None, {b"sys": 16, b"q": 32})
+    assert retentions.offer_terms([b"sys", b"q"], plain, 16) == (2, [DEFAULT_PRIORITY] * 2)
+    gate = Gate(None, min_priority=DEFAULT_PRIORITY)
+    chunks = keys(2)
+    assert gate.offer(chunks, *retentions.offer_terms([b"sys", b"q"], plain, 16)) == chunks

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -280,3 +280,19 @@ def _first(asked: list[RequestRetention], end_token: int | None) -> Retention | 
         if found is not None:
             return found
     return None
+
+
+def offer_terms(
+    offload_keys: Sequence[bytes], req_context: Any, chunk_tokens: int
+) -> tuple[int, list[int]]:
+    """What the adapter tells a tier's admission about a store of ``offload_keys``: the length
+    in chunks of the request's prefix they end (the last token position vLLM recorded for any
+    of them, rounded up to whole chunks), and each key's retention priority (the default
+    where the request gives none)."""
+    retention_of = retention_by_key(req_context)
+    priorities = []
+    for key in offload_keys:
+        retention = retention_of(key) if retention_of is not None else None
+        priorities.append(DEFAULT_PRIORITY if retention is None else retention.priority)
+    ends = [req_context.get_offload_key_position(key) or 0 for key in offload_keys]
+    return -(-max(ends, default=0) // chunk_tokens), priorities

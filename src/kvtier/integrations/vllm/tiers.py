@@ -66,9 +66,8 @@ from kvtier.integrations.vllm.options import (
     tier_config,
 )
 from kvtier.integrations.vllm.region import PrimaryRegion
-from kvtier.integrations.vllm.request_retention import retention_by_key
+from kvtier.integrations.vllm.request_retention import offer_terms
 from kvtier.keys import ChunkKey
-from kvtier.policies.priority import DEFAULT_PRIORITY
 from kvtier.telemetry.logs import ThrottledLog
 from kvtier.tiers import base as kv
 from kvtier.tiers.base import TierConfig
@@ -233,15 +232,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
         return [row for row in rows if row[1] in kept]
 
     def _offer(self, rows: list[_Row], chunks: list[ChunkKey], req_context: Any) -> Any:
-        retention_of = retention_by_key(req_context)
-
-        def priority(key: bytes) -> int:
-            retention = retention_of(key) if retention_of is not None else None
-            return retention.priority if retention is not None else DEFAULT_PRIORITY
-
-        ends = [req_context.get_offload_key_position(row[0]) or 0 for row in rows]
-        prefix = -(-max(ends, default=0) // self._chunk_tokens)
-        priorities = [priority(row[0]) for row in rows]
+        offload = [row[0] for row in rows]
+        prefix, priorities = offer_terms(offload, req_context, self._chunk_tokens)
         return self._runtime.admission.offer(chunks, prefix, priorities)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
