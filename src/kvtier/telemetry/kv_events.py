@@ -230,7 +230,18 @@ class EventPublisher:
     def publish(self, events: list[KVEvent], tokens_per_chunk: int) -> None:
         if not events:
             return
-        payload = encode_batch(events, tokens_per_chunk, time.time())
+        self.send(encode_batch(events, tokens_per_chunk, time.time()))
+
+    def publish_wire(self, wire: list[dict[str, Any]]) -> None:
+        """Events already in their wire form (tagged maps, as ``to_wire`` makes them); an engine
+        whose block hashes are not kvtier's chunk keys (SGLang's) builds its own maps."""
+        if wire:
+            import msgpack
+
+            self.send(msgpack.packb([time.time(), wire], use_bin_type=True))
+
+    def send(self, payload: bytes) -> None:
+        """Send one msgpack ``KVEventBatch`` payload as the next batch."""
         frames = [self._topic, self._batch_seq.to_bytes(8, "big"), payload]
         try:
             self._socket.send_multipart(frames, flags=self._zmq.NOBLOCK)
