@@ -201,6 +201,39 @@ def test_a_prefix_is_evicted_from_its_tail(s3_server, tiers, region, identity):
     assert set(tier.take_removed()) == set(chain[-2:])
 
 
+def test_a_chain_split_over_concurrent_jobs_is_stored_whole(
+    s3_server, tiers, region, identity, monkeypatch
+):
+    """A full bound, and a chain stored as two jobs at once: the second job's first chunk has
+    its parent still being put by the first. It is stored (not taken for an orphan and
+    skipped), and the older unrelated chunks are evicted instead."""
+    tier = make(s3_server, tiers, region, identity, max_bytes=8 * OBJECT, io_threads=8)
+    jobs, chain, old = Jobs(tier, region), make_keys(identity, 8, seed=17), make_keys(identity, 8)
+    jobs.store(old)
+    first_of_second, put = name_of(tier, chain[4]), tier._client.put
+    second_started = threading.Event()
+
+    def put_after_the_second_job_starts(name: str, data: memoryview) -> None:
+        if name == first_of_second:
+            second_started.set()
+        elif not second_started.wait(5):
+            raise AssertionError("the second job's first put was never sent")
+        put(name, data)
+
+    monkeypatch.setattr(tier._client, "put", put_after_the_second_job_starts)
+    links = chain_links(chain)
+    for job_id, part in ((100, range(4)), (101, range(4, 8))):
+        slots = tuple(range(part.start, part.stop))
+        for slot in slots:
+            fill(region, slot, chain[slot])
+        keys, chained = tuple(chain[i] for i in part), tuple(links[i] for i in part)
+        tier.submit_store(TransferJob(job_id, keys, slots, chained))
+    assert all(r.ok for r in collect(tier, [100, 101], timeout=SETTLE_S).values())
+    settled(tier, evicted=8, index_chunks=8)
+    assert "store_skipped_bound" not in tier.stats()
+    assert chunk_names(s3_server, tier) == {name_of(tier, k) for k in chain}
+
+
 def test_a_load_teaches_the_index_a_chunk_s_parent(s3_server, tiers, region, identity):
     """After a restart parents are unknown (heads); a load reads the link from the header, so
     once a chain's head is gone its tail counts as unreachable and is evicted first."""

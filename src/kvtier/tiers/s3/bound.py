@@ -120,6 +120,7 @@ class ObjectBound:
         self._clock = UseClock(active=max_age_s is not None)
         self._delete, self._submit, self._on_drop = delete, submit, on_drop
         self._pending: OrderedDict[ChunkKey, str] = OrderedDict()  # failed deletes → reason
+        self._in_flight: Counter[bytes] = Counter()  # keys of store jobs under way
         self._removed: deque[ChunkKey] = deque(maxlen=MAX_REMOVED)
         self._counters: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -135,18 +136,51 @@ class ObjectBound:
         self.drop(victims, "evicted")
         return True
 
+    def begin(self, job: TransferJob) -> None:
+        """A store job starts: its keys are in flight until ``job_done``."""
+        with self._lock:
+            self._in_flight.update(job.keys)
+
+    def reserve_parent(self, job: TransferJob, i: int) -> bytes | None:
+        """The parent ``before_store`` is given for ``job.keys[i]``: its link's, unless that
+        parent is itself being put (this job's or another's). Puts run concurrently and are
+        indexed when their job ends, so such a parent is not indexed yet: ``ChunkIndex`` would
+        take the chunk for an orphan and skip it while the bound is full."""
+        link = job.link_of(i)
+        parent = link.parent if link is not None else None
+        with self._lock:
+            return None if parent in self._in_flight else parent
+
     def job_done(
-        self, job: TransferJob, written: dict[ChunkKey, int], succeeded: Iterable[ChunkKey]
+        self,
+        job: TransferJob,
+        op: str,
+        written: dict[ChunkKey, int],
+        succeeded: Iterable[ChunkKey],
     ) -> None:
-        """A job ended: index the objects it put (reserved by ``before_store``) in chain
-        order, parents before children, then mark its keys used, the head most recent."""
+        """A job ended: a store's puts (reserved by ``before_store``) are indexed in chain
+        order, parents before children; then its keys are marked used, the head most recent."""
+        self._index_puts(job, written)
+        if op == "store":
+            self._landed(job.keys)
+        ok = set(succeeded) | written.keys()
+        self.used_chain([key for key in job.keys if key in ok])
+
+    def _landed(self, keys: Iterable[ChunkKey]) -> None:
+        with self._lock:
+            for key in keys:
+                left = self._in_flight[key] - 1
+                if left > 0:
+                    self._in_flight[key] = left
+                else:
+                    del self._in_flight[key]
+
+    def _index_puts(self, job: TransferJob, written: dict[ChunkKey, int]) -> None:
         for i, key in enumerate(job.keys):
             nbytes = written.get(key)
             if nbytes is not None:
                 link = job.link_of(i)
                 self.index.commit(key, nbytes, link.parent if link is not None else None)
-        ok = set(succeeded) | written.keys()
-        self.used_chain([key for key in job.keys if key in ok])
 
     def store_failed(self, nbytes: int) -> None:
         self.index.release(nbytes)
@@ -252,15 +286,6 @@ class ObjectBound:
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._counters[name] += n
-
-
-def reserve_parent(job: TransferJob, i: int) -> bytes | None:
-    """The parent ``before_store`` is given for ``job.keys[i]``: its link's, unless that is the
-    key before it in the job (a job's puts run concurrently, so a parent in the same job is not
-    indexed yet when its child reserves; ``job_done`` indexes them in chain order)."""
-    link = job.link_of(i)
-    parent = link.parent if link is not None else None
-    return None if i and parent == job.keys[i - 1] else parent
 
 
 def _failure(exc: TierError) -> str:

@@ -60,7 +60,7 @@ from kvtier.tiers.base import (
     job_result,
 )
 from kvtier.tiers.s3.bodies import ObjectBodies
-from kvtier.tiers.s3.bound import ObjectBound, reserve_parent
+from kvtier.tiers.s3.bound import ObjectBound
 from kvtier.tiers.s3.client import ObjectClient, ObjectRefused
 from kvtier.tiers.s3.config import ObjTierConfig
 from kvtier.tiers.s3.listing import NamespaceListing
@@ -221,6 +221,8 @@ class ObjectStoreTier(SecondaryTier):
             self._results.put(job_result(job, op, (), "tier is closed" if self._closed else None))
             return
         tracker = JobTracker(job, op)
+        if op == "store" and self._bound is not None:
+            self._bound.begin(job)
         one = self._put_one if op == "store" else self._get_one
         for i in range(len(job.keys)):
             self._io.submit(self._run_one, tracker, one, i)
@@ -235,7 +237,7 @@ class ObjectStoreTier(SecondaryTier):
         if result is None:
             return
         if self._bound is not None:  # puts indexed in chain order, the head most recent
-            self._bound.job_done(tracker.job, tracker.written, result.succeeded)
+            self._bound.job_done(tracker.job, tracker.op, tracker.written, result.succeeded)
         self._results.put(result)
 
     def _put_one(self, tracker: JobTracker, i: int) -> Outcome:
@@ -248,7 +250,7 @@ class ObjectStoreTier(SecondaryTier):
             self._count("store_already_present")
             return Outcome.OK
         body = self._bodies.encode(key, self._region.view(job.slots[i]), link)
-        skipped = self._make_room(len(body), reserve_parent(job, i))
+        skipped = self._make_room(len(body), job, i)
         if skipped is not None:
             return skipped
         try:
@@ -266,7 +268,7 @@ class ObjectStoreTier(SecondaryTier):
         self._count("bytes_written", len(body))
         return Outcome.OK
 
-    def _make_room(self, nbytes: int, parent: bytes | None) -> Outcome | None:
+    def _make_room(self, nbytes: int, job: TransferJob, i: int) -> Outcome | None:
         """Reserve ``nbytes`` under ``max_bytes`` (evicting): ``None`` when reserved, else how
         the put ends without being sent: ``OK`` when room would take the chunk's own prefix
         (``store_skipped_bound``), ``FAILED`` when puts in flight alone fill the bound
@@ -274,7 +276,7 @@ class ObjectStoreTier(SecondaryTier):
         if self._bound is None:
             return None
         try:
-            if self._bound.before_store(nbytes, parent):
+            if self._bound.before_store(nbytes, self._bound.reserve_parent(job, i)):
                 return None
         except CapacityError:
             self._count("store_no_room")
