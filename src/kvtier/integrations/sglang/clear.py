@@ -25,18 +25,18 @@ from kvtier.tiers.base import TierConfig
 
 
 def clear_namespace(tiers: Sequence[TierConfig], identity: CacheIdentity) -> bool:
-    """Purge ``identity``'s chunks from every fs and obj tier of ``tiers``; ``True`` when
-    nothing went wrong (a problem listing or deleting is ``False``)."""
+    """Purge ``identity``'s chunks from every fs and obj tier of ``tiers``; ``True`` when each
+    of this identity's chunks listed was deleted or was gone already (foreign entries and other
+    identities' problems do not count)."""
     clean = True
     for config in tiers:
         store = _store_of(config)
         if store is None:
             continue
         try:
-            problems = Problems()
             options = GcOptions(identity=identity.hexdigest)
-            collect_garbage(store, problems, options, time.time())
-            clean = clean and not problems.counts
+            report = collect_garbage(store, Problems(), options, time.time())
+            clean = clean and report.deleted + report.skipped >= report.chosen["purge"]
         finally:
             store.close()
     return clean
