@@ -359,7 +359,7 @@ def run_selection(root: Path, selection: str) -> tuple[str, str]:
     if done.returncode == 0:
         return "survived", ""
     if done.returncode == 1:
-        failed = re.search(r"^FAILED (\S+)", done.stdout, re.MULTILINE)
+        failed = re.search(r"^FAILED (.+?)(?: - .*)?$", done.stdout, re.MULTILINE)
         return "caught", failed.group(1) if failed else "(failed)"
     tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
     return "error", f"exit {done.returncode}: {' | '.join(tail)}"
