@@ -175,3 +175,25 @@ def test_reserve_for_a_head_or_without_a_bound_never_refuses() -> None:
     bounded = ChunkIndex(max_bytes=10)
     bounded.add(k(1), 10)
     assert bounded.reserve(10, None) == [k(1)]
+
+
+def test_a_chunk_whose_parent_is_still_being_written_counts_its_parent_as_held() -> None:
+    index = ChunkIndex(max_bytes=30)
+    index.add(k(50), 10)
+    index.add(k(51), 10)
+    assert index.reserve(10, None, k(1)) == []  # the head: being written by one thread
+    victims = index.reserve(10, k(1), k(2))  # its next chunk, on another thread
+    assert victims == [k(50)]
+    index.commit(k(2), 10, k(1))
+    index.commit(k(1), 10)
+    assert index.unreachable_count() == 0 and index.used_bytes == 30
+
+
+def test_a_released_parent_leaves_its_child_an_orphan_again() -> None:
+    index = ChunkIndex(max_bytes=20)
+    index.add(k(50), 10)
+    index.add(k(51), 10)
+    index.reserve(10, None, k(1))
+    index.release(10, k(1))
+    index.add(k(52), 10)  # full again
+    assert index.reserve(10, k(1), k(2)) is None  # would evict a reachable chunk for an orphan

@@ -270,18 +270,18 @@ class FilesystemTier(PooledTier):
         nbytes = self._file_bytes
         if not self._space.allows(nbytes):
             raise OSError(errno.ENOSPC, "min_free_bytes reached")
-        victims = self._index.reserve(nbytes, link.parent if link is not None else None)
+        victims = self._index.reserve(nbytes, link.parent if link is not None else None, key)
         if victims is None:
             return False
         self._delete(victims, "evicted")
         if not self._reserve_shared(nbytes):
-            self._index.release(nbytes)
+            self._index.release(nbytes, key)
             return False
         try:
             self._hook("store", key)
             self._files.write(key, self._region, slot, link)
         except BaseException:
-            self._index.release(nbytes)
+            self._index.release(nbytes, key)
             if self._shared is not None:
                 self._shared.release(nbytes, reserved=True)
             raise

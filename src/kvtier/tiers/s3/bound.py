@@ -120,36 +120,22 @@ class ObjectBound:
         self._clock = UseClock(active=max_age_s is not None)
         self._delete, self._submit, self._on_drop = delete, submit, on_drop
         self._pending: OrderedDict[ChunkKey, str] = OrderedDict()  # failed deletes → reason
-        self._in_flight: Counter[bytes] = Counter()  # keys of store jobs under way
         self._removed: deque[ChunkKey] = deque(maxlen=MAX_REMOVED)
         self._counters: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     # -- what the tier reports -----------------------------------------------------------------
-    def before_store(self, nbytes: int, parent: bytes | None) -> bool:
-        """Reserve room for a put of ``nbytes`` of a chunk after ``parent`` (victims are
+    def before_store(self, nbytes: int, parent: bytes | None, key: ChunkKey) -> bool:
+        """Reserve room for a put of ``nbytes`` of chunk ``key`` after ``parent`` (victims are
         dropped); ``False`` (nothing reserved) when room would take the chunk's own prefix
-        (``ChunkIndex.reserve``), ``CapacityError`` when puts in flight alone fill the bound."""
-        victims = self.index.reserve(nbytes, parent)
+        (``ChunkIndex.reserve``), ``CapacityError`` when puts in flight alone fill the bound.
+        Until its job ends, ``key`` counts as held for the chunks after it: puts run
+        concurrently and are indexed when their job ends."""
+        victims = self.index.reserve(nbytes, parent, key)
         if victims is None:
             return False
         self.drop(victims, "evicted")
         return True
-
-    def begin(self, job: TransferJob) -> None:
-        """A store job starts: its keys are in flight until ``job_done``."""
-        with self._lock:
-            self._in_flight.update(job.keys)
-
-    def reserve_parent(self, job: TransferJob, i: int) -> bytes | None:
-        """The parent ``before_store`` is given for ``job.keys[i]``: its link's, unless that
-        parent is itself being put (this job's or another's). Puts run concurrently and are
-        indexed when their job ends, so such a parent is not indexed yet: ``ChunkIndex`` would
-        take the chunk for an orphan and skip it while the bound is full."""
-        link = job.link_of(i)
-        parent = link.parent if link is not None else None
-        with self._lock:
-            return None if parent in self._in_flight else parent
 
     def job_done(
         self,
@@ -161,19 +147,8 @@ class ObjectBound:
         """A job ended: a store's puts (reserved by ``before_store``) are indexed in chain
         order, parents before children; then its keys are marked used, the head most recent."""
         self._index_puts(job, written)
-        if op == "store":
-            self._landed(job.keys)
         ok = set(succeeded) | written.keys()
         self.used_chain([key for key in job.keys if key in ok])
-
-    def _landed(self, keys: Iterable[ChunkKey]) -> None:
-        with self._lock:
-            for key in keys:
-                left = self._in_flight[key] - 1
-                if left > 0:
-                    self._in_flight[key] = left
-                else:
-                    del self._in_flight[key]
 
     def _index_puts(self, job: TransferJob, written: dict[ChunkKey, int]) -> None:
         for i, key in enumerate(job.keys):
@@ -182,8 +157,8 @@ class ObjectBound:
                 link = job.link_of(i)
                 self.index.commit(key, nbytes, link.parent if link is not None else None)
 
-    def store_failed(self, nbytes: int) -> None:
-        self.index.release(nbytes)
+    def store_failed(self, nbytes: int, key: ChunkKey) -> None:
+        self.index.release(nbytes, key)
 
     def used(self, key: ChunkKey, parent: bytes | None = None) -> None:
         """``key`` was loaded (or stored again): most recently used; ``parent`` from its header."""

@@ -221,8 +221,6 @@ class ObjectStoreTier(SecondaryTier):
             self._results.put(job_result(job, op, (), "tier is closed" if self._closed else None))
             return
         tracker = JobTracker(job, op)
-        if op == "store" and self._bound is not None:
-            self._bound.begin(job)
         one = self._put_one if op == "store" else self._get_one
         for i in range(len(job.keys)):
             self._io.submit(self._run_one, tracker, one, i)
@@ -259,7 +257,7 @@ class ObjectStoreTier(SecondaryTier):
             self._request_failed(exc)
             self._count("store_failed")
             if self._bound is not None:
-                self._bound.store_failed(len(body))
+                self._bound.store_failed(len(body), key)
             return Outcome.FAILED
         self._breaker.record_success()
         self._known.found(key)
@@ -276,7 +274,9 @@ class ObjectStoreTier(SecondaryTier):
         if self._bound is None:
             return None
         try:
-            if self._bound.before_store(nbytes, self._bound.reserve_parent(job, i)):
+            link = job.link_of(i)
+            parent = link.parent if link is not None else None
+            if self._bound.before_store(nbytes, parent, job.keys[i]):
                 return None
         except CapacityError:
             self._count("store_no_room")

@@ -43,6 +43,7 @@ class ChunkIndex:
         self._parents: dict[bytes, bytes] = {}
         self._children: dict[bytes, list[bytes]] = {}
         self._lost: OrderedDict[bytes, None] = OrderedDict()  # unreachable, first lost first
+        self._pending: dict[bytes, bytes | None] = {}  # being written → its parent
         self._indexed = 0
         self._reserved = 0
         self._lock = threading.Lock()
@@ -97,20 +98,29 @@ class ChunkIndex:
         """Move ``parent`` and the held chunks before it to the MRU end, the head last."""
         seen: set[bytes] = set()
         node: bytes | None = parent
-        while node is not None and node in self._sizes and node not in seen:
-            self._sizes.move_to_end(node)
+        while node is not None and node not in seen:
+            if node in self._sizes:
+                self._sizes.move_to_end(node)
+            elif node not in self._pending:
+                return
             seen.add(node)
-            node = self._parents.get(node)
+            node = self._before(node)
 
     def _spares(self, nbytes: int, parent: bytes) -> bool:
         """Whether a write after ``parent`` must be skipped rather than evict what it would."""
-        orphan = parent not in self._sizes or parent in self._lost
+        held = parent in self._sizes or parent in self._pending
+        orphan = not held or parent in self._lost
         if not orphan:
             self._touch_ancestors_from(parent)
         victims = self._would_evict(nbytes)
         if orphan:
             return any(v not in self._lost for v in victims)
         return any(self._is_ancestor(v, parent) for v in victims)
+
+    def _before(self, key: bytes) -> bytes | None:
+        """The chunk before ``key``, held or being written, where known."""
+        parent = self._parents.get(key)
+        return parent if parent is not None or key in self._sizes else self._pending.get(key)
 
     def _is_ancestor(self, candidate: bytes, parent: bytes) -> bool:
         """Whether ``candidate`` is ``parent`` or a held chunk before it."""
@@ -120,13 +130,16 @@ class ChunkIndex:
             if node == candidate:
                 return True
             seen.add(node)
-            node = self._parents.get(node)
+            node = self._before(node)
         return False
 
     # -- writes ------------------------------------------------------------------------------
-    def reserve(self, nbytes: int, parent: bytes | None = None) -> list[ChunkKey] | None:
-        """Reserve room for a write of ``nbytes``, a chunk preceded by ``parent`` (``None``: a
-        head); returns the keys evicted to make it.
+    def reserve(
+        self, nbytes: int, parent: bytes | None = None, key: bytes | None = None
+    ) -> list[ChunkKey] | None:
+        """Reserve room for a write of ``nbytes``, chunk ``key`` preceded by ``parent``
+        (``None``: a head); returns the keys evicted to make it. While ``key`` is being
+        written (until ``commit`` or ``release`` with it) a chunk after it counts it as held.
 
         ``None`` (nothing reserved or evicted) when room could only be made by evicting
         ``parent`` or a chunk before it (a prefix longer than the bound keeps its head, and
@@ -141,17 +154,22 @@ class ChunkIndex:
             if victims is None:
                 raise CapacityError(f"max_bytes={self.max_bytes} is taken by writes in flight")
             self._reserved += nbytes
+            if key is not None:
+                self._pending[key] = parent
             return victims
 
-    def release(self, nbytes: int) -> None:
+    def release(self, nbytes: int, key: bytes | None = None) -> None:
         """Give back a reservation whose write failed."""
         with self._lock:
             self._reserved -= nbytes
+            if key is not None:
+                self._pending.pop(key, None)
 
     def commit(self, key: ChunkKey, nbytes: int, parent: bytes | None = None) -> None:
         """A reserved write of ``key`` landed: the reservation becomes its entry (MRU)."""
         with self._lock:
             self._reserved -= nbytes
+            self._pending.pop(key, None)
             self._insert(key, nbytes, parent)
 
     def add(self, key: ChunkKey, nbytes: int, parent: bytes | None = None) -> list[ChunkKey]:
