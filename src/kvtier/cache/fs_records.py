@@ -37,8 +37,8 @@ def tree_records(
     ns_fd: int, name: str, where: str, problems: Problems, *, links: bool
 ) -> np.ndarray:
     """The chunk files of level directory ``name`` (an ``ab`` below the namespace open as
-    ``ns_fd``, path ``where``) and of every ``ab/cd`` below it, as ``level_records`` gives
-    them; everything else is counted in ``problems``."""
+    ``ns_fd``, path ``where``) and of every ``ab/cd`` below it, as ``native.CHUNK_RECORD``
+    rows; everything else is counted in ``problems``."""
     fd = open_level(name, ns_fd, where, problems)
     if fd is None:
         return np.zeros(0, native.CHUNK_RECORD)
@@ -153,7 +153,7 @@ def _classify(name: str, odd: bool, where: str, prefix: str, problems: Problems)
 
 
 def _os_records(fd: int, where: str, prefix: str, problems: Problems, links: bool) -> np.ndarray:
-    """``level_records`` through the ``os`` module (no compiled path on this platform)."""
+    """One ``ab/cd`` directory's rows through the ``os`` module (no compiled path here)."""
     rows = []
     try:
         with os.scandir(fd) as it:
