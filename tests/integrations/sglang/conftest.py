@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integrations.sglang.engine import HERE, SglangEnv
+from tests.tiers.s3_server import MotoServer, s3_server  # noqa: F401 (s3_server is a fixture)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,3 +53,8 @@ def sglang_workdir(request: pytest.FixtureRequest) -> Iterator[Path]:
         print(f"\nSGLang test files and engine logs kept in {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def moto(s3_server: MotoServer) -> MotoServer:  # noqa: F811 (the imported fixture)
+    return s3_server

@@ -22,6 +22,7 @@ from kvtier.errors import ConfigError
 from kvtier.integrations.sglang import HiCacheBackend
 from kvtier.integrations.sglang.identity import page_hash
 from tests.integrations.sglang.host_pool import MhaHostPool, StorageConfig, extra, page_keys
+from tests.tiers.s3_server import ACCESS_KEY, SECRET_KEY, MotoServer
 
 
 @pytest.fixture
@@ -303,3 +304,32 @@ def test_kv_events_carry_sglangs_page_hashes(root: str, opened: list[HiCacheBack
 def test_page_hash_is_sglangs() -> None:
     assert page_hash("ffffffffffffffff" + "0" * 48) == -1
     assert page_hash("7fffffffffffffff" + "0" * 48) == (1 << 63) - 1
+
+
+def test_fs_and_obj_tiers_together(
+    root: str, opened: list[HiCacheBackend], moto: MotoServer
+) -> None:
+    """Pages go to every tier; with the fs tier off they come from the bucket; ``clear`` empties
+    this identity's namespace in both."""
+    bucket = moto.create_bucket()
+    obj = {
+        "type": "obj",
+        "bucket": bucket,
+        "endpoint_override": moto.endpoint,
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+        "prefix": "sglang",
+    }
+    tiers = [{"type": "fs", "root_dir": root}, obj]
+    backend, pool = open_backend(opened, root, kvtier={"secondary_tiers": tiers})
+    runtime = backend.runtime
+    assert runtime is not None and runtime.tiers.names() == ["fs", "obj"]
+    keys = page_keys(3, "two tiers")
+    before = stored(backend, pool, keys)
+    assert runtime.disable_tier("fs")
+    wait_for(lambda: backend.batch_exists(keys) == 3)  # the obj tier's probes answer
+    assert backend.batch_get_v1(keys, pool.page_indices([20, 21, 22])) == [True] * 3
+    assert all(torch.equal(before[i], pool.page(20 + i)) for i in range(3))
+    assert runtime.metrics.counters_of("obj")
+    assert backend.clear() is True
+    assert backend.batch_get_v1(keys, pool.page_indices([20, 21, 22])) == [False] * 3
