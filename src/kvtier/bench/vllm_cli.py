@@ -3,7 +3,8 @@
 The workload options of ``kvtier bench`` (``--conversations``, ``--device-convs``,
 ``--host-convs``, ``--first-prompt-tokens``, ``--rounds``, ``--user-turn-tokens``,
 ``--new-tokens``, ``--seed``, ``--model``, ``--quick``, ``--output-dir``, ``--json``,
-``--chart``, ``--one-shot-tokens``) apply; unset ones take ``VllmBenchOptions``' (or
+``--chart``, ``--one-shot-tokens``) apply, beside ``--repeat K`` (``repeats``) and the others
+``add_arguments`` adds; unset ones take ``VllmBenchOptions``' (or
 ``QUICK``'s) values. Outputs default to ``OUTPUT_DIR/bench-vllm.json`` and ``.png``.
 """
 
@@ -34,6 +35,16 @@ def _in_flight(text: str) -> int:
     return value
 
 
+def _repeats(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to 100, got {text!r}")
+    return value
+
+
 def _strategies(text: str) -> tuple[str, ...]:
     from kvtier.bench.vllm_strategies import SELECTABLE
 
@@ -56,6 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--concurrency", type=_in_flight, metavar="N", help="requests in flight, 1 to 1024 (2)"
+    )
+    group.add_argument(
+        "--repeat",
+        type=_repeats,
+        metavar="K",
+        dest="repeats",
+        help="rounds over every N, 1 to 100 (1); the strategies interleaved phase by phase; "
+        "with K >= 2, per N, the median kvtier-fs / vllm-fs ratio with a 95%% bootstrap "
+        "interval and a verdict (ahead, behind, no difference shown)",
     )
     group.add_argument(
         "--mix", action="store_true", help="add N short one-shot requests at N, reported apart"
@@ -83,7 +103,7 @@ def options_from(args: argparse.Namespace) -> Any:
 
     values: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(VllmBenchOptions)}
     values |= QUICK if args.quick else {}
-    given = {k: getattr(args, k, None) for k in (*SHARED, "concurrency", "strategies")}
+    given = {k: getattr(args, k, None) for k in (*SHARED, "concurrency", "strategies", "repeats")}
     values |= {k: v for k, v in given.items() if v is not None}
     values |= {"mix": bool(args.mix), "vllm_python": args.vllm_python or ""}
     return VllmBenchOptions(**values)
@@ -132,9 +152,10 @@ def run(args: argparse.Namespace) -> int:
     report.write_json(document, json_path)
     title = (
         f"kvtier bench --engine vllm: {options.model} model, {options.concurrency} in flight, "
-        f"{options.rounds + 1} turns, first prompt {options.first_prompt_tokens} tokens"
+        f"{options.rounds + 1} turns, first prompt {options.first_prompt_tokens} tokens, "
+        f"{options.repeats} round{'s' if options.repeats > 1 else ''}"
     )
-    report.write_chart(table, title, chart_path)
+    report.write_chart(table, title, chart_path, document["kvtier_fs_vs_vllm_fs_verdict"])
     print(f"wrote {json_path} and {chart_path}")
     return 0
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.bench import vllm_verdict
 from kvtier.bench.vllm_strategies import CEILING, KVTIER_FS, KVTIER_FS_OPS, RECOMPUTE, VLLM_FS
 
 #: vLLM counter -> the byte column it feeds (tiered ones carry ``tier=<i>:<type>``).
@@ -77,12 +78,15 @@ def summarize(
     talks = [r for r in requests if not r["one_shot"]]
     prompt = sum(r["prompt_tokens"] for r in requests)
     tokens = prompt + sum(len(r["tokens"]) for r in requests)
+    cpu = phase.get("cpu_seconds")
     row: dict[str, Any] = {
+        "round": phase.get("round", 0),
         "conversations": phase["conversations"],
         "strategy": strategy,
         "throughput_tok_s": round(tokens / phase["seconds"], 1),
         "fraction_of_ceiling": None,
         "seconds": round(phase["seconds"], 3),
+        "cpu_ms_per_request": None if cpu is None else round(cpu * 1000 / len(requests), 2),
         "tokens": tokens,
         "requests": len(requests),
         "ttft_ms": percentiles_ms([r["ttft_s"] for r in talks]),
@@ -107,7 +111,8 @@ def equal_fraction(requests: list[dict[str, Any]], reference: dict[str, Any] | N
 
 
 def rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows by N, then strategy in run order; fractions of the ceiling filled in."""
+    """Rows by round and N, then strategy in run order; fractions of the ceiling (the
+    ceiling's of the same round and N) filled in."""
     table = []
     recompute = reports.get(RECOMPUTE)
     for i in range(len(next(iter(reports.values()))["phases"])):
@@ -127,19 +132,22 @@ def rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def same_run_ratios(table: list[dict[str, Any]], mine: str, other: str) -> list[dict[str, Any]]:
-    """Per N where both ran: ``mine`` over ``other`` in throughput and TTFT p99."""
+    """Per round and N where both ran: ``mine`` over ``other`` in throughput, TTFT p99 and
+    (``None`` without it) CPU time per request."""
     out = []
-    for n in sorted({row["conversations"] for row in table}):
-        at = {row["strategy"]: row for row in table if row["conversations"] == n}
+    for turn, n in sorted({(row["round"], row["conversations"]) for row in table}):
+        at = {r["strategy"]: r for r in table if (r["round"], r["conversations"]) == (turn, n)}
         if mine in at and other in at:
             k, v = at[mine], at[other]
             out.append(
                 {
+                    "round": turn,
                     "conversations": n,
                     "throughput_ratio": round(k["throughput_tok_s"] / v["throughput_tok_s"], 3),
                     "ttft_p99_ratio": round(
                         k["ttft_ms"]["p99"] / max(v["ttft_ms"]["p99"], 1e-9), 3
                     ),
+                    "cpu_ratio": cpu_ratio(k, v),
                     "disk_bytes": {
                         mine: k["disk_bytes_after_run"],
                         other: v["disk_bytes_after_run"],
@@ -149,28 +157,39 @@ def same_run_ratios(table: list[dict[str, Any]], mine: str, other: str) -> list[
     return out
 
 
+def cpu_ratio(mine: dict[str, Any], other: dict[str, Any]) -> float | None:
+    """``mine``'s CPU time per request over ``other``'s; ``None`` when either lacks it."""
+    a, b = mine.get("cpu_ms_per_request"), other.get("cpu_ms_per_request")
+    return None if a is None or not b else round(a / b, 3)
+
+
 def kvtier_vs_vllm(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per N: kvtier-fs over vllm-fs in throughput and TTFT p99 (aims: >= 1 and <= 1)."""
+    """Per round and N: kvtier-fs over vllm-fs in throughput and TTFT p99 (aims: >= 1, <= 1)."""
     return same_run_ratios(table, KVTIER_FS, VLLM_FS)
 
 
 def ops_vs_off(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per N: kvtier-fs-ops over kvtier-fs (the operator plane's cost; aim: 1 within noise)."""
+    """Per round and N: kvtier-fs-ops over kvtier-fs (the operator plane's cost; aim: 1)."""
     return same_run_ratios(table, KVTIER_FS_OPS, KVTIER_FS)
 
 
 def ratio_lines(document: dict[str, Any]) -> list[str]:
     """The terminal lines of the same-run ratios and of the operator plane's scrape."""
-    lines = []
+    lines: list[str] = []
     for key, name in (
         ("kvtier_fs_vs_vllm_fs", "kvtier-fs / vllm-fs"),
         ("kvtier_fs_ops_vs_kvtier_fs", "kvtier-fs-ops / kvtier-fs"),
     ):
+        repeated = any(item["round"] for item in document[key])
         lines += [
-            f"N={item['conversations']}: {name} throughput "
+            ("round {} ".format(item["round"] + 1) if repeated else "")
+            + f"N={item['conversations']}: {name} throughput "
             f"{item['throughput_ratio']:.2f}x, TTFT p99 {item['ttft_p99_ratio']:.2f}x"
             for item in document[key]
         ]
+    items = document.get("kvtier_fs_vs_vllm_fs_verdict")
+    if items:
+        lines += vllm_verdict.verdict_lines(items)
     plane = document.get("operator_plane")
     if plane is not None:
         sums = plane.get("sums", {})
@@ -184,13 +203,15 @@ def ratio_lines(document: dict[str, Any]) -> list[str]:
 
 
 def format_table(table: list[dict[str, Any]]) -> str:
-    """The terminal table: one line per (N, strategy)."""
+    """The terminal table: one line per (N, strategy), per round when there are several."""
     names = sorted({s for row in table for s in row["prompt_tokens_from"]} - {"computed"})
     names.append("computed")
     wide = max(10, *(len(row["strategy"]) for row in table))
+    repeated = any(row.get("round") for row in table)
     head = (
-        f"{'N':>4} {'strategy':<{wide}} {'tok/s':>7} {'of best':>7} {'TTFT p50':>9} {'p95':>8} "
-        f"{'p99':>8} {'ITL p50':>8} {'p99':>7} {'same':>5} "
+        ("round " if repeated else "")
+        + f"{'N':>4} {'strategy':<{wide}} {'tok/s':>7} {'of best':>7} {'TTFT p50':>9} {'p95':>8} "
+        f"{'p99':>8} {'ITL p50':>8} {'p99':>7} {'CPU/req':>9} {'same':>5} "
         + " ".join(f"{s[:8]:>8}" for s in names)
     )
     mixed = any("one_shot_ttft_ms" in row for row in table)
@@ -199,17 +220,21 @@ def format_table(table: list[dict[str, Any]]) -> str:
     for row in table:
         t, i, share = row["ttft_ms"], row["itl_ms"], row["fraction_of_ceiling"]
         prompt = sum(row["prompt_tokens_from"].values()) or 1
-        same = row["answers_equal_to_recompute"]
+        same, cpu = row["answers_equal_to_recompute"], row.get("cpu_ms_per_request")
         lines.append(
-            f"{row['conversations']:>4} {row['strategy']:<{wide}} {row['throughput_tok_s']:>7.0f} "
+            (f"{row['round'] + 1:>5} " if repeated else "")
+            + f"{row['conversations']:>4} {row['strategy']:<{wide}} "
+            f"{row['throughput_tok_s']:>7.0f} "
             f"{'-' if share is None else format(share, '.0%'):>7} {t['p50']:>7.1f}ms "
             f"{t['p95']:>6.1f}ms {t['p99']:>6.1f}ms {i['p50']:>6.1f}ms {i['p99']:>5.1f}ms "
+            f"{'-' if cpu is None else format(cpu, '.1f') + 'ms':>9} "
             f"{'-' if same is None else format(same, '.0%'):>5} "
             + " ".join(f"{row['prompt_tokens_from'].get(s, 0) / prompt:>8.0%}" for s in names)
             + _one_shots(row)
         )
     lines.append(
-        "same: answers equal to recompute's; then where prompt tokens came from"
+        "CPU/req: CPU time of the engine's processes per request; same: answers equal to "
+        "recompute's; then where prompt tokens came from"
         + ("; then the one-shots' TTFT p50/p99 (--mix)." if mixed else ".")
     )
     return "\n".join(lines)
@@ -234,6 +259,7 @@ def to_json(
         "load_average_1m": {s: r.get("load_average_1m") for s, r in reports.items()},
         "results": table,
         "kvtier_fs_vs_vllm_fs": kvtier_vs_vllm(table),
+        "kvtier_fs_vs_vllm_fs_verdict": vllm_verdict.verdicts(kvtier_vs_vllm(table)),
         "kvtier_fs_ops_vs_kvtier_fs": ops_vs_off(table),
         "operator_plane": reports.get(KVTIER_FS_OPS, {}).get("operator_plane"),
     }
@@ -252,22 +278,38 @@ PANELS: list[tuple[str, str, Any]] = [
 ]  # fmt: skip
 
 
-def write_chart(table: list[dict[str, Any]], title: str, path: Path) -> None:
-    """Four panels against conversations, one line per strategy."""
+def median_by_n(table: list[dict[str, Any]], strategy: str, value: Any) -> list[float]:
+    """``value`` of ``strategy``'s rows per N (ascending), the median over the rounds."""
+    sizes = sorted({row["conversations"] for row in table if row["strategy"] == strategy})
+    return [
+        float(
+            np.median(
+                [value(r) for r in table if (r["strategy"], r["conversations"]) == (strategy, n)]
+            )
+        )
+        for n in sizes
+    ]
+
+
+def write_chart(
+    table: list[dict[str, Any]], title: str, path: Path, items: list[dict[str, Any]] | None = None
+) -> None:
+    """Four panels against conversations, one line per strategy (the median over the rounds);
+    with ``items`` (``vllm_verdict.verdicts``), a fifth: kvtier-fs / vllm-fs with intervals."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(20, 4.8))
+    panels = len(PANELS) + (1 if items else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.8))
     sizes = sorted({row["conversations"] for row in table})
     strategies = list(dict.fromkeys(row["strategy"] for row in table))
-    for axis, (name, unit, value) in zip(axes, PANELS, strict=True):
+    for axis, (name, unit, value) in zip(axes, PANELS, strict=False):
         for strategy in strategies:
-            mine = [row for row in table if row["strategy"] == strategy]
             axis.plot(
-                [row["conversations"] for row in mine],
-                [value(row) for row in mine],
+                sorted({r["conversations"] for r in table if r["strategy"] == strategy}),
+                median_by_n(table, strategy, value),
                 "--" if strategy == CEILING else "-",
                 marker="o",
                 label=strategy,
@@ -278,6 +320,10 @@ def write_chart(table: list[dict[str, Any]], title: str, path: Path) -> None:
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
     axes[0].legend(loc="lower left")
+    if items:
+        vllm_verdict.plot_intervals(axes[-1], items)
+        axes[-1].set_xticks(sizes, [str(n) for n in sizes])
+        axes[-1].minorticks_off()
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

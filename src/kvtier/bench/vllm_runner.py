@@ -17,8 +17,9 @@ are in flight: a finished request is replaced at once by the next one in the wor
 whose conversation has no request in flight (its next turn needs the answer). Greedy decoding,
 ``ignore_eos``: every request generates exactly ``new_tokens`` tokens.
 
-The output JSON has, per phase: every request's answer, TTFT and inter-token gaps (seconds,
-measured at ``LLMEngine.step`` returns), the phase's wall seconds and tokens, how much every
+The output JSON has, per phase: its round, every request's answer, TTFT and inter-token gaps
+(seconds, measured at ``LLMEngine.step`` returns), the phase's wall seconds and tokens, the CPU
+seconds the runner and its child processes spent in it (``tree_cpu_seconds``), how much every
 vLLM counter grew (``name{label=value,...}``) and the bytes under each of ``disk_dirs``. With
 ``kvtier_metrics_port`` (kvtier's operator plane on in the engine), ``operator_plane``: what
 kvtier's ``/metrics`` and ``/admin/tiers`` served there once every phase was done
@@ -28,11 +29,13 @@ kvtier's ``/metrics`` and ``/admin/tiers`` served there once every phase was don
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib
 import itertools
 import json
 import os
 import random
+import resource
 import sys
 import time
 import urllib.request
@@ -143,7 +146,7 @@ def run_phase(llm: Any, phase: dict[str, Any], concurrency: int) -> dict[str, An
     flights: dict[str, Flight] = {}
     done: list[dict[str, Any]] = []
     sampling = params(phase["new_tokens"])
-    before, start = counters(llm), time.perf_counter()
+    before, start, cpu = counters(llm), time.perf_counter(), tree_cpu_seconds()
     while pending or flights:
         busy = {f.conversation for f in flights.values()}
         while pending and len(flights) < concurrency:
@@ -171,8 +174,10 @@ def run_phase(llm: Any, phase: dict[str, Any], concurrency: int) -> dict[str, An
                 done.append(finished(flight))
     seconds = time.perf_counter() - start
     return {
+        "round": phase.get("round", 0),
         "conversations": phase["conversations"],
         "seconds": seconds,
+        "cpu_seconds": tree_cpu_seconds() - cpu,
         "requests": done,
         "grown": grown(before, counters(llm)),
     }
@@ -188,6 +193,35 @@ def finished(flight: Flight) -> dict[str, Any]:
         "ttft_s": times[0] - flight.added if times else None,
         "itl_s": [b - a for a, b in itertools.pairwise(times)],
     }
+
+
+def _pids_under(pid: int) -> list[int]:
+    """``pid`` and every process below it, from ``/proc/<pid>/task/*/children``."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        for task in glob.glob(f"/proc/{current}/task/*/children"):
+            with contextlib.suppress(OSError), open(task) as file:
+                todo += [int(child) for child in file.read().split()]
+    return out
+
+
+def tree_cpu_seconds() -> float:
+    """User and system CPU seconds of this process and every process below it (vLLM's engine
+    core and workers run in children), from ``/proc/<pid>/stat``; this process alone
+    (``resource``) where ``/proc`` has no ``children`` file. A process that exits between two
+    readings takes its time with it, so only differences over a phase are meaningful."""
+    if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in _pids_under(os.getpid()):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / ticks
 
 
 def tree_bytes(root: str) -> int:
