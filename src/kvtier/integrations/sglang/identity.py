@@ -1,21 +1,21 @@
 """Which SGLang caches may share pages, and the kvtier chunk key of each page span.
 
 ``identity_for`` derives kvtier's ``CacheIdentity`` from SGLang's ``HiCacheStorageConfig`` and
-its host pool: the model (a local directory by its content fingerprint, ``kvtier.model_
-fingerprint``, else SGLang's model name), the revision (kvtier's ``revision`` key and SGLang's
-``--revision``), the logical KV dtype, tokens per page, the host pool's class, layout and page
-format tag, the span shape of a page, whether pages move zero-copy (``interface_v1``) or through
+its host pool: the model (a local directory by its content fingerprint, see
+``kvtier.model_fingerprint``, else SGLang's model name), the revision (kvtier's ``revision`` key
+and SGLang's ``--revision``), the logical KV dtype, tokens per page, the host pool's class,
+layout and page format tag, the span shape of a page, whether pages move zero-copy (``interface_v1``) or through
 SGLang's flat copies, and the parallel coordinates that decide a rank's bytes: TP rank and size
 (not for MLA, whose KV every TP rank holds whole), PP and attention-CP rank and size, DCP. The
 DP rank is left out on purpose: DP replicas hold the same bytes and share.
 
-``cache_salt`` and ``extra_key`` need nothing here: SGLang seeds its page hashes with them
-(``storage_namespace_seed``), so salted pages already have other keys.
+cache_salt and extra_key need nothing here: SGLang seeds its page hashes with them
+(storage_namespace_seed), so salted pages already have other keys.
 
 ``span_key`` names span ``i`` of the page whose SGLang key (64 hex digits) is ``page_key``; a
 ``KeyMap`` turns it into the chunk key ``sha256(identity digest || span key)``, and remembers it
 the other way for removal events. ``page_hash`` is SGLang's own block hash of a page for KV
-events (``hash_str_to_int64``: the first 16 hex digits as a signed int64), so routers can join
+events (hash_str_to_int64: the first 16 hex digits as a signed int64), so routers can join
 kvtier's L3 events with SGLang's GPU and CPU ones.
 
 Nothing here imports SGLang (the config and pool are read by attribute).

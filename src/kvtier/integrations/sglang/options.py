@@ -13,8 +13,9 @@ Inside ``kvtier``: ``secondary_tiers`` (kvtier's own tier entries: ``fs``, ``obj
 tier, ``secondary_min_priority``, ``deadlines``), ``revision`` (part of the cache identity),
 ``kv_events`` (kvtier's publisher, in vLLM's wire format with SGLang's page hashes) and
 ``integrity_key_file``. Every value goes through kvtier's parser: a bad one raises
-``ConfigError`` naming the key (``kvtier.secondary_tiers[0].max_bytes: ...``), which fails the
-attach. Keys that cannot act under SGLang are refused with the reason (``REFUSED``).
+``ConfigError`` naming the key (for example, secondary_tiers[0].max_bytes under kvtier),
+which fails the attach. Keys that cannot act under SGLang are refused with the reason
+(``REFUSED``).
 
 Nothing here imports SGLang.
 """

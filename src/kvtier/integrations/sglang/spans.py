@@ -2,8 +2,8 @@
 
 SGLang's host pool (its L2) owns the memory. For a batch of pages, its
 ``get_page_buffer_meta(host_indices)`` gives one pointer and size per span of each page: two
-spans (K and V) per page for MHA in the ``page_first`` layouts, one for MLA, two per layer in
-``layer_first``; every span of a pool has the same size. Each span is one kvtier chunk, and a
+spans (K and V) per page for MHA in the page_first layouts, one for MLA, two per layer in
+layer_first; every span of a pool has the same size. Each span is one kvtier chunk, and a
 kvtier slot of this region *is* one span: ``lend`` maps a batch's spans to free slot numbers,
 the tiers read and write ``view(slot)`` in place (the pool's own bytes), and ``give_back`` frees
 the numbers once the batch's jobs have reported. Generic (copying) calls lend the spans of the
