@@ -333,3 +333,29 @@ def test_fs_and_obj_tiers_together(
     assert runtime.metrics.counters_of("obj")
     assert backend.clear() is True
     assert backend.batch_get_v1(keys, pool.page_indices([20, 21, 22])) == [False] * 3
+
+
+def test_a_peer_tier_serves_pages_from_another_instances_memory(
+    root: str, opened: list[HiCacheBackend]
+) -> None:
+    """The p2p tier: pages stored into a kvtier instance's host memory over ZeroMQ and read back
+    (the instance serves with this backend's identity, as a peer of the same model would)."""
+    from kvtier import TieringConfig, TieringManager
+    from kvtier.region import round_up
+    from tests.tiers.s3_server import free_port
+
+    probe, pool = open_backend(opened, root)
+    identity = probe.identity
+    port = free_port()
+    stride = round_up(identity.layout.chunk_bytes, 4096)
+    serve = {"port": port, "accept_stores": True}
+    config = TieringConfig.from_dict({"cpu_bytes_to_use": 64 * stride, "serve": serve})
+    with TieringManager(config, identity):
+        peer = [{"type": "p2p", "host": "127.0.0.1", "port": port}]
+        backend, pool = open_backend(opened, root, kvtier={"secondary_tiers": peer})
+        keys = page_keys(3, "peer")
+        before = stored(backend, pool, keys)
+        wait_for(lambda: backend.batch_exists(keys) == 3)
+        assert backend.batch_get_v1(keys, pool.page_indices([30, 31, 32])) == [True] * 3
+        assert all(torch.equal(before[i], pool.page(30 + i)) for i in range(3))
+        backend.close()

@@ -12,7 +12,7 @@ import pytest
 from tests.integrations.sglang.conftest import in_venv
 from tests.integrations.sglang.engine import SglangEnv
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1800)]  # the venv may be built first
 
 
 def test_sglangs_factory_builds_kvtier(sglang_env: SglangEnv, tmp_path: Path) -> None:

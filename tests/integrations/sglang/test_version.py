@@ -13,7 +13,7 @@ import pytest
 from tests.integrations.sglang.conftest import in_venv
 from tests.integrations.sglang.engine import SGLANG_VERSION, SglangEnv
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1800)]  # the venv may be built first
 
 _V1 = ["keys", "host_indices", "extra_info"]
 _V2 = ["transfers", "extra_info"]
