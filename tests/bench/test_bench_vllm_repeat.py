@@ -141,3 +141,12 @@ def test_the_cpu_time_of_this_process_is_counted():
     before = tree_cpu_seconds()
     total = sum(i * i for i in range(3_000_000))
     assert total > 0 and tree_cpu_seconds() >= before
+
+
+def test_a_preset_model_directory_can_be_fingerprinted(tmp_path):
+    from kvtier.bench.vllm_strategies import Model
+    from kvtier.model_fingerprint import fingerprint_model
+
+    first = fingerprint_model(str(Model.resolve("tiny", tmp_path / "a").path))
+    again = fingerprint_model(str(Model.resolve("tiny", tmp_path / "b").path))
+    assert first is not None and again is not None and first.digest == again.digest
