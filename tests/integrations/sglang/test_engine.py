@@ -5,9 +5,10 @@ SGLang's device and host caches it is served from L3 with output identical to th
 with the fs tier switched off by the admin endpoint it is recomputed, same output; a second
 prompt whose chunk files are then damaged is recomputed after a flush, same output.
 B (a restart over A's directory): the first prompt is served from L3, same output.
-C (another ``revision``, with SGLang's own fault injection on every storage call): 0 L3 hits
-for the first prompt (another identity), and repeated flushed runs do not hang and give the
-same output.
+C (the same L3 directory and revision, KV in bfloat16, SGLang's own fault injection on every
+storage call): 0 L3 hits for the first prompt (another identity), and repeated flushed runs do
+not hang and give the same output. (Another ``revision`` is a separate cache too:
+test_backend.py.)
 """
 
 from __future__ import annotations
@@ -116,12 +117,13 @@ def test_sglang_serves_from_kvtier(
         "SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE": "0.3",
         "SGLANG_TEST_HICACHE_BACKEND_RANDOM_DELAY": "0.05",
     }
-    revised = storage_config(l3, revision="other-weights")
-    c = start(servers, Server(sglang_env, sglang_workdir, "c", revised, environ=faults))
-    assert c.generate(FIRST) == (cold, 0)  # another identity: nothing of A's is served
+    bf16 = ["--dtype", "bfloat16"]  # the KV dtype SGLang's own keys leave out (#33268)
+    c = start(servers, Server(sglang_env, sglang_workdir, "c", config, bf16, environ=faults))
+    c_cold, storage = c.generate(FIRST)
+    assert storage == 0  # another identity: nothing of A's float32 pages is served
     for _ in range(3):
         c.flush()
-        assert c.generate(FIRST)[0] == cold
+        assert c.generate(FIRST)[0] == c_cold
     c.stop()
     starts = f"a {a.start_seconds:.0f} s, b {b.start_seconds:.0f} s, c {c.start_seconds:.0f} s"
     print(f"\nSGLang starts: {starts}; the whole test {time.perf_counter() - began:.0f} s")
