@@ -178,6 +178,7 @@ def bad_config(model: Path) -> None:
 def no_weights(model: Path) -> None:
     (model / "model.safetensors").unlink()
     (model / "extra.bin").unlink()
+    (model / "config.json").unlink()
 
 
 @pytest.mark.parametrize(
@@ -198,6 +199,16 @@ def test_a_hostile_model_directory_is_a_config_error(model, damage):
     damage(model)
     with pytest.raises(ConfigError, match="model fingerprint"):
         fingerprint_model(str(model))
+
+
+def test_a_config_only_directory_is_its_config_with_a_warning(model, caplog):
+    """vLLM's load_format=dummy draws weights from the config and a fixed seed."""
+    (model / "model.safetensors").unlink()
+    (model / "extra.bin").unlink()
+    first = digest_of(model)
+    assert "no weight file" in caplog.text
+    (model / "config.json").write_text(json.dumps({"hidden_size": 7}))
+    assert digest_of(model) != first
 
 
 def test_a_model_path_that_loops_is_a_config_error(tmp_path):

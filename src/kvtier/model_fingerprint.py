@@ -20,7 +20,9 @@ weights edited in place) is not seen: give such weights another ``revision``.
 Hostile or broken inputs are a ``ConfigError`` naming the file, never a hang: a weight name that
 is not a regular file (a FIFO, a device, a dangling link, a symlink loop), an unreadable file, a
 safetensors header longer than ``MAX_HEADER_BYTES`` or than the file, invalid config.json, more
-than ``MAX_FILES`` weight files, or a directory without any weight file. Files are opened
+than ``MAX_FILES`` weight files, or a directory with neither a weight file nor config.json. A
+directory with config.json alone (an engine that draws its weights from a fixed seed, like
+vLLM's ``load_format=dummy``) is fingerprinted by its config, with a warning. Files are opened
 non-blocking and checked to be regular before anything is read; directory symlinks are not
 followed (file symlinks are, as in Hugging Face cache snapshots).
 
@@ -155,8 +157,15 @@ def _weight_files(root: Path) -> list[tuple[str, Path]]:
         if len(found) > MAX_FILES:
             raise ConfigError(f"model fingerprint: more than {MAX_FILES} weight files in {root}")
     if not found:
-        names = ", ".join(WEIGHT_SUFFIXES)
-        raise ConfigError(f"model fingerprint: no weight file ({names}) in {root}")
+        if not (root / "config.json").is_file():
+            names = ", ".join(WEIGHT_SUFFIXES)
+            raise ConfigError(f"model fingerprint: no weight file ({names}) in {root}")
+        log.warning(
+            "model fingerprint: %s has a config.json and no weight file: its identity is its "
+            "config alone (right for weights an engine draws from a fixed seed, e.g. vLLM's "
+            "load_format=dummy; give real weights loaded from elsewhere a revision)",
+            root,
+        )
     return sorted(found)
 
 

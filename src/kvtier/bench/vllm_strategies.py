@@ -43,11 +43,6 @@ BLOCK_TOKENS = 128  # vLLM's block size on the CPU platform
 #: Llama-shaped models with random weights (``load_format="dummy"``): layers, hidden, KV heads.
 MODEL_PRESETS = {"tiny": (2, 256, 2), "small": (4, 512, 4)}
 HEAD_DIM = 64
-#: A preset's stand-in weight file: vLLM's ``load_format="dummy"`` never reads it (the weights
-#: come from the config and seed 0), but kvtier's connector fingerprints a local model by its
-#: config and weight files (``kvtier.model_fingerprint``) and refuses a directory with none.
-DUMMY_WEIGHTS = "random-weights.pt"
-DUMMY_NOTE = "no weights: vLLM's load_format=dummy draws them from config.json with seed 0\n"
 VOCAB = 4096
 
 
@@ -85,14 +80,13 @@ class Model:
 
     @classmethod
     def resolve(cls, name: str, workdir: Path) -> Model:
-        """A preset written as a directory under ``workdir`` (its config and ``DUMMY_WEIGHTS``),
-        or a model directory; ``path`` is absolute either way (the runners run in their own
-        work directory)."""
+        """A preset written as a config-only directory under ``workdir`` (its identity is its
+        config: ``kvtier.model_fingerprint``), or a model directory; ``path`` is absolute either
+        way (the runners run in their own work directory)."""
         if name in MODEL_PRESETS:
             path = Path(os.path.abspath(workdir / f"model-{name}"))
             path.mkdir(parents=True, exist_ok=True)
             (path / "config.json").write_text(json.dumps(preset_config(name), indent=1))
-            (path / DUMMY_WEIGHTS).write_text(DUMMY_NOTE)
             return cls(path, True, preset_config(name))
         path = Path(os.path.abspath(name))
         return cls(path, False, json.loads((path / "config.json").read_text()))
