@@ -351,9 +351,15 @@ def test_a_peer_tier_serves_pages_from_another_instances_memory(
     serve = {"port": port, "accept_stores": True}
     config = TieringConfig.from_dict({"cpu_bytes_to_use": 64 * stride, "serve": serve})
     with TieringManager(config, identity):
-        peer = [{"type": "p2p", "host": "127.0.0.1", "port": port}]
+        # hits remembered for a minute: lookups on a loaded machine must not outlast them
+        peer = [{"type": "p2p", "host": "127.0.0.1", "port": port, "hit_ttl_s": 60}]
         backend, pool = open_backend(opened, root, kvtier={"secondary_tiers": peer})
         keys = page_keys(3, "peer")
+        runtime = backend.runtime
+        assert runtime is not None
+        # until the peer's handshake says it takes stores, the tier is skipped (as kvtier's
+        # manager skips it): the backup is done, nothing is written
+        wait_for(lambda: runtime.tiers[0].accepts_stores)
         before = stored(backend, pool, keys)
         wait_for(lambda: backend.batch_exists(keys) == 3)
         assert backend.batch_get_v1(keys, pool.page_indices([30, 31, 32])) == [True] * 3

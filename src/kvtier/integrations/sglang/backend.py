@@ -142,23 +142,27 @@ class HiCacheBackend:
         """Read pages into the host pool at ``host_indices``; a prefix of successes."""
         if self.sidecar_pools:
             return [False] * len(keys)
-        return self._timed("load", keys, lambda p, s: self._store().load(keys, p, s), host_indices)
+        return self._zero_copy(
+            "load", keys, lambda p, s: self._store().load(keys, p, s), host_indices
+        )
 
     def batch_set_v1(
         self, keys: list[str], host_indices: Any, extra_info: Any = None
     ) -> list[bool]:
         """Write the host pool's pages at ``host_indices``; per page, whether it is held."""
-        return self._timed(
+        return self._zero_copy(
             "store", keys, lambda p, s: self._store().store(keys, p, s), host_indices
         )
 
-    def _timed(
+    def _zero_copy(
         self,
         op: str,
         keys: Sequence[str],
         move: Callable[[Sequence[int], Sequence[int]], list[bool]],
         host_indices: Any,
     ) -> list[bool]:
+        """``move`` over the host pool's spans at ``host_indices`` (never raises)."""
+
         def run() -> list[bool]:
             pointers, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
             return self._move(op, keys, pointers, sizes, move)

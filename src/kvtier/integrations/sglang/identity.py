@@ -4,10 +4,11 @@
 its host pool: the model (a local directory by its content fingerprint, see
 ``kvtier.model_fingerprint``, else SGLang's model name), the revision (kvtier's ``revision`` key
 and SGLang's ``--revision``), the logical KV dtype, tokens per page, the host pool's class,
-layout and page format tag, the span shape of a page, whether pages move zero-copy (``interface_v1``) or through
-SGLang's flat copies, and the parallel coordinates that decide a rank's bytes: TP rank and size
-(not for MLA, whose KV every TP rank holds whole), PP and attention-CP rank and size, DCP. The
-DP rank is left out on purpose: DP replicas hold the same bytes and share.
+layout and page format tag, the span shape of a page, whether pages move zero-copy
+(``interface_v1``) or through SGLang's flat copies, and the parallel coordinates that decide a
+rank's bytes: TP rank and size (not for MLA, whose KV every TP rank holds whole), PP and
+attention-CP rank and size, DCP. The DP rank is left out on purpose: DP replicas hold the same
+bytes and share.
 
 cache_salt and extra_key need nothing here: SGLang seeds its page hashes with them
 (storage_namespace_seed), so salted pages already have other keys.

@@ -10,10 +10,11 @@ skipped (their lookups counted as ``disabled``).
   holds it; a page is served only when every chunk was verified (the tier's ``succeeded``); the
   answer is a prefix (``True`` up to the first page that failed).
 * ``store``: every enabled tier that takes stores is written the chunks it does not already
-  hold and its admission keeps (an existing page is a success, so is one admission or a
-  switched-off tier skips: the job is done, a later lookup is a miss); a page fails only when
-  a chunk of it failed to be written. Each chunk is written atomically by its tier, and a page
-  counts as held only with all its chunks, so a half-written page is never a hit.
+  hold and its admission keeps (an existing page is a success, so is one admission, a
+  switched-off tier or a tier taking no stores skips: the job is done, a later lookup misses);
+  a page fails only when a chunk of it failed to be written. Each chunk is written atomically
+  by its tier, and a page counts as held only with all its chunks, so a half-written page is
+  never a hit.
 
 Thread safety: SGLang's prefetch (``exists``), load and backup threads call at once. Lookups
 and submissions run under the runtime's lock; ``JobWaiter`` waits with it released.
@@ -80,7 +81,9 @@ class PageStore:
                 self._runtime.metrics.count(
                     "tier_lookups", tier=tiers[index].name, result="disabled"
                 )
-            elif all(tiers.lookup(index, c) is kv.HIT for c in chunks):
+                continue
+            answers = [tiers.lookup(index, c) for c in chunks]  # every span: probed at once
+            if all(answer is kv.HIT for answer in answers):
                 return index
         return None
 
