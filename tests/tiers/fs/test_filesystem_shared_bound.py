@@ -115,3 +115,24 @@ def test_a_ledger_that_is_not_a_regular_file_fails_the_start(tmp_path: Path) -> 
     tiers = fs_tier(tmp_path, root_dir_max_bytes=4 * FILE)
     with pytest.raises(Exception, match="ledger"):
         TieringManager(config(4, secondary_tiers=tiers), identity).close()
+
+
+def test_a_write_renamed_into_place_but_not_yet_reported_is_counted_once(tmp_path: Path) -> None:
+    """The race CI found: a listing between a write's rename and its ``wrote`` counted that
+    chunk on disk and in flight, so the next write deleted it and was still refused."""
+    from kvtier.keys import ChunkKey
+    from kvtier.tiers.fs.shared_bound import SharedBound
+
+    namespace = "ab" * 32
+    bound = SharedBound(str(tmp_path), FILE, namespace, 0o600)
+    try:
+        first, second = ChunkKey(bytes(32)), ChunkKey(bytes([1]) * 32)
+        assert bound.reserve(FILE, first) == []
+        name = first.hex()
+        level = tmp_path / namespace / name[:2] / name[2:4]
+        level.mkdir(parents=True)
+        (level / name).write_bytes(b"x" * FILE)  # renamed into place; wrote() not called yet
+        assert bound.reserve(FILE, second) == [first]
+        assert bound.total() == FILE
+    finally:
+        bound.close()

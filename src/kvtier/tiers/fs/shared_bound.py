@@ -80,13 +80,14 @@ class SharedBound:
         self._candidates: list[_Candidate] = []
         self._listed_at = -RELIST_S
         self._listed_wall = 0.0
-        self._in_flight = 0  # this instance's reserved writes, not on disk yet
+        self._in_flight: dict[bytes, int] = {}  # this instance's reserved writes → bytes
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
-    def reserve(self, nbytes: int) -> list[ChunkKey] | None:
-        """Room for a write of ``nbytes``, made by deleting chunks where needed; returns this
-        instance's own keys deleted, or ``None`` (nothing reserved) when no room can be made."""
+    def reserve(self, nbytes: int, key: ChunkKey) -> list[ChunkKey] | None:
+        """Room for a write of ``nbytes`` (chunk ``key``), made by deleting chunks where needed;
+        returns this instance's own keys deleted, or ``None`` (nothing reserved) when no room
+        can be made."""
         with self._lock, self._locked():
             total = self._total()
             if total + nbytes > self.max_bytes and self._relist_due():
@@ -99,21 +100,21 @@ class SharedBound:
                     return None
                 total -= freed
             self._set_total(total + nbytes)
-            self._in_flight += nbytes
+            self._in_flight[key] = nbytes
             return own
 
-    def wrote(self, nbytes: int) -> None:
-        """A reserved write landed."""
+    def wrote(self, key: ChunkKey) -> None:
+        """The reserved write of ``key`` landed."""
         with self._lock:
-            self._in_flight -= nbytes
+            self._in_flight.pop(key, None)
 
-    def release(self, nbytes: int, *, reserved: bool = False) -> None:
-        """A chunk file this instance counted was deleted, or (``reserved``) a reserved write
+    def release(self, nbytes: int, key: ChunkKey | None = None) -> None:
+        """A chunk file this instance counted was deleted, or the reserved write of ``key``
         failed."""
         with self._lock, self._locked():
             self._set_total(max(0, self._total() - nbytes))
-            if reserved:
-                self._in_flight -= nbytes
+            if key is not None:
+                self._in_flight.pop(key, None)
 
     def total(self) -> int:
         """The ledger's total now."""
@@ -154,7 +155,9 @@ class SharedBound:
         by_key = {c.key: c for c, _ in found}
         order = ChunkIndex(0).merge_cold((c.key, c.size, parent) for c, parent in found)
         self._candidates = [by_key[k] for k in reversed(order)]
-        total = sum(c.size for c in by_key.values()) + self._in_flight
+        # a write renamed into place but not yet reported by ``wrote`` is counted once
+        landing = sum(n for key, n in self._in_flight.items() if key not in by_key)
+        total = sum(c.size for c in by_key.values()) + landing
         self._set_total(total)
         return total
 

@@ -274,7 +274,7 @@ class FilesystemTier(PooledTier):
         if victims is None:
             return False
         self._delete(victims, "evicted")
-        if not self._reserve_shared(nbytes):
+        if not self._reserve_shared(nbytes, key):
             self._index.release(nbytes, key)
             return False
         try:
@@ -283,12 +283,12 @@ class FilesystemTier(PooledTier):
         except BaseException:
             self._index.release(nbytes, key)
             if self._shared is not None:
-                self._shared.release(nbytes, reserved=True)
+                self._shared.release(nbytes, key)
             raise
         self._index.commit(key, nbytes, link.parent if link is not None else None)
         self._space.wrote(nbytes)
         if self._shared is not None:
-            self._shared.wrote(nbytes)
+            self._shared.wrote(key)
         return True
 
     # -- loads ------------------------------------------------------------------------------
@@ -374,11 +374,11 @@ class FilesystemTier(PooledTier):
         finally:
             self._scanned.set()
 
-    def _reserve_shared(self, nbytes: int) -> bool:
+    def _reserve_shared(self, nbytes: int, key: ChunkKey) -> bool:
         """Room under ``root_dir_max_bytes`` (when set); own chunks it deleted are forgotten."""
         if self._shared is None:
             return True
-        own = self._shared.reserve(nbytes)
+        own = self._shared.reserve(nbytes, key)
         if own is None:
             return False
         for key in own:
