@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,8 +162,17 @@ class Server:
         return list(answer["output_ids"]), int(details.get("storage") or 0)
 
     def flush(self) -> None:
-        """Empty SGLang's device and host caches (L1, L2); L3 keeps everything."""
-        self.post("/flush_cache")
+        """Empty SGLang's device and host caches (L1, L2); L3 keeps everything. SGLang refuses
+        (400) while a request is still finishing, so this asks again until it is done."""
+        for _ in range(120):
+            try:
+                self.post("/flush_cache")
+                return
+            except urllib.error.HTTPError as exc:
+                if exc.code != 400:
+                    raise
+                time.sleep(0.5)
+        raise RuntimeError(f"SGLang never flushed its cache: {self.log_tail()}")
 
     def stop(self) -> None:
         process, self.process = self.process, None
