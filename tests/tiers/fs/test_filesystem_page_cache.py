@@ -24,6 +24,7 @@ from kvtier.tiers.fs.page_cache import CACHESTAT, PageCacheBudget, read_meminfo
 from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, fill, holds, make_keys
+from tests.tiers.fs.chunk_files import chunk_file, drop_page_cache
 
 #: Every test runs with the compiled chunk-file I/O and with the os-module path.
 pytestmark = pytest.mark.usefixtures("fs_io")
@@ -57,20 +58,6 @@ def _load(tier: FilesystemTier, keys: list[ChunkKey], job_id: int) -> bool:
     return collect(tier, [job_id])[job_id].ok
 
 
-def _path(tier: FilesystemTier, key: ChunkKey) -> Path:
-    name = key.hex()
-    return Path(tier.namespace) / name[:2] / name[2:4] / name
-
-
-def _drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _adaptive(tier: FilesystemTier) -> FilesystemTier:
     if not tier._files.adaptive:
         pytest.skip("no O_DIRECT or no cachestat here: 'auto' is plain O_DIRECT")
@@ -82,23 +69,23 @@ def test_auto_loads_cached_and_cold_chunks_verified(tier, region, identity):
     keys = make_keys(identity, 2)
     _store(tier, region, keys)
     assert _load(tier, keys, 2)  # just written: through the page cache
-    _drop_cache(_path(tier, keys[0]))
+    drop_page_cache(chunk_file(tier, keys[0]))
     assert _load(tier, keys, 3)  # one cold (O_DIRECT), one cached
     assert all(holds(region, 4 + i, key) for i, key in enumerate(keys))
     assert tier.stats()["loaded_chunks"] == 4
 
 
 @pytest.mark.parametrize("cold", [False, True])
-def test_auto_detects_damage_on_either_path(tier, region, identity, cold):
+def test_auto_detects_damage_on_eitherchunk_file(tier, region, identity, cold):
     tier = _adaptive(tier)
     keys = make_keys(identity, 1)
     _store(tier, region, keys)
-    path = _path(tier, keys[0])
+    path = chunk_file(tier, keys[0])
     with open(path, "r+b") as file:
         file.seek(HEADER_BYTES + SLOT_BYTES // 2)
         file.write(b"\xff" * 16)
     if cold:
-        _drop_cache(path)
+        drop_page_cache(path)
     assert not _load(tier, keys, 2)
     assert tier.stats()["integrity.checksum"] == 1
     assert not path.exists()
@@ -137,7 +124,7 @@ def test_without_openat2_the_walk_gives_the_same_answers(tier, region, identity,
     _store(tier, region, keys)
     assert _load(tier, keys, 2)
     assert fs_files.ChunkFiles.size_of(tier._files, keys[0]) == HEADER_BYTES + SLOT_BYTES
-    level = _path(tier, keys[1]).parent
+    level = chunk_file(tier, keys[1]).parent
     target = level.with_name(level.name + "-real")
     level.rename(target)
     level.symlink_to(target)  # a linked level is never followed, on either path

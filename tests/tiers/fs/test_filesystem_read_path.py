@@ -23,6 +23,7 @@ from kvtier.tiers.fs.page_cache import CACHESTAT, PAGE, CacheStat
 from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from tests.conftest import collect, fill, holds, make_keys
+from tests.tiers.fs.chunk_files import chunk_file, drop_page_cache
 
 #: Every test runs with the compiled chunk-file I/O and with the os-module path.
 pytestmark = pytest.mark.usefixtures("fs_io")
@@ -66,20 +67,6 @@ def _load(tier: FilesystemTier, region: HostRegion, keys: list[ChunkKey], job_id
     assert all(holds(region, slot, key) for slot, key in zip(slots, keys))
 
 
-def _path(tier: FilesystemTier, key: ChunkKey) -> Path:
-    name = key.hex()
-    return Path(tier.namespace) / name[:2] / name[2:4] / name
-
-
-def _drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _cache(path: Path, but_last: bool = False) -> None:
     """Bring all of ``path`` into the page cache (``but_last``: then drop its last page)."""
     path.read_bytes()
@@ -112,9 +99,9 @@ def test_auto_reads_cached_chunks_through_the_page_cache_and_cold_ones_with_o_di
     keys = make_keys(identity, 3)
     _store(tier, region, keys)
     assert _paths(tier) == (0, 0)
-    cached, cold, partly = (_path(tier, key) for key in keys)
+    cached, cold, partly = (chunk_file(tier, key) for key in keys)
     _cache(cached)
-    _drop_cache(cold)
+    drop_page_cache(cold)
     _cache(partly, but_last=True)  # every page but the last: not wholly cached
     _load(tier, region, keys[:1], 2)
     assert _paths(tier) == (1, 0)
@@ -138,8 +125,8 @@ def test_on_and_off_read_one_way_whatever_is_cached(
         pytest.skip("this file system refuses O_DIRECT")
     keys = make_keys(identity, 2)
     _store(tier, region, keys)
-    _cache(_path(tier, keys[0]))
-    _drop_cache(_path(tier, keys[1]))
+    _cache(chunk_file(tier, keys[0]))
+    drop_page_cache(chunk_file(tier, keys[1]))
     _load(tier, region, keys, 2)
     assert _paths(tier) == expected
 
