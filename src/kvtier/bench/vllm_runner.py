@@ -28,35 +28,25 @@ kvtier's ``/metrics`` and ``/admin/tiers`` served there once every phase was don
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import importlib
-import itertools
 import json
 import os
 import random
-import resource
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier.bench.workload import WorkloadSpec, schedule
-
-ONE_SHOT = -1  # the conversation number of one-shot requests
-
-
-@dataclass
-class Flight:
-    """One request in flight: when it was added and when each of its tokens arrived."""
-
-    key: str
-    conversation: int
-    prompt: list[int]
-    added: float
-    token_times: list[float] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
+from kvtier.bench.phase import (
+    ONE_SHOT,
+    Flight,
+    finished,
+    one_shot_prompt,
+    order,
+    tree_bytes,
+    tree_cpu_seconds,
+    user_turn,
+)
 
 
 def counters(llm: Any) -> dict[str, float]:
@@ -78,37 +68,6 @@ def stop(llm: Any) -> None:
     """Stop the engine, giving its teardown time: by default vLLM kills its engine core 5 s
     after SIGTERM, which can cut the tiering manager's shutdown of the secondary tiers short."""
     llm.llm_engine.engine_core.shutdown(timeout=60)
-
-
-def user_turn(phase: dict[str, Any], conversation: int, turn: int) -> list[int]:
-    """A conversation's new user tokens (the first prompt at turn 0), fixed by the seed."""
-    rng = random.Random(f"{phase['seed']}/{conversation}/{turn}")
-    length = phase["first_prompt_tokens"] if turn == 0 else phase["user_turn_tokens"]
-    return [rng.randrange(10, phase["vocab_size"]) for _ in range(length)]
-
-
-def order(phase: dict[str, Any]) -> list[tuple[int, int]]:
-    """(conversation, turn) in serving order; one-shots (``ONE_SHOT``, index) spread evenly."""
-    spec = WorkloadSpec(
-        num_conversations=phase["conversations"], rounds=phase["rounds"], seed=phase["seed"]
-    )
-    turns = schedule(spec)
-    shots = phase.get("one_shots", 0)
-    if not shots:
-        return turns
-    mixed: list[tuple[int, int]] = []
-    left, every = list(range(shots)), max(1, len(turns) // shots)
-    for i, item in enumerate(turns):
-        mixed.append(item)
-        if (i + 1) % every == 0 and left:
-            mixed.append((ONE_SHOT, left.pop(0)))
-    mixed += [(ONE_SHOT, index) for index in left]
-    return mixed
-
-
-def one_shot_prompt(phase: dict[str, Any], index: int) -> list[int]:
-    rng = random.Random(f"{phase['seed']}/one-shot/{index}")
-    return [rng.randrange(10, phase["vocab_size"]) for _ in range(phase["one_shot_tokens"])]
 
 
 def engine(scenario: dict[str, Any]) -> Any:
@@ -181,56 +140,6 @@ def run_phase(llm: Any, phase: dict[str, Any], concurrency: int) -> dict[str, An
         "requests": done,
         "grown": grown(before, counters(llm)),
     }
-
-
-def finished(flight: Flight) -> dict[str, Any]:
-    times = flight.token_times
-    return {
-        "key": flight.key,
-        "one_shot": flight.conversation == ONE_SHOT,
-        "prompt_tokens": len(flight.prompt),
-        "tokens": flight.tokens,
-        "ttft_s": times[0] - flight.added if times else None,
-        "itl_s": [b - a for a, b in itertools.pairwise(times)],
-    }
-
-
-def _pids_under(pid: int) -> list[int]:
-    """``pid`` and every process below it, from ``/proc/<pid>/task/*/children``."""
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        for task in glob.glob(f"/proc/{current}/task/*/children"):
-            with contextlib.suppress(OSError), open(task) as file:
-                todo += [int(child) for child in file.read().split()]
-    return out
-
-
-def tree_cpu_seconds() -> float:
-    """User and system CPU seconds of this process and every process below it (vLLM's engine
-    core and workers run in children), from ``/proc/<pid>/stat``; this process alone
-    (``resource``) where ``/proc`` has no ``children`` file. A process that exits between two
-    readings takes its time with it, so only differences over a phase are meaningful."""
-    if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in _pids_under(os.getpid()):
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as file:
-            fields = file.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / ticks
-
-
-def tree_bytes(root: str) -> int:
-    total = 0
-    for directory, _, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.path.getsize(os.path.join(directory, name))
-    return total
 
 
 #: kvtier families ``scrape_operator_plane`` sums (all samples of each, every label).

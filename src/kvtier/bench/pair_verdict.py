@@ -1,7 +1,8 @@
-"""The verdict of ``kvtier bench --engine vllm --repeat K``: is kvtier-fs ahead of vllm-fs?
+"""The verdict of ``kvtier bench --engine vllm|sglang --repeat K``: is kvtier-fs ahead of the
+engine's own fs tier (vllm-fs, sglang-file)?
 
-From the same-run ratios of every round (``vllm_report.kvtier_vs_vllm``: kvtier-fs over
-vllm-fs at one round and N, both measured minutes apart under the same load), per N: the
+From the same-run ratios of every round (``engine_report.same_run_ratios``: kvtier-fs over the
+other at one round and N, both measured minutes apart under the same load), per N: the
 median ratio over the rounds with its 95 % bootstrap interval (``verdict.interval``) for
 throughput and TTFT p99, and for CPU time per request when the runners measured it (shown, not
 judged: it is how much work a request cost, where wall time also counts waiting for a shared
@@ -50,11 +51,9 @@ def _describe(found: dict[str, Any]) -> str:
     ).describe()
 
 
-def verdict_lines(items: list[dict[str, Any]]) -> list[str]:
-    """The terminal table of ``verdicts``: one line per N."""
-    lines = [
-        f"kvtier-fs / vllm-fs over rounds: median ratio [{verdict.LEVEL:.0%} bootstrap interval]"
-    ]
+def verdict_lines(items: list[dict[str, Any]], pair: str) -> list[str]:
+    """The terminal table of ``verdicts``: one line per N; ``pair``: ``mine / other``."""
+    lines = [f"{pair} over rounds: median ratio [{verdict.LEVEL:.0%} bootstrap interval]"]
     for item in items:
         parts = [
             f"{label} {_describe(item[name])}"
@@ -69,7 +68,7 @@ def verdict_lines(items: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def plot_intervals(axis: Any, items: list[dict[str, Any]]) -> None:
+def plot_intervals(axis: Any, items: list[dict[str, Any]], pair: str) -> None:
     """One panel: the median ratios with their intervals as error bars, 1.0 marked."""
     for offset, (name, label) in enumerate(
         (("throughput", "throughput"), ("ttft_p99", "TTFT p99"))
@@ -85,7 +84,7 @@ def plot_intervals(axis: Any, items: list[dict[str, Any]]) -> None:
     axis.axhline(1.0, color="grey", linestyle=":")
     rounds = max((item["rounds"] for item in items), default=0)
     axis.set(
-        title=f"kvtier-fs / vllm-fs, {rounds} rounds ({verdict.LEVEL:.0%} interval)",
+        title=f"{pair}, {rounds} rounds ({verdict.LEVEL:.0%} interval)",
         xlabel="conversations",
         ylabel="ratio",
         xscale="log",

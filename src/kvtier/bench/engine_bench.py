@@ -1,0 +1,91 @@
+"""What the engine benches (``--engine vllm``, ``--engine sglang``) share: their workload
+options and the order in which the strategies' engines serve the phases.
+
+``interleave`` drives one engine per strategy, all started together and kept up: each phase
+(``phase.phases``: every N of every round) is served by one engine after the other, so the
+strategies' figures at one N are measured minutes apart at most, under the same load of a
+shared machine. The order turns by one strategy at each phase (``rotated``), so no strategy
+is always the first (or the last) to run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class EngineBenchOptions:
+    """The workload of an engine bench; capacities in conversations at their longest."""
+
+    model: str = "small"
+    conversations: tuple[int, ...] = (4, 8, 16)
+    device_convs: float = 4
+    host_convs: float = 8
+    concurrency: int = 2
+    first_prompt_tokens: int = 768
+    rounds: int = 4
+    user_turn_tokens: int = 32
+    new_tokens: int = 8
+    seed: int = 0
+    mix: bool = False
+    one_shot_tokens: int = 128
+    output_dir: str = "bench-results"
+    repeats: int = 1
+
+    @property
+    def max_context(self) -> int:
+        """A conversation's largest KV in tokens: every prompt and answer."""
+        asked = self.rounds * self.user_turn_tokens + (self.rounds + 1) * self.new_tokens
+        return self.first_prompt_tokens + asked
+
+
+class Engine(Protocol):
+    """One strategy's engine as ``interleave`` drives it."""
+
+    def ask(self, command: str | None, reply: str) -> None:
+        """``None``: wait until it is up (``READY``); a phase index: serve it (``DONE``)."""
+
+    def finish(self) -> dict[str, Any]:
+        """Its report (``engine_report``'s input), with ``load_average_1m`` at its end."""
+
+    def stop(self) -> None:
+        """Stop it and remove what it left; idempotent, also after a failure."""
+
+
+def rotated(names: list[str], turn: int) -> list[str]:
+    """``names`` turned left by ``turn`` places: N number ``turn`` runs them in this order."""
+    turn %= max(1, len(names))
+    return names[turn:] + names[:turn]
+
+
+def interleave(
+    start: Callable[[str], Engine], strategies: Sequence[str], phases: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Every strategy's report, in ``strategies``' order, after its engine (``start(strategy)``)
+    served every phase (see the module docstring); every engine started is stopped afterwards,
+    even when one failed."""
+    engines: dict[str, Engine] = {}
+    try:
+        for strategy in strategies:
+            engines[strategy] = start(strategy)
+        for strategy, engine in engines.items():
+            engine.ask(None, "READY")
+            print(f"engine {strategy}: up", file=sys.stderr, flush=True)
+        for index, phase in enumerate(phases):
+            for strategy in rotated(list(engines), index):
+                engines[strategy].ask(str(index), "DONE")
+                where = f"round {phase['round'] + 1} N={phase['conversations']}"
+                print(f"{where} {strategy}: done", file=sys.stderr, flush=True)
+        return {strategy: engine.finish() for strategy, engine in engines.items()}
+    finally:
+        for engine in engines.values():
+            engine.stop()
+
+
+def load_average() -> float:
+    """The machine's 1-minute load average, rounded for a report."""
+    return round(os.getloadavg()[0], 2)
