@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench import admission_cli, vllm_cli
+from kvtier.bench import admission_cli, engine_cli, sglang_cli, vllm_cli
 from kvtier.bench.outputs import output_paths, sweep_and_report
 from kvtier.cli.common import UsageError, float_in, int_in
 from kvtier.errors import KVTierError
@@ -95,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve the fullest strategy's metrics on this port (0: any free port, printed)",
     )
     admission_cli.add_arguments(parser)
-    vllm_cli.add_arguments(parser)
+    engine_cli.add_arguments(parser)
 
 
 def _add_workload_arguments(work: Any) -> None:
@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     """
     if args.engine == "vllm":  # its own options and engines (vllm_cli)
         return vllm_cli.run(args)
+    if args.engine == "sglang":  # its own options and servers (sglang_cli)
+        return sglang_cli.run(args)
     options = options_from(args)
     check_options(options)
     json_path, chart_path = _output_paths(args, options)

@@ -43,6 +43,10 @@ class EngineBenchOptions:
         return self.first_prompt_tokens + asked
 
 
+class EngineFailed(RuntimeError):
+    """An engine exited with an error, failed a request, or wrote no report."""
+
+
 class Engine(Protocol):
     """One strategy's engine as ``interleave`` drives it."""
 

@@ -189,14 +189,11 @@ def _one_shots(row: dict[str, Any]) -> str:
     return f" {shots['p50']:>7.1f}/{shots['p99']:>7.1f}ms" if shots else ""
 
 
-def header(options: Any, pools: Any, model: Any, reports: dict[str, Any]) -> dict[str, Any]:
-    """The report's run description: options, model, pools, engine load times, load average."""
+def header(options: Any, reports: dict[str, Any]) -> dict[str, Any]:
+    """The report's run description: options, engine load times, load average."""
     opts = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(options).items()}
     return {
         "options": opts,
-        "model": {"path": str(model.path), "dummy": model.dummy},
-        "pools_blocks": vars(pools),
-        "block_bytes": model.block_bytes,
         "engine_load_seconds": {s: round(r["load_seconds"], 1) for s, r in reports.items()},
         "load_average_1m": {s: r.get("load_average_1m") for s, r in reports.items()},
     }

@@ -24,7 +24,7 @@ from typing import Any
 
 import kvtier
 from kvtier.bench import engine_bench, phase
-from kvtier.bench.engine_bench import EngineBenchOptions
+from kvtier.bench.engine_bench import EngineBenchOptions, EngineFailed
 from kvtier.bench.vllm_strategies import (
     CEILING,
     FS_STRATEGIES,
@@ -62,10 +62,6 @@ QUICK: dict[str, Any] = {
     "model": "tiny", "conversations": (2, 6), "device_convs": 2, "host_convs": 4,
     "first_prompt_tokens": 512, "rounds": 2, "new_tokens": 4,
 }  # fmt: skip
-
-
-class EngineFailed(RuntimeError):
-    """An engine process exited with an error or wrote no report."""
 
 
 def absolute_paths(options: VllmBenchOptions) -> VllmBenchOptions:

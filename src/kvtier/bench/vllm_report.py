@@ -28,6 +28,7 @@ BYTE_COUNTERS = {
     "vllm:kv_offload_tiering_read_bytes": "read", "vllm:kv_offload_tiering_write_bytes": "written",
 }  # fmt: skip
 PAIR = "kvtier-fs / vllm-fs"
+VERDICT = "kvtier_fs_vs_vllm_fs_verdict"  # the document's key of the pair's verdicts
 
 
 def _parse(key: str) -> tuple[str, dict[str, str]]:
@@ -105,7 +106,10 @@ def to_json(
     ratios = kvtier_vs_vllm(table)
     return {
         "engine": "vllm",
-        **engine_report.header(options, pools, model, reports),
+        **engine_report.header(options, reports),
+        "model": {"path": str(model.path), "dummy": model.dummy},
+        "pools_blocks": vars(pools),
+        "block_bytes": model.block_bytes,
         "results": table,
         "kvtier_fs_vs_vllm_fs": ratios,
         "kvtier_fs_vs_vllm_fs_verdict": pair_verdict.verdicts(ratios),

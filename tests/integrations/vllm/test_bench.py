@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from kvtier.bench import vllm_report
+from kvtier.bench.engine_cli import _strategies
 from kvtier.bench.vllm_bench import VllmBench, VllmBenchOptions
-from kvtier.bench.vllm_cli import _strategies
 from kvtier.bench.vllm_runner import scrape_operator_plane
 from kvtier.bench.vllm_strategies import STRATEGIES, Pools, preset_config
 from kvtier.cli.main import main
