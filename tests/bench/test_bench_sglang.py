@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import pytest
 
 from kvtier.bench import sglang_client, sglang_report
+from kvtier.bench.sglang_bench import SglangBenchOptions
 from kvtier.bench.sglang_strategies import Pools, asked_from_l3, server_flags
 from kvtier.cli.main import main
 
@@ -26,13 +27,18 @@ def extra_config(flags: list[str]) -> dict[str, Any]:
     return loaded
 
 
+#: A longest conversation of 512 + 2 * 32 + 3 * 4 = 588 tokens.
+OPTIONS = SglangBenchOptions(conversations=(2, 8), device_convs=2, host_convs=4,
+                             first_prompt_tokens=512, rounds=2, new_tokens=4)  # fmt: skip
+
+
 def test_pools_are_whole_pages_and_the_ceiling_holds_every_conversation():
-    pools = Pools.size(588, 2, 4, 8, 2)
+    pools = Pools.size(OPTIONS)
     assert pools == Pools(592, 1184, 5920, 2368)
 
 
 def test_each_strategy_gets_its_pool_and_l3(tmp_path):
-    pools = Pools.size(588, 2, 4, 8, 2)
+    pools = Pools.size(OPTIONS)
     recompute = server_flags("recompute", pools, tmp_path)
     assert recompute[:2] == ["--max-total-tokens", "1184"]
     assert "--enable-hierarchical-cache" not in recompute

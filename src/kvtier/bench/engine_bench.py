@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -41,6 +43,23 @@ class EngineBenchOptions:
         """A conversation's largest KV in tokens: every prompt and answer."""
         asked = self.rounds * self.user_turn_tokens + (self.rounds + 1) * self.new_tokens
         return self.first_prompt_tokens + asked
+
+
+def pool_sizes(per_conv: int, options: EngineBenchOptions) -> tuple[int, int, int]:
+    """The device pool, the ceiling's pool and host memory of ``options`` in the unit of
+    ``per_conv`` (one conversation at its longest): the device pool holds one at least, the
+    ceiling every conversation plus the requests in flight, host memory one unit at least."""
+    o = options
+    device = max(per_conv, round(o.device_convs * per_conv))
+    ceiling = (max(o.conversations) + o.concurrency) * per_conv
+    return device, ceiling, max(1, round(o.host_convs * per_conv))
+
+
+def run_dir(output_dir: str, engine: str) -> Path:
+    """A fresh directory of its own for one run's files under ``output_dir``."""
+    path = Path(output_dir) / f"{engine}-run-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 class EngineFailed(RuntimeError):

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from kvtier.cli.common import UsageError
@@ -132,35 +132,41 @@ def check_strategies(names: tuple[str, ...], known: tuple[str, ...], engine: str
 
 
 def run_engine(
-    bench: Any, report: Any, to_json: Callable[..., dict[str, Any]], paths: tuple[Path, Path],
-    title: str,
+    args: argparse.Namespace, options: Any, engine: str, build: Callable[[Any], Any],
+    report: Any, to_json: Callable[..., dict[str, Any]],
 ) -> int:  # fmt: skip
-    """Run ``bench``, print ``report``'s table and ratio lines, write the JSON
-    (``to_json(reports, table)``) and ``report``'s chart at ``paths``; 1 (and the failure on
-    stderr) when an engine failed."""
+    """Check the outputs' paths, ``build(options)`` the bench and print its ``describe()``,
+    run it, print ``report``'s table and ratio lines, write the JSON (``to_json(bench,
+    reports, table)``) and ``report``'s chart (``OUTPUT_DIR/bench-<engine>.json`` and ``.png``
+    unless ``--json``, ``--chart``); 1 (and the failure on stderr) when an engine failed."""
     from kvtier.bench.engine_bench import EngineFailed
+    from kvtier.bench.outputs import output_paths
 
-    json_path, chart_path = paths
+    json_path, chart_path = output_paths(args, options.output_dir, f"bench-{engine}")
+    bench = build(options)
+    print(bench.describe(), file=sys.stderr)
     try:
         reports = bench.run()
     except EngineFailed as exc:
         print(f"kvtier bench: {exc}", file=sys.stderr)
         return 1
     table = report.rows(reports)
-    document = to_json(reports, table)
+    document = to_json(bench, reports, table)
     print(report.format_table(table))
     print("\n".join(report.ratio_lines(document)))
     report.write_json(document, json_path)
-    report.write_chart(table, title, chart_path, document[report.VERDICT])
+    chart_title = title(engine, bench.options)
+    report.write_chart(table, chart_title, chart_path, document[report.VERDICT])
     print(f"wrote {json_path} and {chart_path}")
     return 0
 
 
-def title(engine: str, options: Any, model: str) -> str:
+def title(engine: str, options: Any) -> str:
     """The chart's title: the engine, model, concurrency, turns, first prompt and rounds."""
     o = options
     return (
-        f"kvtier bench --engine {engine}: {model} model, {o.concurrency} in flight, "
+        f"kvtier bench --engine {engine}: {os.path.basename(o.model)} model, "
+        f"{o.concurrency} in flight, "
         f"{o.rounds + 1} turns, first prompt {o.first_prompt_tokens} tokens, "
         f"{o.repeats} round{'s' if o.repeats > 1 else ''}"
     )

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -80,11 +79,17 @@ class SglangBench:
 
     def __init__(self, options: SglangBenchOptions) -> None:
         self.options = options = absolute_paths(options)
-        self.workdir = Path(options.output_dir) / f"sglang-run-{uuid.uuid4().hex[:8]}"
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        o = options
-        self.pools = Pools.size(
-            o.max_context, o.device_convs, o.host_convs, max(o.conversations), o.concurrency
+        self.workdir = engine_bench.run_dir(options.output_dir, "sglang")
+        self.pools = Pools.size(options)
+
+    def describe(self) -> str:
+        """One line: the model, the pools, N, the strategies and where the files go."""
+        p, o = self.pools, self.options
+        return (
+            f"SGLang bench: model {o.model}, a conversation is {p.tokens_per_conv} tokens; "
+            f"device pool {p.device_tokens} tokens, host {p.host_tokens}, ceiling "
+            f"{p.ceiling_tokens}; N = {','.join(map(str, o.conversations))}; strategies "
+            f"{','.join(o.strategies)}; files under {self.workdir}"
         )
 
     def phases(self) -> list[dict[str, Any]]:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
-from kvtier.bench.engine_cli import check_strategies, run_engine, title
+from kvtier.bench.engine_cli import check_strategies, run_engine
 from kvtier.cli.common import UsageError
 
 
@@ -54,27 +53,12 @@ def check(options: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run every strategy's server, print the table, write the JSON and the chart."""
     from kvtier.bench import sglang_report as report
-    from kvtier.bench.outputs import output_paths
     from kvtier.bench.sglang_bench import SglangBench
 
     options = options_from(args)
     check(options)
-    paths = output_paths(args, options.output_dir, "bench-sglang")
-    bench = SglangBench(options)
-    print(_describe(bench), file=sys.stderr)
 
-    def to_json(reports: dict[str, Any], table: list[dict[str, Any]]) -> dict[str, Any]:
+    def to_json(bench: Any, reports: dict[str, Any], table: list[dict[str, Any]]) -> Any:
         return report.to_json(bench.options, bench.pools, reports, table)
 
-    model = os.path.basename(bench.options.model)
-    return run_engine(bench, report, to_json, paths, title("sglang", bench.options, model))
-
-
-def _describe(bench: Any) -> str:
-    p, o = bench.pools, bench.options
-    return (
-        f"SGLang bench: model {o.model}, a conversation is {p.tokens_per_conv} tokens; device "
-        f"pool {p.device_tokens} tokens, host {p.host_tokens}, ceiling {p.ceiling_tokens}; "
-        f"N = {','.join(map(str, o.conversations))}; strategies {','.join(o.strategies)}; "
-        f"files under {bench.workdir}"
-    )
+    return run_engine(args, options, "sglang", SglangBench, report, to_json)

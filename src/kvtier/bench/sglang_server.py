@@ -6,8 +6,9 @@ flags every run shares (``BASE_FLAGS``: no overlap schedule, no grammar backend,
 token pages, ``--enable-metrics``) and the caller's (pool sizes, HiCache, the L3 backend), and
 waits until ``/health_generate`` answers. SGLang 0.5.23 does not run HiCache on a CPU-only
 machine by itself: the ``shims`` folder (the repository's ``tests/integrations/sglang/shims``:
-a stand-in for SGLang's kernel package, sgl-kernel, and a plugin that allocates the host pool as plain memory and copies
-between device and host pools with torch indexing) goes first on its ``PYTHONPATH``.
+a stand-in for SGLang's kernel package, sgl-kernel, and a plugin that allocates the host pool
+as plain memory and copies between device and host pools with torch indexing) goes first on
+its ``PYTHONPATH``.
 ``stop`` ends the session and removes the ``sglang*`` files in /dev/shm that appeared while
 it ran (stopped servers leave them).
 """

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvtier.bench.engine_bench import EngineBenchOptions, pool_sizes
 from kvtier.bench.sglang_server import PAGE_SIZE
 
 RECOMPUTE, SGLANG_FILE, KVTIER_FS, CEILING = "recompute", "sglang-file", "kvtier-fs", "ceiling"
@@ -43,23 +44,11 @@ class Pools:
     host_tokens: int
 
     @classmethod
-    def size(
-        cls,
-        max_context: int,
-        device_convs: float,
-        host_convs: float,
-        max_conversations: int,
-        concurrency: int,
-    ) -> Pools:
-        """Whole pages; the ceiling holds every conversation plus the requests in flight."""
-        per_conv = math.ceil(max_context / PAGE_SIZE) * PAGE_SIZE
-        device = max(per_conv, _pages(device_convs * per_conv))
-        ceiling = (max_conversations + concurrency) * per_conv
-        return cls(per_conv, device, ceiling, max(PAGE_SIZE, _pages(host_convs * per_conv)))
-
-
-def _pages(tokens: float) -> int:
-    return round(tokens / PAGE_SIZE) * PAGE_SIZE
+    def size(cls, options: EngineBenchOptions) -> Pools:
+        """``engine_bench.pool_sizes`` of ``options`` in whole pages, counted in tokens."""
+        pages = math.ceil(options.max_context / PAGE_SIZE)
+        sizes = (pages, *pool_sizes(pages, options))
+        return cls(*(size * PAGE_SIZE for size in sizes))
 
 
 def server_flags(strategy: str, pools: Pools, l3_dir: Path) -> list[str]:

@@ -93,12 +93,19 @@ class VllmBench:
 
     def __init__(self, options: VllmBenchOptions) -> None:
         self.options = options = absolute_paths(options)
-        self.workdir = Path(options.output_dir) / f"vllm-run-{uuid.uuid4().hex[:8]}"
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = engine_bench.run_dir(options.output_dir, "vllm")
         self.model = Model.resolve(options.model, self.workdir)
-        o = options
-        self.pools = Pools.size(
-            o.max_context, o.device_convs, o.host_convs, max(o.conversations), o.concurrency
+        self.pools = Pools.size(options)
+
+    def describe(self) -> str:
+        """One line: the model, the pools, N, the strategies and where the files go."""
+        p, o = self.pools, self.options
+        return (
+            f"vLLM bench: model {o.model} ({self.model.block_bytes >> 10} KiB per 128-token "
+            f"block), a conversation is {p.blocks_per_conv} blocks; device pool "
+            f"{p.device_blocks} blocks, host {p.host_blocks}, ceiling {p.ceiling_blocks}; N = "
+            f"{','.join(map(str, o.conversations))}; strategies {','.join(o.strategies)}; "
+            f"files under {self.workdir}"
         )
 
     def phases(self) -> list[dict[str, Any]]:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
-from kvtier.bench.engine_cli import SHARED, add_arguments, check_strategies, run_engine, title
+from kvtier.bench.engine_cli import SHARED, add_arguments, check_strategies, run_engine
 from kvtier.cli.common import UsageError
 
 __all__ = ["SHARED", "add_arguments", "check", "options_from", "run"]
@@ -53,27 +52,12 @@ def check(options: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run every strategy's engine, print the table, write the JSON and the chart."""
     from kvtier.bench import vllm_report as report
-    from kvtier.bench.outputs import output_paths
     from kvtier.bench.vllm_bench import VllmBench
 
     options = options_from(args)
     check(options)
-    paths = output_paths(args, options.output_dir, "bench-vllm")
-    bench = VllmBench(options)
-    print(_describe(bench), file=sys.stderr)
 
-    def to_json(reports: dict[str, Any], table: list[dict[str, Any]]) -> dict[str, Any]:
-        return report.to_json(options, bench.pools, bench.model, reports, table)
+    def to_json(bench: Any, reports: dict[str, Any], table: list[dict[str, Any]]) -> Any:
+        return report.to_json(bench.options, bench.pools, bench.model, reports, table)
 
-    return run_engine(bench, report, to_json, paths, title("vllm", options, options.model))
-
-
-def _describe(bench: Any) -> str:
-    p, o = bench.pools, bench.options
-    return (
-        f"vLLM bench: model {o.model} ({bench.model.block_bytes >> 10} KiB per 128-token "
-        f"block), a conversation is {p.blocks_per_conv} blocks; device pool {p.device_blocks}"
-        f" blocks, host {p.host_blocks}, ceiling {p.ceiling_blocks}; N = "
-        f"{','.join(map(str, o.conversations))}; strategies {','.join(o.strategies)}; "
-        f"files under {bench.workdir}"
-    )
+    return run_engine(args, options, "vllm", VllmBench, report, to_json)

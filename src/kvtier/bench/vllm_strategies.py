@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvtier.bench.engine_bench import EngineBenchOptions, pool_sizes
+
 RECOMPUTE, VLLM_HOST, VLLM_FS, KVTIER_FS, CEILING, KVTIER_FS_OPS = (
     "recompute", "vllm-host", "vllm-fs", "kvtier-fs", "ceiling", "kvtier-fs-ops",
 )  # fmt: skip
@@ -113,19 +115,10 @@ class Pools:
     host_blocks: int
 
     @classmethod
-    def size(
-        cls,
-        max_context: int,
-        device_convs: float,
-        host_convs: float,
-        max_conversations: int,
-        concurrency: int,
-    ) -> Pools:
-        """The ceiling holds every conversation plus the requests in flight."""
-        per_conv = math.ceil(max_context / BLOCK_TOKENS)
-        device = max(per_conv, round(device_convs * per_conv))
-        ceiling = (max_conversations + concurrency) * per_conv
-        return cls(per_conv, device, ceiling, max(1, round(host_convs * per_conv)))
+    def size(cls, options: EngineBenchOptions) -> Pools:
+        """``engine_bench.pool_sizes`` of ``options`` in engine blocks."""
+        per_conv = math.ceil(options.max_context / BLOCK_TOKENS)
+        return cls(per_conv, *pool_sizes(per_conv, options))
 
 
 def transfer_config(
