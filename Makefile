@@ -17,7 +17,8 @@ SGLANG_CACHE ?= $(HOME)/.cache/kvtier-test/sglang-cpu-0.5.23
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/kvtier/tiers/fs/_fastio.c
+$(STAMP): pyproject.toml setup.py src/kvtier/tiers/fs/_fastio.c src/kvtier/tiers/shared/_checksum.c \
+		src/kvtier/tiers/shared/xxh3.h
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0

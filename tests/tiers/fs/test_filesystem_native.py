@@ -26,6 +26,7 @@ from kvtier.tiers.fs import io as fs_io
 from kvtier.tiers.fs import native
 from kvtier.tiers.fs.pin import NamespacePin
 from kvtier.tiers.fs.tier import FilesystemTier
+from kvtier.tiers.shared import codec
 from tests.conftest import collect, fill, holds, make_keys
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="_fastio is not built here")
@@ -91,7 +92,7 @@ def _load(path: Path, flags: int = os.O_RDONLY, adaptive: bool = False) -> nativ
     pin = pinned(path.parent)
     try:
         return native.load(
-            pin, path.name, header, payload[:5000], payload, flags, adaptive, O_DIRECT
+            pin, path.name, header, payload[:5000], payload, flags, adaptive, O_DIRECT, False
         )
     finally:
         pin.close()
@@ -103,7 +104,7 @@ def test_load_reads_regular_files_and_refuses_the_rest(tmp_path: Path):
     chunk.write_bytes(b"h" * 4096 + b"p" * 5000)
     loaded = _load(chunk)
     found = chunk.stat()
-    assert loaded == (4096 + 5000, 4096 + 5000, found.st_dev, found.st_ino, False)
+    assert loaded == (4096 + 5000, 4096 + 5000, found.st_dev, found.st_ino, False, None)
     with pytest.raises(FileNotFoundError):
         _load(tmp_path / "absent")
     os.mkfifo(tmp_path / "fifo")  # opening it for reading would wait for a writer, forever
@@ -191,3 +192,97 @@ def test_the_os_path_resumes_short_writes_and_fails_on_no_progress(tmp_path: Pat
     finally:
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == b"abcdefghij"
+
+
+FOLD_PIECE = 256 * 1024  # _fastio.c's: payload bytes per read when folding
+
+
+@needs_native
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize(
+    "length", [100, 4096, FOLD_PIECE - 1, FOLD_PIECE, FOLD_PIECE + 1, 3 * FOLD_PIECE + 4096]
+)
+def test_a_folded_load_returns_the_checksum_of_what_it_read(
+    tmp_path: Path, length: int, direct: bool
+):
+    """Across every piece boundary, with the page cache and with O_DIRECT, the checksum folded
+    during the read is the checksum of the payload bytes read (the slot's first ``length``)."""
+    body = os.urandom(length)
+    chunk = tmp_path / "chunk"
+    chunk.write_bytes(b"h" * 4096 + body)
+    if direct and _direct_refused(chunk):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    stride = -(-length // 4096) * 4096
+    header, slot = aligned(4096), aligned(stride + 4096)
+    pin = pinned(tmp_path)
+    try:
+        flags = os.O_RDONLY | (O_DIRECT if direct else 0)
+        loaded = native.load(
+            pin, "chunk", header, slot[:length], slot[:stride], flags, False, O_DIRECT, True
+        )
+    finally:
+        pin.close()
+    assert loaded is not None
+    assert loaded[1] == 4096 + length and loaded[4] is direct
+    assert bytes(slot[:length]) == body
+    assert loaded[5] == codec.checksum(body)
+
+
+@needs_native
+def test_a_folded_load_of_a_short_file_hashes_what_it_got(tmp_path: Path):
+    body = os.urandom(FOLD_PIECE + 10)
+    chunk = tmp_path / "chunk"
+    chunk.write_bytes(b"h" * 4096 + body)  # a chunk of 2 * FOLD_PIECE expected: short
+    header, slot = aligned(4096), aligned(2 * FOLD_PIECE)
+    pin = pinned(tmp_path)
+    try:
+        loaded = native.load(pin, "chunk", header, slot, slot, os.O_RDONLY, False, O_DIRECT, True)
+    finally:
+        pin.close()
+    assert loaded is not None and loaded[1] == 4096 + len(body)
+    assert loaded[5] == codec.checksum(body)
+
+
+@needs_native
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("length", [100, FOLD_PIECE, FOLD_PIECE + 1, 3 * FOLD_PIECE + 4096])
+def test_a_folded_store_fills_in_both_checksums(tmp_path: Path, length: int, direct: bool):
+    """The header written is the one ``codec.encode_header`` makes for the payload: payload
+    checksum and header checksum filled in by the call, across every piece boundary."""
+    body = os.urandom(length)
+    stride = -(-length // 4096) * 4096
+    slot = aligned(stride)
+    slot[:length] = body
+    identity, key = b"i" * 32, b"k" * 32
+    header = aligned(4096)
+    header[:] = codec.encode_header(identity, key, body, bytes(16))  # checksums still wrong
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"")
+    if direct and _direct_refused(probe):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    flags, truncate = (O_DIRECT, 4096 + length) if direct else (0, -1)
+    payload = slot if direct else slot[:length]
+    pin = pinned(tmp_path)
+    stored = native.store(
+        pin, NAME, "t.tmp", (header, payload), truncate, flags, False, fold_at=codec.CHECKSUM_AT
+    )
+    assert stored
+    pin.close()
+    written = (tmp_path / "ab" / "cd" / NAME).read_bytes()
+    assert written == codec.encode_header(identity, key, body) + body
+    codec.verify(written[:4096], written[4096:], identity, key)
+
+
+@needs_native
+def test_a_folded_store_needs_a_writable_header_with_room(tmp_path: Path):
+    pin = pinned(tmp_path)
+    payload = aligned(4096)
+    for header, at in (
+        (b"h" * 4096, codec.CHECKSUM_AT),
+        (aligned(4096), 4090),
+        (aligned(4096), -1),
+    ):
+        with pytest.raises(ValueError, match="cannot fill in a checksum"):
+            native.store(pin, NAME, "t.tmp", (header, payload), -1, 0, False, fold_at=at)
+    pin.close()
+    assert not list(tmp_path.iterdir())  # nothing written

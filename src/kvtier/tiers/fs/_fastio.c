@@ -14,8 +14,9 @@
  * namespace's path must still name the directory pinned at start (lstat: same st_dev and
  * st_ino), else the call fails with ESTALE and Python names it. Files are opened O_NOFOLLOW
  * and O_NONBLOCK (a FIFO never blocks), and a read checks S_ISREG with fstat before any byte
- * is read. Checksums and header checks stay in Python: nothing here decides whether bytes are
- * right.
+ * is read. Nothing here decides whether bytes are right: a load asked to (`fold`) returns the
+ * payload's XXH3-128 (`../shared/xxh3.h`), computed piece by piece as the read lands, for
+ * Python to compare with the header's.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -33,6 +34,8 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include "../shared/xxh3.h"
 
 #ifndef SYS_openat2
 #define SYS_openat2 437
@@ -99,10 +102,9 @@ static struct iovec *advance(struct iovec *iov, int *n, size_t done)
     return iov;
 }
 
-/* pwritev every byte (resuming short writes); 0, or -1 with errno. */
-static int write_all(int fd, struct iovec *iov, int n)
+/* pwritev every byte at `offset` (resuming short writes); 0, or -1 with errno. */
+static int write_all_at(int fd, struct iovec *iov, int n, off_t offset)
 {
-    off_t offset = 0;
     while (n > 0) {
         ssize_t done = pwritev(fd, iov, n, offset);
         if (done < 0 && errno == EINTR)
@@ -117,12 +119,13 @@ static int write_all(int fd, struct iovec *iov, int n)
     return 0;
 }
 
-/* preadv up to `want` bytes (resuming short reads, stopping at end of file); bytes or -1. */
-static ssize_t read_upto(int fd, struct iovec *iov, int n, ssize_t want)
+/* preadv up to `want` bytes from `offset` (resuming short reads, stopping at end of file);
+ * bytes or -1. */
+static ssize_t read_upto_at(int fd, struct iovec *iov, int n, off_t offset, ssize_t want)
 {
     ssize_t total = 0;
     while (n > 0 && total < want) {
-        ssize_t done = preadv(fd, iov, n, total);
+        ssize_t done = preadv(fd, iov, n, offset + total);
         if (done < 0 && errno == EINTR)
             continue;
         if (done <= 0)
@@ -152,7 +155,50 @@ struct store_args {
     Py_ssize_t truncate_to;
     int flags, sync;
     unsigned int dir_mode, file_mode; /* of what is created (the umask may narrow them) */
+    Py_ssize_t fold_at; /* > 0: fill in the header's payload checksum here (then its own) */
 };
+
+/* Payload bytes per system call when folding: a piece is hashed while still in L2. */
+#define FOLD_PIECE (256 * 1024)
+
+/* The payload in pieces, each hashed just before it is written (so the write copies it from
+ * cache), then the header with the payload's XXH3-128 at fold_at and, after it, the XXH3-64 of
+ * everything before (codec.py's layout). 0, or -1 with errno. */
+static int write_folding(int fd, struct store_args *a)
+{
+    uint8_t *payload = a->payload.buf, *header = a->header.buf;
+    size_t head = (size_t)a->header.len, room = (size_t)a->payload.len;
+    size_t len = a->truncate_to >= 0 ? (size_t)a->truncate_to - head : room;
+    struct xxh3_run run;
+    xxh3_run_init(&run);
+    for (size_t done = 0; done < room;) {
+        size_t piece = room - done < FOLD_PIECE ? room - done : FOLD_PIECE;
+        xxh3_run_feed(&run, payload, done + piece < len ? done + piece : len, len);
+        struct iovec iov = {payload + done, piece};
+        if (write_all_at(fd, &iov, 1, (off_t)(head + done)) < 0)
+            return -1;
+        done += piece;
+    }
+    size_t at = (size_t)a->fold_at;
+    xxh3_run_finish(&run, payload, len, header + at);
+    uint64_t check = xxh3_64_17to128(header, at + 16);
+    for (int i = 0; i < 8; i++)
+        header[at + 16 + i] = (uint8_t)(check >> (8 * i));
+    struct iovec iov = {header, head};
+    return write_all_at(fd, &iov, 1, 0);
+}
+
+/* Header and payload in one pwritev, or folding; then the truncation and fsync asked for. */
+static int write_chunk(int fd, struct store_args *a)
+{
+    struct iovec iov[2] = {{a->header.buf, (size_t)a->header.len},
+                           {a->payload.buf, (size_t)a->payload.len}};
+    int failed = a->fold_at > 0 ? write_folding(fd, a) : write_all_at(fd, iov, 2, 0);
+    if (failed || (a->truncate_to >= 0 && ftruncate(fd, a->truncate_to) < 0)
+        || (a->sync && fsync(fd) < 0))
+        return errno;
+    return 0;
+}
 
 /* <level 1>/<level 2> below the pinned namespace, made (dir_mode) where missing: one openat2
  * when it exists, else the walk from the namespace with mkdirat and O_NOFOLLOW opens (a link
@@ -200,11 +246,7 @@ static int store_file(struct store_args *a, const char **failed)
         close(dir);
         return err;
     }
-    struct iovec iov[2] = {{a->header.buf, (size_t)a->header.len},
-                           {a->payload.buf, (size_t)a->payload.len}};
-    if (write_all(fd, iov, 2) < 0 || (a->truncate_to >= 0 && ftruncate(fd, a->truncate_to) < 0)
-        || (a->sync && fsync(fd) < 0))
-        err = errno;
+    err = write_chunk(fd, a);
     close(fd);
     if (!err && renameat(dir, a->tmp, dir, a->name) < 0) {
         err = errno;
@@ -221,11 +263,18 @@ static int store_file(struct store_args *a, const char **failed)
 static PyObject *fastio_store(PyObject *self, PyObject *args)
 {
     struct store_args a;
-    if (!PyArg_ParseTuple(args, "(iyKK)yyyyy*y*nipII", &a.pin.fd, &a.pin.path, &a.pin.dev,
+    if (!PyArg_ParseTuple(args, "(iyKK)yyyyy*y*nipIIn", &a.pin.fd, &a.pin.path, &a.pin.dev,
                           &a.pin.ino, &a.levels[0], &a.levels[1], &a.tmp, &a.name, &a.header,
                           &a.payload, &a.truncate_to, &a.flags, &a.sync, &a.dir_mode,
-                          &a.file_mode))
+                          &a.file_mode, &a.fold_at))
         return NULL;
+    if (a.fold_at < 0 || (a.fold_at > 0 && (a.fold_at + 24 > a.header.len || a.fold_at > 112
+                                             || a.header.readonly))) {
+        PyBuffer_Release(&a.header);
+        PyBuffer_Release(&a.payload);
+        return PyErr_Format(PyExc_ValueError, "store: cannot fill in a checksum at %zd",
+                            a.fold_at);
+    }
     const char *failed = a.pin.path;
     int err;
     Py_BEGIN_ALLOW_THREADS
@@ -244,12 +293,57 @@ struct load_args {
     struct pin pin;
     const char *path; /* below the namespace: <level 1>/<level 2>/<name> */
     Py_buffer header, plain, aligned;
-    int flags, adaptive, o_direct;
+    int flags, adaptive, o_direct, fold;
     /* results */
     struct stat st;
     ssize_t got;
     int regular, direct;
+    uint8_t digest[16]; /* with fold: XXH3-128 of the payload read, min(got - header, plain) */
 };
+
+/* The part [from, to) of the two buffers {header, target} as an iovec; how many entries. */
+static int iov_span(const struct iovec whole[2], size_t from, size_t to, struct iovec out[2])
+{
+    int n = 0;
+    size_t start = 0;
+    for (int i = 0; i < 2; start += whole[i].iov_len, i++) {
+        size_t lo = from > start ? from - start : 0, end = start + whole[i].iov_len;
+        size_t hi = (to < end ? to : end) - start;
+        if (to > start && from < end && hi > lo)
+            out[n++] = (struct iovec){(char *)whole[i].iov_base + lo, hi - lo};
+    }
+    return n;
+}
+
+/* read_upto, in spans that end FOLD_PIECE payload bytes apart (page multiples, as O_DIRECT
+ * needs), folding each into the payload's checksum as it lands; bytes read or -1. */
+static ssize_t read_folding(int fd, const struct iovec whole[2], ssize_t want, struct load_args *a)
+{
+    const uint8_t *payload = whole[1].iov_base;
+    size_t head = whole[0].iov_len, len = (size_t)a->plain.len, room = head + whole[1].iov_len;
+    struct xxh3_run run;
+    xxh3_run_init(&run);
+    ssize_t total = 0;
+    for (size_t end = head + FOLD_PIECE; total < want; end += FOLD_PIECE) {
+        struct iovec span[2];
+        size_t stop = end < room ? end : room;
+        int n = iov_span(whole, (size_t)total, stop, span);
+        ssize_t got = read_upto_at(fd, span, n, total, (ssize_t)stop - total);
+        if (got < 0)
+            return -1;
+        total += got;
+        size_t body = (size_t)total > head ? (size_t)total - head : 0;
+        xxh3_run_feed(&run, payload, body < len ? body : len, len);
+        if ((size_t)total < stop || stop == room)
+            break; /* end of file, or every buffer full */
+    }
+    size_t body = (size_t)total > head ? (size_t)total - head : 0;
+    if (body >= len)
+        xxh3_run_finish(&run, payload, len, a->digest);
+    else /* a short file: its own length's hash (it fails the length check anyway) */
+        xxh3_128(payload, body, a->digest);
+    return total;
+}
 
 /* Open, check, (choose the cache or O_DIRECT,) read, close. 0 or an errno. */
 static int load_file(struct load_args *a)
@@ -276,7 +370,9 @@ static int load_file(struct load_args *a)
         struct iovec iov[2] = {{a->header.buf, (size_t)a->header.len},
                                {target->buf, (size_t)target->len}};
         ssize_t want = a->header.len + target->len;
-        if (!err && (a->got = read_upto(fd, iov, 2, want < a->st.st_size ? want : a->st.st_size)) < 0)
+        want = want < a->st.st_size ? want : a->st.st_size;
+        a->got = a->fold ? read_folding(fd, iov, want, a) : read_upto_at(fd, iov, 2, 0, want);
+        if (!err && a->got < 0)
             err = errno;
     }
     close(fd);
@@ -286,9 +382,9 @@ static int load_file(struct load_args *a)
 static PyObject *fastio_load(PyObject *self, PyObject *args)
 {
     struct load_args a = {0};
-    if (!PyArg_ParseTuple(args, "(iyKK)yw*w*w*iii", &a.pin.fd, &a.pin.path, &a.pin.dev,
+    if (!PyArg_ParseTuple(args, "(iyKK)yw*w*w*iiip", &a.pin.fd, &a.pin.path, &a.pin.dev,
                           &a.pin.ino, &a.path, &a.header, &a.plain, &a.aligned, &a.flags,
-                          &a.adaptive, &a.o_direct))
+                          &a.adaptive, &a.o_direct, &a.fold))
         return NULL;
     int err;
     Py_BEGIN_ALLOW_THREADS
@@ -303,9 +399,16 @@ static PyObject *fastio_load(PyObject *self, PyObject *args)
     }
     if (!a.regular)
         Py_RETURN_NONE;
-    return Py_BuildValue("(nnKKO)", (Py_ssize_t)a.st.st_size, (Py_ssize_t)a.got,
-                         (unsigned long long)a.st.st_dev, (unsigned long long)a.st.st_ino,
-                         a.direct ? Py_True : Py_False);
+    PyObject *digest = a.fold ? PyBytes_FromStringAndSize((const char *)a.digest, 16) : Py_None;
+    if (!digest)
+        return NULL;
+    PyObject *loaded = Py_BuildValue("(nnKKOO)", (Py_ssize_t)a.st.st_size, (Py_ssize_t)a.got,
+                                     (unsigned long long)a.st.st_dev,
+                                     (unsigned long long)a.st.st_ino, a.direct ? Py_True : Py_False,
+                                     digest);
+    if (a.fold)
+        Py_DECREF(digest);
+    return loaded;
 }
 
 
@@ -513,7 +616,7 @@ static struct PyModuleDef fastio_module = {
 };
 
 /* The calling convention of store, load and scan_chunks; native.py uses its own ABI only. */
-#define FASTIO_ABI 4
+#define FASTIO_ABI 5
 
 PyMODINIT_FUNC PyInit__fastio(void)
 {

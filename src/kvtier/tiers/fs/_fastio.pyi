@@ -16,6 +16,7 @@ def store(
     fsync: bool,
     dir_mode: int,
     file_mode: int,
+    fold_at: int,
     /,
 ) -> None: ...
 def load(
@@ -27,8 +28,9 @@ def load(
     flags: int,
     adaptive: bool,
     o_direct: int,
+    fold: bool,
     /,
-) -> tuple[int, int, int, int, bool] | None: ...
+) -> tuple[int, int, int, int, bool, bytes | None] | None: ...
 def scan_chunks(
     dir_fd: int, links: bool, link_offset: int, depth: int, /
 ) -> tuple[bytes, bytes]: ...

@@ -22,8 +22,8 @@ GIL released once per file) where it is built; whatever it hands back, and every
 without it, takes the ``os``-module path (``_write_walk``, ``_read_walk``) under the same
 rules. The start-up scan is ``scan``'s.
 
-Thread safety: every method may be called from any thread; per-thread scratch buffers live in
-a ``threading.local``.
+Thread safety: every method may be called from any thread; each thread has its own scratch
+buffers (``scratch``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import itertools
-import mmap
 import os
 import queue
 import secrets
@@ -61,7 +60,8 @@ from kvtier.tiers.fs.paths import (
 )
 from kvtier.tiers.fs.pin import NamespacePin, NamespaceSwappedError
 from kvtier.tiers.fs.scan import HOST_TAG, ScanResult, scan_namespace
-from kvtier.tiers.shared.codec import HEADER_BYTES
+from kvtier.tiers.fs.scratch import ThreadScratch
+from kvtier.tiers.shared.codec import CHECKSUM_AT, HEADER_BYTES
 from kvtier.tiers.shared.counters import Counters
 from kvtier.tiers.shared.lineage import Link, linked, read_link
 from kvtier.tiers.shared.sealing import ChecksumSealer, Sealer
@@ -70,6 +70,8 @@ O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 #: Page-cache writes at once. They are CPU work (a copy, inode and directory updates); more of
 #: them than CPUs only queue for the GIL, each of their calls a handoff (issue 17).
 BUFFERED_WRITERS = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2)
+#: The payload checksum a header is sealed with before ``native.store`` fills in the real one.
+_FOLDED = bytes(16)
 
 
 class ChunkFiles:
@@ -103,7 +105,7 @@ class ChunkFiles:
         self._token = secrets.token_hex(4)
         self._tag = f"{HOST_TAG}-{os.getpid()}-{self._token}"
         self._seq = itertools.count()
-        self._local = threading.local()
+        self._scratch = ThreadScratch()
         self.directory = Namespace(root_dir, identity, self._tag, dir_mode)
         self.namespace = self.directory.path
         if self.directory.read_only:
@@ -157,11 +159,15 @@ class ChunkFiles:
     ) -> int:
         name = key.hex()
         tmp = f"{name}.{self._tag}-{next(self._seq)}.tmp"
-        buffers, truncate_to = self._file_buffers(key, region, slot, link, direct)
-        flags = O_DIRECT if direct else 0
-        modes = (self._dir_mode, self._file_mode)
-        pin = self._pin()
-        if not native.store(pin, name, tmp, buffers, truncate_to, flags, self._fsync, modes):
+        fold = native.usable() and not self._sealer.keyed  # hashed as written, in the call
+        buffers, truncate_to = self._file_buffers(key, region, slot, link, direct, fold)
+        flags, modes = O_DIRECT if direct else 0, (self._dir_mode, self._file_mode)
+        pin, fold_at = self._pin(), CHECKSUM_AT if fold else 0
+        if not native.store(
+            pin, name, tmp, buffers, truncate_to, flags, self._fsync, modes, fold_at
+        ):
+            if fold:  # the header still lacks its checksums
+                buffers, truncate_to = self._file_buffers(key, region, slot, link, direct, False)
             self._write_walk(pin, name, tmp, buffers, truncate_to, flags)
         return HEADER_BYTES + region.slot_bytes
 
@@ -171,23 +177,30 @@ class ChunkFiles:
         return not (self.adaptive and self._page_cache.write_buffered(nbytes))
 
     def _file_buffers(
-        self, key: ChunkKey, region: HostRegion, slot: int, link: Link | None, direct: bool
+        self,
+        key: ChunkKey,
+        region: HostRegion,
+        slot: int,
+        link: Link | None,
+        direct: bool,
+        fold: bool,
     ) -> tuple[tuple[memoryview | bytes, memoryview], int]:
         """[header block, payload] of ``slot``'s chunk file, and the size to truncate to (-1:
         none). O_DIRECT writes aligned memory: a scratch header, the slot with its padding. An
-        encrypting sealer writes the payload's ciphertext into this thread's scratch body."""
+        encrypting sealer writes the payload's ciphertext into this thread's scratch body. With
+        ``fold`` the header is writable and lacks its checksums (``native.store`` fills them)."""
         payload, aligned = region.view(slot), region.aligned_view(slot)
         if self._sealer.encrypts:
-            aligned = self._scratch_body(len(aligned))
+            aligned = self._scratch.body(len(aligned))
             header = self._sealer.seal(self._digest, key, payload, aligned[: len(payload)])
             payload = aligned[: len(payload)]
         else:
-            digest = None if self._sealer.keyed else payload_checksum(payload)
+            digest = None if self._sealer.keyed else _FOLDED if fold else payload_checksum(payload)
             header = self._sealer.seal(self._digest, key, payload, None, digest)
         header = linked(header, link)
         if not direct:
-            return (header, payload), -1
-        scratch = self._scratch()
+            return (memoryview(bytearray(header)) if fold else header, payload), -1
+        scratch = self._scratch.header()
         scratch[:] = header
         padded = len(aligned) != len(payload)
         return (scratch, aligned), HEADER_BYTES + len(payload) if padded else -1
@@ -233,15 +246,15 @@ class ChunkFiles:
         another writer replaced it meanwhile).
         """
         name = key.hex()
-        header, payload, pin = self._scratch(), region.view(slot), self._pin()
+        header, payload, pin = self._scratch.header(), region.view(slot), self._pin()
         args = (header, payload, region.aligned_view(slot), self._read_flags)
-        path = f"{level_path(name)}/{name}"
-        loaded = native.load(pin, path, *args, self.adaptive, O_DIRECT)
+        path, fold = f"{level_path(name)}/{name}", not self._sealer.keyed
+        loaded = native.load(pin, path, *args, self.adaptive, O_DIRECT, fold)
         loaded = loaded or self._read_walk(pin, name, *args)
-        size, got, device, inode, direct = loaded
+        size, got, device, inode, direct, digest = loaded
         self.read_paths.add("o_direct" if direct else "page_cache")
-        body = payload[: max(0, got - HEADER_BYTES)]
-        digest = None if self._sealer.keyed else payload_checksum(body)
+        if fold and digest is None:
+            digest = payload_checksum(payload[: max(0, got - HEADER_BYTES)])
         try:
             self._verify(key, header, payload, got, size, digest)
         except IntegrityError:
@@ -284,7 +297,7 @@ class ChunkFiles:
             got = pread_all(fd, [header, aligned if direct else plain], 0, found.st_size)
         finally:
             os.close(fd)
-        return found.st_size, got, found.st_dev, found.st_ino, direct
+        return found.st_size, got, found.st_dev, found.st_ino, direct, None
 
     def _verify(
         self,
@@ -357,20 +370,6 @@ class ChunkFiles:
         finally:
             os.close(fd)
 
-    def _scratch_body(self, nbytes: int) -> memoryview:
-        """This thread's page-aligned buffer of ``nbytes`` for ciphertext (``encrypt`` only)."""
-        buffer: memoryview | None = getattr(self._local, "body", None)
-        if buffer is None or len(buffer) != nbytes:
-            buffer = self._local.body = memoryview(mmap.mmap(-1, nbytes))
-        return buffer
-
-    def _scratch(self) -> memoryview:
-        """This thread's page-aligned header buffer (O_DIRECT needs aligned memory)."""
-        buffer: memoryview | None = getattr(self._local, "header", None)
-        if buffer is None:
-            buffer = self._local.header = memoryview(mmap.mmap(-1, HEADER_BYTES))
-        return buffer
-
     def close(self) -> None:
         """Close the namespace's pinned descriptor; call once no thread uses this any more."""
         self.directory.close()
@@ -387,7 +386,7 @@ class ChunkFiles:
         pin = self.directory.pin
         if not O_DIRECT or pin is None:
             return False
-        name, block = f".o_direct-probe.{self._tag}-0.tmp", self._scratch()
+        name, block = f".o_direct-probe.{self._tag}-0.tmp", self._scratch.header()
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | O_DIRECT
         try:
             fd = os.open(name, flags, self._file_mode, dir_fd=pin.fd)

@@ -1,12 +1,12 @@
 """The bytes of one chunk file through an open file descriptor: header block, then payload.
 
-A chunk moves in one ``preadv`` / ``pwritev`` of [header block, payload] (straight from or into
-the host slot), and its payload is hashed in one call. Both release the GIL for their whole
-duration. Hashing piece by piece while each piece is still in cache was tried and measured
-slower: on a loaded machine the GIL round trips of many small calls cost more than the second
-pass over the payload (2 MiB chunks, 16 threads: load ratio to raw 0.42-0.51 in pieces of
-256 KiB against 0.71-0.80 whole). Short transfers (a signal, a file-size limit) are resumed until
-done, or until end of file on reads.
+This is the ``os``-module path, taken where the compiled one (``native``) is not built or hands
+a file back. A chunk moves in one ``preadv`` / ``pwritev`` of [header block, payload] (straight
+from or into the host slot), and its payload is hashed in one call; both release the GIL for
+their whole duration. Hashing piece by piece from Python was measured slower (the GIL round
+trips of many small calls cost more than the second pass); the compiled path does it inside
+one call instead. Short transfers (a signal, a file-size limit) are resumed until done, or
+until end of file on reads.
 """
 
 from __future__ import annotations
@@ -15,15 +15,9 @@ import errno
 import os
 from collections.abc import Sequence
 
-from kvtier.tiers.shared.codec import checksum_stream
+from kvtier.tiers.shared.codec import checksum as payload_checksum
 
-
-def payload_checksum(payload: memoryview) -> bytes:
-    """The codec ``checksum`` of ``payload``, computed with the GIL released."""
-    hasher = checksum_stream()
-    hasher.update(payload)
-    digest: bytes = hasher.digest()
-    return digest
+__all__ = ["payload_checksum", "pread_all", "pwrite_all"]
 
 
 def pwrite_all(fd: int, buffers: Sequence[bytes | memoryview], offset: int = 0) -> None:

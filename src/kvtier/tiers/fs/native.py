@@ -8,7 +8,9 @@ stores made ~90 futex calls per chunk). It follows the same rules as ``paths``: 
 followed (``openat2`` with ``RESOLVE_NO_SYMLINKS``), no ``open`` blocks, nothing but a regular
 file is read. Both work below the namespace's pinned descriptor (``pin``) and first check that
 its path still names it; a swapped namespace fails the call (ESTALE), and the ``os``-module
-path then names it (``NamespaceSwappedError``). Checksums and header checks stay in Python.
+path then names it (``NamespaceSwappedError``). A load can also hash the payload as it lands
+(``fold``): piece by piece, each piece while still in CPU cache, instead of a second pass over
+the whole chunk afterwards; comparing that checksum with the header's stays in Python.
 
 Both functions answer ``None``/``False`` when the compiled path cannot do the job: the module
 is not built (``AVAILABLE`` is false), the kernel has no ``openat2``, or the call failed for
@@ -45,15 +47,16 @@ except ImportError:  # not built: no compiler at install, or not Linux
 
 #: The calling convention native.py speaks; a module built from another ``_fastio.c`` (a
 #: stale build in a working tree) is not used.
-ABI = 4
+ABI = 5
 if _fastio is not None and getattr(_fastio, "ABI", 1) != ABI:
     _fastio = None
 
 #: Whether the compiled module is installed (the fs tier reports it in ``stats()``).
 AVAILABLE = _fastio is not None
 
-#: (file size, bytes read, st_dev, st_ino, whether it was read with O_DIRECT)
-Loaded = tuple[int, int, int, int, bool]
+#: (file size, bytes read, st_dev, st_ino, whether it was read with O_DIRECT, the payload's
+#: checksum when the load folded it: ``codec.checksum`` of ``plain[: bytes read - header]``)
+Loaded = tuple[int, int, int, int, bool, bytes | None]
 
 
 def usable() -> bool:
@@ -70,6 +73,7 @@ def store(
     flags: int,
     fsync: bool,
     modes: tuple[int, int] = (DEFAULT_DIR_MODE, DEFAULT_FILE_MODE),
+    fold_at: int = 0,
 ) -> bool:
     """Write chunk file ``name`` below the pinned namespace ``pin``, in its level directories
     (``name[:2]/name[2:4]``, made where missing with ``modes[0]``): ``buffers`` go to ``tmp``
@@ -79,6 +83,10 @@ def store(
     ``truncate_to`` >= 0 sets the final size (an O_DIRECT write of a padded slot). With
     ``fsync`` the file and the directory are synced. ``tmp`` is gone afterwards whatever
     happened. False when the compiled path did not store it (see the module docstring).
+
+    ``fold_at`` > 0 (``codec.CHECKSUM_AT``): the payload is hashed piece by piece as it is
+    written and its checksum, then the header's own, are filled into the header block (a
+    writable buffer, left holding the header as written) before it is written last.
     """
     if _fastio is None or not OPENAT2.available:
         return False
@@ -94,6 +102,7 @@ def store(
             flags,
             fsync,
             *modes,
+            fold_at,
         )
     except OSError:
         return False
@@ -109,9 +118,10 @@ def load(
     flags: int,
     adaptive: bool,
     o_direct: int,
+    fold: bool,
 ) -> Loaded | None:
     """Read the chunk file at ``path`` below the pinned namespace ``pin`` (open ``flags``):
-    header block, then payload.
+    header block, then payload, with ``fold`` hashing the payload as it lands.
 
     The payload lands in ``plain``, or in ``aligned`` (the slot with its padding) when the read
     is O_DIRECT: because ``flags`` has ``o_direct``, or with ``adaptive`` because the file is
@@ -122,7 +132,7 @@ def load(
         return None
     try:
         loaded: Loaded | None = _fastio.load(
-            pin.native, path.encode(), header, plain, aligned, flags, adaptive, o_direct
+            pin.native, path.encode(), header, plain, aligned, flags, adaptive, o_direct, fold
         )
     except OSError as exc:
         if exc.errno == errno.ENOENT:

@@ -43,11 +43,21 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import xxhash
 
 from kvtier.errors import IntegrityError
+
+_checksum: ModuleType | None
+try:  # the compiled XXH3-128 (``xxh3.h``): the GIL released, and copy and hash in one pass
+    from kvtier.tiers.shared import _checksum
+except ImportError:  # not built (no compiler at install, not Linux): the xxhash package
+    _checksum = None
+
+#: Whether ``checksum`` and ``copy_checksum`` run compiled (same values either way).
+COMPILED_CHECKSUM = _checksum is not None
 
 MAGIC = b"KVTCHUNK"
 FORMAT_VERSION = 1
@@ -58,6 +68,9 @@ AES_GCM_TAG, AES_GCM_ENCRYPTED = 2, 3
 HEADER_BYTES = 4096
 _FIELDS = struct.Struct("<8sHHI32s32sQ16s")
 _HEADER_CHECK = struct.Struct("<Q")
+#: Where a version-1 header holds the payload checksum; its own checksum (xxh3-64 of every
+#: byte before) follows. The compiled store fills both in (``fs/_fastio.c``).
+CHECKSUM_AT = _FIELDS.size - 16
 _USED = _FIELDS.size + _HEADER_CHECK.size
 _PREFIX = struct.Struct("<8sH")
 _SEALED = struct.Struct("<8sHHI32s32sQ8s32s")
@@ -88,8 +101,26 @@ class SealedHeader:
 
 
 def checksum(payload: bytes | bytearray | memoryview) -> bytes:
-    """xxh3-128 of the payload (16 bytes)."""
+    """xxh3-128 of the payload (16 bytes), computed with the GIL released."""
+    if _checksum is not None:
+        digest: bytes = _checksum.digest(payload)
+        return digest
     return xxhash.xxh3_128_digest(payload)
+
+
+def copy_checksum(target: memoryview, source: bytes | bytearray | memoryview) -> bytes:
+    """Copy ``source`` into the start of ``target`` and return ``checksum(source)``.
+
+    Compiled, each piece is hashed right after it is copied, while still in CPU cache: one pass
+    over memory where a copy then a checksum make two. ``ValueError`` if it does not fit.
+    """
+    if _checksum is not None:
+        digest: bytes = _checksum.copy_digest(target, source)
+        return digest
+    if len(source) > len(target):
+        raise ValueError(f"copy_checksum: {len(source)} bytes do not fit in {len(target)}")
+    target[: len(source)] = source
+    return checksum(source)
 
 
 def checksum_stream() -> Any:

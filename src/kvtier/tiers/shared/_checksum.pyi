@@ -1,0 +1,6 @@
+ABI: int
+
+def digest(data: bytes | bytearray | memoryview, /) -> bytes: ...
+def copy_digest(
+    target: bytearray | memoryview, source: bytes | bytearray | memoryview, /
+) -> bytes: ...
