@@ -141,7 +141,8 @@ def run_phase(server: SglangServer, phase: dict[str, Any], concurrency: int) -> 
     process tree."""
     assert server.process is not None
     state = _Phase(server.port, phase)
-    workers = [threading.Thread(target=state.serve) for _ in range(max(1, concurrency))]
+    count = max(1, concurrency)
+    workers = [threading.Thread(target=state.serve, daemon=True) for _ in range(count)]
     start, cpu = time.perf_counter(), tree_cpu_seconds(server.process.pid)
     for worker in workers:
         worker.start()

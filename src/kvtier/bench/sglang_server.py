@@ -3,12 +3,13 @@
 ``SglangServer.start`` runs ``python -m sglang.launch_server`` with an SGLang venv's python,
 on the CPU (``SGLANG_USE_CPU_ENGINE=1``, ``--device cpu``), in its own session, with the
 flags every run shares (``BASE_FLAGS``: no overlap schedule, no grammar backend, ``PAGE_SIZE``
-token pages, ``--enable-metrics``) and the caller's (pool sizes, HiCache, the L3 backend), and
-waits until ``/health_generate`` answers. SGLang 0.5.23 does not run HiCache on a CPU-only
-machine by itself: the ``shims`` folder (the repository's ``tests/integrations/sglang/shims``:
-a stand-in for SGLang's kernel package, sgl-kernel, and a plugin that allocates the host pool
-as plain memory and copies between device and host pools with torch indexing) goes first on
-its ``PYTHONPATH``.
+token pages, ``--enable-metrics``, and ``--sleep-on-idle``: an idle scheduler otherwise polls
+for requests on a whole core, and the bench keeps one idle server per strategy up) and the
+caller's (pool sizes, HiCache, the L3 backend), and waits until ``/health_generate``
+answers. SGLang 0.5.23 does not run HiCache on a CPU-only machine by itself: the ``shims``
+folder (the repository's ``tests/integrations/sglang/shims``: a stand-in for SGLang's kernel
+package, sgl-kernel, and a plugin that allocates the host pool as plain memory and copies
+between device and host pools with torch indexing) goes first on its ``PYTHONPATH``.
 ``stop`` ends the session and removes the ``sglang*`` files in /dev/shm that appeared while
 it ran (stopped servers leave them).
 """
@@ -33,6 +34,7 @@ PAGE_SIZE = 16
 BASE_FLAGS = [
     "--device", "cpu", "--host", "127.0.0.1", "--disable-overlap-schedule",
     "--grammar-backend", "none", "--page-size", str(PAGE_SIZE), "--enable-metrics",
+    "--sleep-on-idle",
 ]  # fmt: skip
 SRC = Path(kvtier.__file__).resolve().parents[1]
 #: The test-only shims of a source checkout (see the module docstring).
