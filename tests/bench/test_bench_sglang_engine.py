@@ -22,11 +22,9 @@ def test_the_sglang_bench_runs_and_l3_serves_the_replay(tmp_path, capsys):
 
     env = SglangEnv.build()
     code = main([
-        "bench", "--engine", "sglang", "--sglang-python", str(env.python),
+        "bench", "--engine", "sglang", "--quick", "--sglang-python", str(env.python),
         "--model", str(env.model), "--strategies", "sglang-file,kvtier-fs",
-        "--conversations", "2", "--rounds", "1", "--first-prompt-tokens", "300",
-        "--new-tokens", "2", "--device-convs", "1", "--host-convs", "2",
-        "--output-dir", str(tmp_path),
+        "--conversations", "2", "--rounds", "1", "--output-dir", str(tmp_path),
     ])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
