@@ -86,6 +86,11 @@ class TransferJob:
         """The link of ``keys[i]``, ``None`` when the job carries none."""
         return self.links[i] if self.links else None
 
+    def chain(self) -> list[tuple[ChunkKey, bytes | None]]:
+        """Each key with the key before it (its link's parent; ``None`` without a link)."""
+        links = [self.link_of(i) for i in range(len(self.keys))]
+        return [(k, None if n is None else n.parent) for k, n in zip(self.keys, links, strict=True)]
+
 
 @dataclass(frozen=True)
 class JobResult:

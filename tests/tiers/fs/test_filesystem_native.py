@@ -194,7 +194,7 @@ def test_the_os_path_resumes_short_writes_and_fails_on_no_progress(tmp_path: Pat
     assert (tmp_path / "f").read_bytes() == b"abcdefghij"
 
 
-FOLD_PIECE = 256 * 1024  # _fastio.c's: payload bytes per read when folding
+FOLD_PIECE = 256 * 1024  # a piece size the compiled path once read in: lengths around it
 
 
 @needs_native

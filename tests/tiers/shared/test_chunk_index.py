@@ -197,3 +197,25 @@ def test_a_released_parent_leaves_its_child_an_orphan_again() -> None:
     index.release(10, k(1))
     index.add(k(52), 10)  # full again
     assert index.reserve(10, k(1), k(2)) is None  # would evict a reachable chunk for an orphan
+
+
+def test_a_chunk_reserved_before_its_announced_parent_is_not_an_orphan() -> None:
+    """Two jobs of one chain on two threads: the second job's first chunk may reserve before
+    the first job's last one. Announced at submit (``expect``), its parent counts as held."""
+    index = ChunkIndex(max_bytes=20)
+    index.add(k(50), 10)
+    index.add(k(51), 10)
+    index.expect([(k(1), None), (k(2), k(1))])  # job 1, submitted first
+    index.expect([(k(3), k(2))])  # job 2
+    assert index.reserve(10, k(2), k(3)) == [k(50)]  # job 2 runs first: stored, not skipped
+    index.forget([k(1), k(2)])  # job 1 ended without writing: k(3)'s parent is gone
+    assert index.reserve(10, k(2), k(4)) is None  # an orphan again: nothing evicted for it
+
+
+def test_forget_leaves_no_announcement_behind() -> None:
+    index = ChunkIndex(max_bytes=20)
+    index.add(k(50), 10)
+    index.add(k(51), 10)
+    index.expect([(k(1), None)])
+    index.forget([k(1)])
+    assert index.reserve(10, k(1), k(2)) is None

@@ -56,3 +56,44 @@ def test_codec_uses_the_compiled_checksum():
     assert codec.copy_checksum(memoryview(target), memoryview(data)) == codec.checksum(data)
     assert target == data
     assert codec.COMPILED_CHECKSUM is sys.platform.startswith("linux")
+
+
+@pytest.mark.parametrize("length", [0, 100, 241, 1024, 1025, 300_000, (1 << 20) + 7])
+def test_filling_folds_a_buffer_as_it_fills_in_any_pieces(length: int):
+    source = os.urandom(length)
+    target = bytearray(length)
+    filling = codec.filling(memoryview(target))
+    done, step = 0, 1
+    while done < length:  # pieces of every size, none aligned to a block
+        piece = min(length - done, step)
+        target[done : done + piece] = source[done : done + piece]
+        done += piece
+        filling.feed(done)
+        step = step * 3 + 7
+    assert filling.digest(length) == xxhash.xxh3_128_digest(source)
+
+
+def test_filling_of_a_prefix_and_misuse():
+    source = os.urandom(5000)
+    filling = codec.filling(memoryview(bytearray(source)))
+    filling.feed(3000)
+    assert filling.digest(2999) == xxhash.xxh3_128_digest(source[:2999])
+    for wrong in (-1, 5001):
+        with pytest.raises(ValueError, match="outside the buffer"):
+            filling.feed(wrong)
+        with pytest.raises(ValueError, match="outside the buffer"):
+            filling.digest(wrong)
+
+
+def test_the_fallback_gives_the_same_values(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(codec, "_checksum", None)
+    data = os.urandom(3000)
+    target = bytearray(3000)
+    assert codec.checksum(data) == xxhash.xxh3_128_digest(data)
+    assert codec.copy_checksum(memoryview(target), data) == xxhash.xxh3_128_digest(data)
+    assert target == data
+    with pytest.raises(ValueError, match="do not fit"):
+        codec.copy_checksum(memoryview(bytearray(2)), data)
+    filling = codec.filling(memoryview(target))
+    filling.feed(3000)
+    assert filling.digest(3000) == xxhash.xxh3_128_digest(data)

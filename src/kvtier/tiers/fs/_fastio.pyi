@@ -17,6 +17,7 @@ def store(
     dir_mode: int,
     file_mode: int,
     fold_at: int,
+    piece: int,
     /,
 ) -> None: ...
 def load(
@@ -28,7 +29,7 @@ def load(
     flags: int,
     adaptive: bool,
     o_direct: int,
-    fold: bool,
+    fold: int,
     /,
 ) -> tuple[int, int, int, int, bool, bytes | None] | None: ...
 def scan_chunks(

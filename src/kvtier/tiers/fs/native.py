@@ -8,9 +8,10 @@ stores made ~90 futex calls per chunk). It follows the same rules as ``paths``: 
 followed (``openat2`` with ``RESOLVE_NO_SYMLINKS``), no ``open`` blocks, nothing but a regular
 file is read. Both work below the namespace's pinned descriptor (``pin``) and first check that
 its path still names it; a swapped namespace fails the call (ESTALE), and the ``os``-module
-path then names it (``NamespaceSwappedError``). A load can also hash the payload as it lands
-(``fold``): piece by piece, each piece while still in CPU cache, instead of a second pass over
-the whole chunk afterwards; comparing that checksum with the header's stays in Python.
+path then names it (``NamespaceSwappedError``). A load can also hash the payload (``fold``),
+and a store fill in the header's checksums (``fold_at``), inside the same call: half the CPU
+of hashing in a second call at 8 MiB (one GIL handoff fewer per chunk). Comparing the checksum
+with the header's stays in Python.
 
 Both functions answer ``None``/``False`` when the compiled path cannot do the job: the module
 is not built (``AVAILABLE`` is false), the kernel has no ``openat2``, or the call failed for
@@ -84,9 +85,9 @@ def store(
     ``fsync`` the file and the directory are synced. ``tmp`` is gone afterwards whatever
     happened. False when the compiled path did not store it (see the module docstring).
 
-    ``fold_at`` > 0 (``codec.CHECKSUM_AT``): the payload is hashed piece by piece as it is
-    written and its checksum, then the header's own, are filled into the header block (a
-    writable buffer, left holding the header as written) before it is written last.
+    ``fold_at`` > 0 (``codec.CHECKSUM_AT``): the payload's checksum, then the header's own, are
+    filled into the header block (a writable buffer, left holding the header as written)
+    before it is written.
     """
     if _fastio is None or not OPENAT2.available:
         return False
@@ -121,7 +122,7 @@ def load(
     fold: bool,
 ) -> Loaded | None:
     """Read the chunk file at ``path`` below the pinned namespace ``pin`` (open ``flags``):
-    header block, then payload, with ``fold`` hashing the payload as it lands.
+    header block, then payload, with ``fold`` hashing the payload read.
 
     The payload lands in ``plain``, or in ``aligned`` (the slot with its padding) when the read
     is O_DIRECT: because ``flags`` has ``o_direct``, or with ``adaptive`` because the file is
@@ -132,7 +133,15 @@ def load(
         return None
     try:
         loaded: Loaded | None = _fastio.load(
-            pin.native, path.encode(), header, plain, aligned, flags, adaptive, o_direct, fold
+            pin.native,
+            path.encode(),
+            header,
+            plain,
+            aligned,
+            flags,
+            adaptive,
+            o_direct,
+            fold,
         )
     except OSError as exc:
         if exc.errno == errno.ENOENT:

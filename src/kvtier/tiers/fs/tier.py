@@ -228,9 +228,16 @@ class FilesystemTier(PooledTier):
         return removed
 
     # -- stores -----------------------------------------------------------------------------
+    def submit_store(self, job: TransferJob) -> None:
+        self._index.expect(job.chain())  # in submission order, before any thread reserves
+        super().submit_store(job)
+
     def _store(self, job: TransferJob) -> list[ChunkKey]:
-        for i, (key, slot) in enumerate(zip(job.keys, job.slots, strict=True)):
-            self._store_one(key, slot, job.link_of(i))
+        try:
+            for i, (key, slot) in enumerate(zip(job.keys, job.slots, strict=True)):
+                self._store_one(key, slot, job.link_of(i))
+        finally:
+            self._index.forget(job.keys)
         self._index.touch_many(job.keys)  # the job's prefix: its head ends most recent
         return list(job.keys)
 

@@ -12,6 +12,7 @@ Thread safety: any thread; each uses its own buffers (``threading.local``).
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from kvtier.keys import ChunkKey
 from kvtier.tiers.shared import codec
@@ -35,9 +36,12 @@ class ObjectBodies:
         body = staging[codec.HEADER_BYTES :]
         if self._sealer.encrypts:  # the ciphertext lands in the staging buffer: no copy first
             header = self._sealer.seal(self._digest, key, payload, body)
-        else:
+        elif self._sealer.keyed:
             body[:] = payload
             header = self._sealer.seal(self._digest, key, body)
+        else:  # hashed as it is copied: one pass over the slot
+            digest = codec.copy_checksum(body, payload)
+            header = self._sealer.seal(self._digest, key, body, None, digest)
         staging[: codec.HEADER_BYTES] = header
         put_link(staging[: codec.HEADER_BYTES], link)
         return staging
@@ -49,6 +53,15 @@ class ObjectBodies:
             header = self._local.header = memoryview(bytearray(codec.HEADER_BYTES))
         return header
 
-    def open(self, header: memoryview, payload: memoryview, key: ChunkKey) -> None:
-        """Verify (and decrypt in place) chunk ``key``; ``IntegrityError`` when it is not."""
-        self._sealer.open(header, payload, self._digest, key)
+    def filling(self, payload: memoryview) -> Any | None:
+        """What a get feeds as the payload lands (``codec.filling``); ``None`` when a tag is
+        checked instead of the checksum."""
+        return None if self._sealer.keyed else codec.filling(payload)
+
+    def open(
+        self, header: memoryview, payload: memoryview, key: ChunkKey, filling: Any | None = None
+    ) -> None:
+        """Verify (and decrypt in place) chunk ``key``, with ``filling`` (the one this payload
+        was fed as it landed, whole) for its checksum; ``IntegrityError`` when it is not."""
+        digest = None if filling is None else filling.digest(len(payload))
+        self._sealer.open(header, payload, self._digest, key, digest)

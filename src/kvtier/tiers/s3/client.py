@@ -69,8 +69,12 @@ class ObjectClient:
         """Write ``data`` as object ``name`` in one request."""
         self._call(obstore.put, self._store, name, data, use_multipart=False)
 
-    def get_into(self, name: str, views: Iterable[memoryview]) -> int | None:
+    def get_into(
+        self, name: str, views: Iterable[memoryview], last: Any | None = None
+    ) -> int | None:
         """Stream object ``name`` into ``views``, filled in order; returns the object's size.
+        ``last.feed(n)`` is called each time bytes land in the last view (``n``: its bytes
+        filled so far), to hash them while they are in cache (``codec.filling``).
 
         ``None`` when there is no such object. An object larger than the views together raises
         ``IntegrityError`` (reason ``length``); a smaller one returns its (short) size.
@@ -80,7 +84,7 @@ class ObjectClient:
             return None
         # min_chunk_size=0: network buffers come through as received, not re-buffered, so the
         # copy into the views is the only one.
-        size: int = self._call(_fill, result.stream(min_chunk_size=0), list(views))
+        size: int = self._call(_fill, result.stream(min_chunk_size=0), list(views), last)
         return size
 
     def exists(self, name: str) -> bool:
@@ -147,8 +151,9 @@ class ObjectClient:
         return redact_urls(line)[:300]
 
 
-def _fill(chunks: Iterable[memoryview | bytes], views: list[memoryview]) -> int:
-    """Copy consecutive ``chunks`` across ``views`` in order; returns the bytes received."""
+def _fill(chunks: Iterable[memoryview | bytes], views: list[memoryview], last: Any) -> int:
+    """Copy consecutive ``chunks`` across ``views`` in order (feeding ``last``, if any, what
+    lands in the last view); returns the bytes received."""
     total, index, offset = 0, 0, 0
     for chunk in chunks:
         data = memoryview(chunk)
@@ -159,6 +164,8 @@ def _fill(chunks: Iterable[memoryview | bytes], views: list[memoryview]) -> int:
             n = min(len(data), len(views[index]) - offset)
             views[index][offset : offset + n] = data[:n]
             data, offset = data[n:], offset + n
+            if last is not None and index == len(views) - 1:
+                last.feed(offset)
             if offset == len(views[index]):
                 index, offset = index + 1, 0
     return total

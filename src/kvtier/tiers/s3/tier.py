@@ -221,6 +221,8 @@ class ObjectStoreTier(SecondaryTier):
             self._results.put(job_result(job, op, (), "tier is closed" if self._closed else None))
             return
         tracker = JobTracker(job, op)
+        if op == "store" and self._bound is not None:  # before any put reserves: chain order
+            self._bound.index.expect(job.chain())
         one = self._put_one if op == "store" else self._get_one
         for i in range(len(job.keys)):
             self._io.submit(self._run_one, tracker, one, i)
@@ -236,6 +238,8 @@ class ObjectStoreTier(SecondaryTier):
             return
         if self._bound is not None:  # puts indexed in chain order, the head most recent
             self._bound.job_done(tracker.job, tracker.op, tracker.written, result.succeeded)
+            if tracker.op == "store":
+                self._bound.index.forget(tracker.job.keys)
         self._results.put(result)
 
     def _put_one(self, tracker: JobTracker, i: int) -> Outcome:
@@ -290,8 +294,9 @@ class ObjectStoreTier(SecondaryTier):
             self._count("load_skipped_unavailable")
             return Outcome.FAILED
         header, payload = self._bodies.header_buffer(), self._region.view(slot)
+        filling = self._bodies.filling(payload)
         try:
-            size = self._client.get_into(self._object_name(key), (header, payload))
+            size = self._client.get_into(self._object_name(key), (header, payload), filling)
             self._breaker.record_success()
             if size is None:
                 self._known.missing(key)
@@ -300,7 +305,7 @@ class ObjectStoreTier(SecondaryTier):
                     self._bound.gone(key)
                 return Outcome.FAILED
             _check_length(size, len(payload))
-            self._bodies.open(header, payload, key)
+            self._bodies.open(header, payload, key, filling)
         except IntegrityError as exc:
             return self._reject(key, exc)
         except TierError as exc:

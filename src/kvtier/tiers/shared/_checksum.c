@@ -7,6 +7,11 @@
  *   copy_digest(dst, src) -> bytes  copy src into the start of dst and return src's checksum,
  *                                   hashing each piece right after it is copied, while it is
  *                                   still in CPU cache: one pass over memory instead of two
+ *   Filling(buffer)                 the checksum of a buffer that fills from its start in
+ *                                   pieces (a network stream landing in a host slot):
+ *                                   feed(filled) after each piece folds what is new while it is
+ *                                   still in cache; digest(length) gives the checksum of
+ *                                   buffer[:length]. One thread at a time.
  *
  * Optional like `_fastio`: `kvtier.tiers.shared.codec` falls back to the `xxhash` package.
  */
@@ -64,6 +69,94 @@ static PyObject *checksum_copy_digest(PyObject *self, PyObject *args)
     return PyBytes_FromStringAndSize((const char *)out, 16);
 }
 
+typedef struct {
+    PyObject_HEAD
+    Py_buffer target;
+    struct xxh3_run run;
+    size_t fed; /* the longest prefix fed so far */
+} Filling;
+
+static int filling_init(Filling *self, PyObject *args, PyObject *kwargs)
+{
+    if (self->target.obj) {
+        PyErr_SetString(PyExc_TypeError, "Filling: already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "y*", &self->target))
+        return -1;
+    xxh3_run_init(&self->run);
+    self->fed = 0;
+    return 0;
+}
+
+static void filling_dealloc(Filling *self)
+{
+    if (self->target.obj)
+        PyBuffer_Release(&self->target);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Fold the whole blocks of target[:filled] not folded yet, as the checksum of the whole
+ * target would (the GIL released for pieces large enough to be worth it). */
+static PyObject *filling_feed(Filling *self, PyObject *arg)
+{
+    Py_ssize_t filled = PyLong_AsSsize_t(arg);
+    if (filled == -1 && PyErr_Occurred())
+        return NULL;
+    if (!self->target.obj || filled < 0 || filled > self->target.len)
+        return PyErr_Format(PyExc_ValueError, "Filling.feed: %zd is outside the buffer", filled);
+    const uint8_t *buf = self->target.buf;
+    size_t len = (size_t)self->target.len;
+    if ((size_t)filled - (self->fed < (size_t)filled ? self->fed : (size_t)filled) >= COPY_PIECE) {
+        Py_BEGIN_ALLOW_THREADS
+        xxh3_run_feed(&self->run, buf, (size_t)filled, len);
+        Py_END_ALLOW_THREADS
+    } else {
+        xxh3_run_feed(&self->run, buf, (size_t)filled, len);
+    }
+    if ((size_t)filled > self->fed)
+        self->fed = (size_t)filled;
+    Py_RETURN_NONE;
+}
+
+/* The checksum of target[:length]: what was folded when length is the whole buffer, else a
+ * fresh pass over the prefix (a short object: it fails its length check anyway). */
+static PyObject *filling_digest(Filling *self, PyObject *arg)
+{
+    Py_ssize_t length = PyLong_AsSsize_t(arg);
+    if (length == -1 && PyErr_Occurred())
+        return NULL;
+    if (!self->target.obj || length < 0 || length > self->target.len)
+        return PyErr_Format(PyExc_ValueError, "Filling.digest: %zd is outside the buffer", length);
+    uint8_t out[16];
+    const uint8_t *buf = self->target.buf;
+    Py_BEGIN_ALLOW_THREADS
+    if (length == self->target.len)
+        xxh3_run_finish(&self->run, buf, (size_t)length, out);
+    else
+        xxh3_128(buf, (size_t)length, out);
+    Py_END_ALLOW_THREADS
+    return PyBytes_FromStringAndSize((const char *)out, 16);
+}
+
+static PyMethodDef filling_methods[] = {
+    {"feed", (PyCFunction)filling_feed, METH_O, "Fold buffer[:filled] (whole blocks) in."},
+    {"digest", (PyCFunction)filling_digest, METH_O, "XXH3-128 of buffer[:length]."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject FillingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvtier.tiers.shared._checksum.Filling",
+    .tp_basicsize = sizeof(Filling),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The checksum of a buffer filling from its start, folded as it fills.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)filling_init,
+    .tp_dealloc = (destructor)filling_dealloc,
+    .tp_methods = filling_methods,
+};
+
 static PyMethodDef checksum_methods[] = {
     {"digest", checksum_digest, METH_VARARGS, "XXH3-128 of a buffer, canonical 16 bytes."},
     {"copy_digest", checksum_copy_digest, METH_VARARGS,
@@ -77,8 +170,15 @@ static struct PyModuleDef checksum_module = {
 
 PyMODINIT_FUNC PyInit__checksum(void)
 {
+    if (PyType_Ready(&FillingType) < 0)
+        return NULL;
     PyObject *module = PyModule_Create(&checksum_module);
-    if (module && PyModule_AddIntConstant(module, "ABI", ABI_VERSION) < 0) {
+    if (!module)
+        return NULL;
+    Py_INCREF(&FillingType);
+    if (PyModule_AddIntConstant(module, "ABI", ABI_VERSION) < 0
+        || PyModule_AddObject(module, "Filling", (PyObject *)&FillingType) < 0) {
+        Py_DECREF(&FillingType);
         Py_DECREF(module);
         return NULL;
     }

@@ -158,6 +158,21 @@ class ChunkIndex:
                 self._pending[key] = parent
             return victims
 
+    def expect(self, chain: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Writes of (key, parent) announced when their job is submitted, in order: until
+        ``commit``, ``release`` or ``forget``, each counts as being written. Jobs of one chain
+        run on several threads, and a chunk may reserve before its parent does; announced, the
+        parent is not taken for missing and the chunk for an orphan."""
+        with self._lock:
+            for key, parent in chain:
+                self._pending.setdefault(key, parent)
+
+    def forget(self, keys: Iterable[bytes]) -> None:
+        """A job ended: what it announced (``expect``) and did not write is no longer pending."""
+        with self._lock:
+            for key in keys:
+                self._pending.pop(key, None)
+
     def release(self, nbytes: int, key: bytes | None = None) -> None:
         """Give back a reservation whose write failed."""
         with self._lock:

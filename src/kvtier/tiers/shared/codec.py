@@ -123,6 +123,27 @@ def copy_checksum(target: memoryview, source: bytes | bytearray | memoryview) ->
     return checksum(source)
 
 
+class _SecondPass:
+    """``filling``'s stand-in where the checksum is not compiled: one pass at the end."""
+
+    def __init__(self, target: memoryview) -> None:
+        self._target = target
+
+    def feed(self, filled: int) -> None:
+        pass
+
+    def digest(self, length: int) -> bytes:
+        return checksum(self._target[:length])
+
+
+def filling(target: memoryview) -> Any:
+    """The checksum of ``target`` as it fills from its start in pieces (a stream landing in a
+    host slot): call ``feed(filled)`` after each piece, while it is still in CPU cache, then
+    ``digest(length)`` for ``checksum(target[:length])``. Compiled, each whole block is hashed
+    once, as it arrives; else ``digest`` hashes the prefix then. For one thread at a time."""
+    return _SecondPass(target) if _checksum is None else _checksum.Filling(target)
+
+
 def checksum_stream() -> Any:
     """A streaming hasher (``update(part)``, ``digest()``) giving the same value as ``checksum``.
 
