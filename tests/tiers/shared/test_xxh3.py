@@ -97,3 +97,12 @@ def test_the_fallback_gives_the_same_values(monkeypatch: pytest.MonkeyPatch):
     filling = codec.filling(memoryview(target))
     filling.feed(3000)
     assert filling.digest(3000) == xxhash.xxh3_128_digest(data)
+
+
+def test_copy_digest_refuses_overlapping_views():
+    buffer = memoryview(bytearray(os.urandom(4096)))
+    with pytest.raises(ValueError, match="overlap"):
+        _checksum.copy_digest(buffer[100:], buffer[:1000])
+    assert _checksum.copy_digest(buffer[2048:], buffer[:2048]) == xxhash.xxh3_128_digest(
+        buffer[:2048]
+    )

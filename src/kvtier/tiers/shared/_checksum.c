@@ -55,11 +55,14 @@ static PyObject *checksum_copy_digest(PyObject *self, PyObject *args)
     uint8_t out[16];
     if (!PyArg_ParseTuple(args, "w*y*", &dst, &src))
         return NULL;
-    if (dst.len < src.len) {
+    const char *d = dst.buf, *s = src.buf;
+    if (dst.len < src.len || (d < s + src.len && s < d + src.len)) {
         PyBuffer_Release(&dst);
         PyBuffer_Release(&src);
-        return PyErr_Format(PyExc_ValueError, "copy_digest: %zd bytes do not fit in %zd",
-                            src.len, dst.len);
+        if (dst.len < src.len)
+            return PyErr_Format(PyExc_ValueError, "copy_digest: %zd bytes do not fit in %zd",
+                                src.len, dst.len);
+        return PyErr_Format(PyExc_ValueError, "copy_digest: source and target overlap");
     }
     Py_BEGIN_ALLOW_THREADS
     copy_hashing(dst.buf, src.buf, (size_t)src.len, out);
