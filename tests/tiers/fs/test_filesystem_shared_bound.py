@@ -55,9 +55,13 @@ def test_three_servers_of_different_models_hold_at_most_the_bound_together(tmp_p
         )
         for i in range(3)
     ]
-    peak = 0
+    peak, last = 0, 0
     while any(w.poll() is None for w in writers):
-        peak = max(peak, chunk_bytes_under(root))
+        # A walk is not a snapshot: a file counted early in it can be evicted and its
+        # replacement counted later in the same walk (seen: one walk at 32 files, the next two
+        # at 24). So a size counts when two walks in a row see it.
+        now = chunk_bytes_under(root)
+        peak, last = max(peak, min(now, last)), now
         time.sleep(0.01)
     outputs = [w.communicate(timeout=120)[0] for w in writers]
     assert all(w.returncode == 0 for w in writers)
