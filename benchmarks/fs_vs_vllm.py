@@ -44,6 +44,8 @@ import platform
 import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -404,6 +406,8 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "fs_vs_vllm",
+                "commit": _commit(),
+                "command": "python benchmarks/fs_vs_vllm.py " + " ".join(sys.argv[1:]),
                 "directory": args.dir or tempfile.gettempdir(),
                 "threads": args.threads,
                 "keys_per_job": args.keys_per_job,
@@ -420,6 +424,27 @@ def main() -> None:
             indent=2,
         )
     )
+
+
+def _commit() -> str:
+    """The checkout's commit (``+`` when it has uncommitted changes), or ``unknown``."""
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("+" if dirty else "")
 
 
 def _vllm_has_c() -> bool:

@@ -202,9 +202,9 @@ class FsStore:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             view = scratch.view(found.st_size)
             head = _read_at(fd, view[: min(len(view), codec.HEADER_BYTES)], 0)
-            hasher = codec.checksum_stream() if _plain(view[:head]) else None
+            hasher = codec.filling(view[head:]) if _plain(view[:head]) else None
             end = head + _read_hashed(fd, view[head:], head, hasher)
-            checksum = hasher.digest() if hasher is not None else None
+            checksum = hasher.digest(end - head) if hasher is not None else None
             payload = view[codec.HEADER_BYTES : max(end, codec.HEADER_BYTES)]
             return ChunkRead(view[:head], payload, checksum, (found.st_dev, found.st_ino))
         finally:
@@ -266,14 +266,15 @@ def _read_at(fd: int, view: memoryview, offset: int) -> int:
 
 
 def _read_hashed(fd: int, view: memoryview, offset: int, hasher: Any) -> int:
-    """Fill ``view`` from ``offset`` in ``READ_STEP`` pieces, each hashed as it lands."""
+    """Fill ``view`` from ``offset`` in ``READ_STEP`` pieces, each fed to ``hasher``
+    (``codec.filling`` of ``view``) as it lands."""
     done = 0
     while done < len(view):
         piece = view[done : done + READ_STEP]
         n = _read_at(fd, piece, offset + done)
-        if hasher is not None:
-            hasher.update(piece[:n])
         done += n
+        if hasher is not None:
+            hasher.feed(done)
         if n < len(piece):
             break  # the file ended early (truncated): verify says so
     return done

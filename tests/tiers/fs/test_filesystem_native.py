@@ -194,13 +194,13 @@ def test_the_os_path_resumes_short_writes_and_fails_on_no_progress(tmp_path: Pat
     assert (tmp_path / "f").read_bytes() == b"abcdefghij"
 
 
-FOLD_PIECE = 256 * 1024  # a piece size the compiled path once read in: lengths around it
+LENGTH_EDGE = 256 * 1024  # lengths around a power of two: block and stripe edges of the hash
 
 
 @needs_native
 @pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize(
-    "length", [100, 4096, FOLD_PIECE - 1, FOLD_PIECE, FOLD_PIECE + 1, 3 * FOLD_PIECE + 4096]
+    "length", [100, 4096, LENGTH_EDGE - 1, LENGTH_EDGE, LENGTH_EDGE + 1, 3 * LENGTH_EDGE + 4096]
 )
 def test_a_folded_load_returns_the_checksum_of_what_it_read(
     tmp_path: Path, length: int, direct: bool
@@ -230,10 +230,10 @@ def test_a_folded_load_returns_the_checksum_of_what_it_read(
 
 @needs_native
 def test_a_folded_load_of_a_short_file_hashes_what_it_got(tmp_path: Path):
-    body = os.urandom(FOLD_PIECE + 10)
+    body = os.urandom(LENGTH_EDGE + 10)
     chunk = tmp_path / "chunk"
-    chunk.write_bytes(b"h" * 4096 + body)  # a chunk of 2 * FOLD_PIECE expected: short
-    header, slot = aligned(4096), aligned(2 * FOLD_PIECE)
+    chunk.write_bytes(b"h" * 4096 + body)  # a chunk of 2 * LENGTH_EDGE expected: short
+    header, slot = aligned(4096), aligned(2 * LENGTH_EDGE)
     pin = pinned(tmp_path)
     try:
         loaded = native.load(pin, "chunk", header, slot, slot, os.O_RDONLY, False, O_DIRECT, True)
@@ -245,7 +245,7 @@ def test_a_folded_load_of_a_short_file_hashes_what_it_got(tmp_path: Path):
 
 @needs_native
 @pytest.mark.parametrize("direct", [False, True])
-@pytest.mark.parametrize("length", [100, FOLD_PIECE, FOLD_PIECE + 1, 3 * FOLD_PIECE + 4096])
+@pytest.mark.parametrize("length", [100, LENGTH_EDGE, LENGTH_EDGE + 1, 3 * LENGTH_EDGE + 4096])
 def test_a_folded_store_fills_in_both_checksums(tmp_path: Path, length: int, direct: bool):
     """The header written is the one ``codec.encode_header`` makes for the payload: payload
     checksum and header checksum filled in by the call, across every piece boundary."""

@@ -144,14 +144,6 @@ def filling(target: memoryview) -> Any:
     return _SecondPass(target) if _checksum is None else _checksum.Filling(target)
 
 
-def checksum_stream() -> Any:
-    """A streaming hasher (``update(part)``, ``digest()``) giving the same value as ``checksum``.
-
-    For callers that hash a large payload piece by piece while each piece is still in CPU cache.
-    """
-    return xxhash.xxh3_128()
-
-
 def encode_header(
     identity_digest: bytes,
     key: bytes,
