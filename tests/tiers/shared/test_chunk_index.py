@@ -219,3 +219,20 @@ def test_forget_leaves_no_announcement_behind() -> None:
     index.expect([(k(1), None)])
     index.forget([k(1)])
     assert index.reserve(10, k(1), k(2)) is None
+
+
+@pytest.mark.parametrize("found_by", ["listing", "probe"])
+def test_a_chunk_found_while_it_is_written_counts_once(found_by: str) -> None:
+    """A listing (or a probe) that sees a put still in flight must not index it beside its
+    reservation: its bytes would count twice and evict (or skip) a chunk for nothing."""
+    index = ChunkIndex(max_bytes=30)
+    assert index.reserve(10, None, k(1)) == []
+    assert index.reserve(10, k(1), k(2)) == []
+    if found_by == "listing":
+        assert index.merge_cold([(k(1), 10, None)]) == []
+    else:
+        assert index.add(k(1), 10) == []
+    assert index.reserve(10, k(2), k(3)) == []  # 30 of 30: room without evicting
+    for key, parent in ((k(1), None), (k(2), k(1)), (k(3), k(2))):
+        index.commit(key, 10, parent)
+    assert index.used_bytes == 30 and len(index) == 3

@@ -188,8 +188,11 @@ class ChunkIndex:
             self._insert(key, nbytes, parent)
 
     def add(self, key: ChunkKey, nbytes: int, parent: bytes | None = None) -> list[ChunkKey]:
-        """A chunk found stored (MRU); returns the keys evicted to stay under the bound."""
+        """A chunk found stored (MRU); returns the keys evicted to stay under the bound. A key
+        being written is left to its ``commit``: indexed now, its bytes would count twice."""
         with self._lock:
+            if key in self._pending:
+                return []
             if key in self._sizes:
                 self._sizes.move_to_end(key)
                 self._learn_parent(key, parent)
@@ -206,10 +209,11 @@ class ChunkIndex:
     def merge_cold(self, found: Iterable[Found]) -> list[ChunkKey]:
         """Add chunks found by a listing, given least recently used first, below every known
         key; keys already indexed keep their place. Returns the keys evicted to stay under the
-        bound, in eviction order (what ``kvtier cache gc`` deletes)."""
+        bound, in eviction order (what ``kvtier cache gc`` deletes). A key being written (a
+        listing that ran beside its put) is left to its ``commit``, as in ``add``."""
         with self._lock:
             for key, nbytes, parent in reversed(_prefix_order(list(found))):
-                if key not in self._sizes:
+                if key not in self._sizes and key not in self._pending:
                     self._insert(key, nbytes, parent)
                     self._sizes.move_to_end(key, last=False)
             return self._evict_for(0) or []
