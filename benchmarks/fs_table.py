@@ -32,6 +32,12 @@ def _extras(result: dict[str, Any]) -> list[str]:
     return [name for name in result["GBps"] if name.startswith("kvtier[")]
 
 
+def _label(name: str) -> str:
+    """``kvtier[field=value,...]`` as its fields; a value that is a path (a key file) left out."""
+    fields = name[len("kvtier[") : -1].split(",")
+    return ",".join(f.split("=", 1)[0] if "/" in f else f for f in fields)
+
+
 def _row(result: dict[str, Any], extras: list[str]) -> str:
     ratios, cpu = result["ratios"], result["cpu_us_per_chunk"]
     ours = ratios["kvtier/vllm"]
@@ -51,7 +57,7 @@ def render(document: dict[str, Any]) -> str:
     """The table (kvtier over vLLM's fs tier unless a column says otherwise) and its source."""
     results = document["results"]
     extras = _extras(results[0])
-    extra = "".join(f"cold, `{name[7:-1]}` / vLLM | " for name in extras)
+    extra = "".join(f"cold, `{_label(name)}` / vLLM | " for name in extras)
     lines = [
         HEADER.format(extra=extra),
         "|" + "---|" * (6 + len(extras)),

@@ -8,6 +8,7 @@ costs seconds, not the default run's minutes.
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 
@@ -119,3 +120,20 @@ def test_the_vllm_bench_turns_the_order_of_strategies_at_each_n():
     assert [order[0] for order in orders] == names  # each strategy runs first once
     assert all(sorted(order) == sorted(names) for order in orders)
     assert rotated(names, 3) == names and rotated([], 5) == []
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_missing_chart_package_stops_an_engine_bench_before_it_starts(
+    engine, tmp_path, capsys, monkeypatch
+):
+    """The chart is drawn after a run of minutes: without matplotlib the bench says so first
+    (a 20-round vLLM run once ended in this error, its chart lost)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    try:
+        code = main(["bench", "--engine", engine, "--quick", "--output-dir", str(tmp_path)])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code not in (0, None)
+    assert "needs matplotlib" in err and "[bench]" in err
+    assert not (tmp_path / f"bench-{engine}.json").exists()

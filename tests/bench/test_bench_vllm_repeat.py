@@ -151,3 +151,17 @@ def test_a_preset_model_directory_can_be_fingerprinted(tmp_path):
     first = fingerprint_model(str(Model.resolve("tiny", tmp_path / "a").path))
     again = fingerprint_model(str(Model.resolve("tiny", tmp_path / "b").path))
     assert first is not None and again is not None and first.digest == again.digest
+
+
+@pytest.mark.parametrize("with_ceiling", [False, True])
+def test_the_chart_draws_a_fraction_of_the_ceiling_only_when_one_ran(tmp_path, with_ceiling):
+    """Without a ceiling the fraction panel would be a flat line at 0: it is left out."""
+    from matplotlib.image import imread
+
+    table = document(5)["results"]
+    if with_ceiling:
+        table = table + [dict(row, strategy="ceiling") for row in table]
+    chart = tmp_path / "chart.png"
+    vllm_report.write_chart(table, "t", chart, document(5)["kvtier_fs_vs_vllm_fs_verdict"])
+    panels = 5 if with_ceiling else 4  # throughput, [fraction], TTFT p50, p99, the intervals
+    assert imread(chart).shape[1] == 500 * panels

@@ -139,6 +139,8 @@ def run_engine(
     run it, print ``report``'s table and ratio lines, write the JSON (``to_json(bench,
     reports, table)``) and ``report``'s chart (``OUTPUT_DIR/bench-<engine>.json`` and ``.png``
     unless ``--json``, ``--chart``); 1 (and the failure on stderr) when an engine failed."""
+    import matplotlib  # noqa: F401  # the chart's: missing, say so before a run of minutes
+
     from kvtier.bench.engine_bench import EngineFailed
     from kvtier.bench.outputs import output_paths
 

@@ -239,11 +239,14 @@ def write_chart(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = len(PANELS) + (1 if items else 0)
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.8))
     sizes = sorted({row["conversations"] for row in table})
     strategies = list(dict.fromkeys(row["strategy"] for row in table))
-    for axis, (name, unit, value) in zip(axes, PANELS, strict=False):
+    shown = [
+        p for p in PANELS if p is not PANELS[1] or CEILING in strategies
+    ]  # no ceiling: no fractions
+    panels = len(shown) + (1 if items else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.8))
+    for axis, (name, unit, value) in zip(axes, shown, strict=False):
         for strategy in strategies:
             axis.plot(
                 sorted({r["conversations"] for r in table if r["strategy"] == strategy}),

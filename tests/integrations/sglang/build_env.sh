@@ -41,7 +41,7 @@ echo "venv: ${SECONDS}s"
 # kvtier itself is editable (this checkout): cheap to redo when the checkout or its extras change.
 stamp=$venv/.kvtier-stamp
 if [ "$(cat "$stamp" 2>/dev/null)" != "$repo" ] || [ "$repo/pyproject.toml" -nt "$stamp" ]; then
-  pipi -e "$repo[s3,p2p,events,metrics]"
+  pipi -e "$repo[s3,p2p,events,metrics,bench]"
   echo "$repo" > "$stamp"
 fi
 start=$SECONDS

@@ -28,7 +28,7 @@ echo "venv: ${SECONDS}s"
 # kvtier itself is editable (this checkout): cheap to redo when the checkout or its extras change.
 stamp=$venv/.kvtier-stamp
 if [ "$(cat "$stamp" 2>/dev/null)" != "$repo" ] || [ "$repo/pyproject.toml" -nt "$stamp" ]; then
-  "$py" -m pip install -q -e "$repo[s3,p2p]"
+  "$py" -m pip install -q -e "$repo[s3,p2p,bench]"
   echo "$repo" > "$stamp"
 fi
 start=$SECONDS
