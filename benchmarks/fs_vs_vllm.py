@@ -428,23 +428,18 @@ def main() -> None:
 
 def _commit() -> str:
     """The checkout's commit (``+`` when it has uncommitted changes), or ``unknown``."""
-    here = Path(__file__).resolve().parent
     try:
-        rev = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        rev = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return rev + ("+" if dirty else "")
+
+
+def _git(*args: str) -> str:
+    here = str(Path(__file__).resolve().parent)
+    done = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
 
 
 def _vllm_has_c() -> bool:

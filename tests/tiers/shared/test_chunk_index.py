@@ -236,3 +236,28 @@ def test_a_chunk_found_while_it_is_written_counts_once(found_by: str) -> None:
     for key, parent in ((k(1), None), (k(2), k(1)), (k(3), k(2))):
         index.commit(key, 10, parent)
     assert index.used_bytes == 30 and len(index) == 3
+
+
+def test_a_key_two_jobs_write_stays_pending_until_both_end() -> None:
+    """Two requests store the same prefix at once: the first job to end must not take the
+    other's mark, or the other's next chunk is taken for an orphan and skipped."""
+    index = ChunkIndex(max_bytes=20)
+    index.add(k(50), 10)
+    index.add(k(51), 10)
+    index.expect([(k(1), None), (k(2), k(1))])  # job A
+    index.expect([(k(1), None), (k(2), k(1))])  # job B, the same chunks
+    index.forget([k(1), k(2)])  # job A ended (nothing written: B writes them)
+    assert index.reserve(10, k(2), k(3)) == [k(50)]  # B's child: its parent still counts
+    index.forget([k(1), k(2)])  # job B ended too
+    assert index.reserve(10, k(2), k(4)) is None  # now an orphan
+
+
+def test_a_write_outlives_the_end_of_another_job_announcing_the_same_key() -> None:
+    index = ChunkIndex(max_bytes=30)
+    index.expect([(k(1), None)])  # job A announces k(1)
+    assert index.reserve(10, None, k(1)) == []  # job B writes k(1)
+    index.forget([k(1)])  # job A ends
+    assert index.merge_cold([(k(1), 10, None)]) == []  # a listing sees B's put in flight
+    assert index.used_bytes == 10  # the reservation alone, not it and an entry
+    index.commit(k(1), 10)
+    assert index.used_bytes == 10 and len(index) == 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 
 from kvtier.errors import CapacityError
@@ -44,6 +44,10 @@ class ChunkIndex:
         self._children: dict[bytes, list[bytes]] = {}
         self._lost: OrderedDict[bytes, None] = OrderedDict()  # unreachable, first lost first
         self._pending: dict[bytes, bytes | None] = {}  # being written → its parent
+        # Why counted: jobs of two requests may write the same chunk at once; the first to end
+        # must not take the other's mark (its children would turn orphans, a listing would
+        # index it beside its reservation). Each announcement and reservation holds one claim.
+        self._claims: Counter[bytes] = Counter()
         self._indexed = 0
         self._reserved = 0
         self._lock = threading.Lock()
@@ -156,6 +160,7 @@ class ChunkIndex:
             self._reserved += nbytes
             if key is not None:
                 self._pending[key] = parent
+                self._claims[key] += 1
             return victims
 
     def expect(self, chain: Iterable[tuple[bytes, bytes | None]]) -> None:
@@ -166,36 +171,38 @@ class ChunkIndex:
         with self._lock:
             for key, parent in chain:
                 self._pending.setdefault(key, parent)
+                self._claims[key] += 1
 
     def forget(self, keys: Iterable[bytes]) -> None:
-        """A job ended: what it announced (``expect``) and did not write is no longer pending."""
+        """A job ended: what it announced (``expect``) is no longer pending, unless another
+        job's announcement or write of the same key still is."""
         with self._lock:
             for key in keys:
-                self._pending.pop(key, None)
+                self._unclaim(key)
 
     def release(self, nbytes: int, key: bytes | None = None) -> None:
         """Give back a reservation whose write failed."""
         with self._lock:
             self._reserved -= nbytes
             if key is not None:
-                self._pending.pop(key, None)
+                self._unclaim(key)
 
     def commit(self, key: ChunkKey, nbytes: int, parent: bytes | None = None) -> None:
         """A reserved write of ``key`` landed: the reservation becomes its entry (MRU)."""
         with self._lock:
             self._reserved -= nbytes
-            self._pending.pop(key, None)
+            self._unclaim(key)
             self._insert(key, nbytes, parent)
 
     def add(self, key: ChunkKey, nbytes: int, parent: bytes | None = None) -> list[ChunkKey]:
         """A chunk found stored (MRU); returns the keys evicted to stay under the bound. A key
         being written is left to its ``commit``: indexed now, its bytes would count twice."""
         with self._lock:
-            if key in self._pending:
-                return []
             if key in self._sizes:
                 self._sizes.move_to_end(key)
                 self._learn_parent(key, parent)
+                return []
+            if key in self._pending:
                 return []
             self._insert(key, nbytes, parent)
             return self._evict_for(0) or []
@@ -224,6 +231,14 @@ class ChunkIndex:
             return self._remove(key)
 
     # -- internals (lock held) ---------------------------------------------------------------
+    def _unclaim(self, key: bytes) -> None:
+        """One announcement or reservation of ``key`` ended; the last one ends its mark."""
+        if self._claims[key] > 1:
+            self._claims[key] -= 1
+        else:
+            self._claims.pop(key, None)
+            self._pending.pop(key, None)
+
     def _insert(self, key: ChunkKey, nbytes: int, parent: bytes | None) -> None:
         self._indexed += nbytes - self._sizes.pop(key, 0)  # a key written twice is replaced
         self._sizes[key] = nbytes
