@@ -38,7 +38,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
+from kvtier.config.file_modes import file_mode
+from kvtier.errors import TierError
+from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
+from kvtier.tiers.fs.config import FsTierConfig
 from kvtier.tiers.fs.paths import chunk_dir, open_level_dir
 from kvtier.tiers.fs.scan import scan_namespace
 from kvtier.tiers.shared.chunk_index import ChunkIndex
@@ -216,3 +220,18 @@ class SharedBound:
             return None
         finally:
             os.close(ns)
+
+
+def open_shared_bound(
+    config: FsTierConfig, identity: CacheIdentity, dir_mode: int
+) -> SharedBound | None:
+    """The fs tier's ``root_dir_max_bytes`` bound, or ``None`` without one; ``TierError`` when
+    its ledger cannot be opened (the bound would not hold)."""
+    if config.root_dir_max_bytes is None:
+        return None
+    try:
+        return SharedBound(
+            config.root_dir, config.root_dir_max_bytes, identity.hexdigest, file_mode(dir_mode)
+        )
+    except OSError as exc:
+        raise TierError(f"root_dir_max_bytes: cannot open the usage ledger: {exc}") from exc

@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from typing import Literal
 
-from kvtier.config.file_modes import DEFAULT_DIR_MODE, file_mode, parse_mode
+from kvtier.config.file_modes import DEFAULT_DIR_MODE, parse_mode
 from kvtier.errors import CapacityError, ConfigError, IntegrityError, TierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
@@ -66,7 +66,7 @@ from kvtier.tiers.fs.index import RecentMisses, UseStamps
 from kvtier.tiers.fs.namespace import SpaceGuard, warn_if_open
 from kvtier.tiers.fs.paths import NotRegularError, failure_reason
 from kvtier.tiers.fs.rows import o_direct_for
-from kvtier.tiers.fs.shared_bound import SharedBound
+from kvtier.tiers.fs.shared_bound import open_shared_bound
 from kvtier.tiers.shared.chunk_index import ChunkIndex
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from kvtier.tiers.shared.counters import Counters
@@ -88,21 +88,6 @@ USE_STAMP_S = 60.0
 #: raise ``OSError`` (or block) to inject faults in tests and drills.
 FaultHook = Callable[[str, ChunkKey], None]
 _LoadOutcome = Literal["loaded", "absent", "corrupt", "unreadable"]
-
-
-def _shared_bound(
-    config: FsTierConfig, identity: CacheIdentity, dir_mode: int
-) -> SharedBound | None:
-    """The ``root_dir_max_bytes`` bound, or ``None``; ``TierError`` when its ledger cannot be
-    opened (the bound would not hold)."""
-    if config.root_dir_max_bytes is None:
-        return None
-    try:
-        return SharedBound(
-            config.root_dir, config.root_dir_max_bytes, identity.hexdigest, file_mode(dir_mode)
-        )
-    except OSError as exc:
-        raise TierError(f"root_dir_max_bytes: cannot open the usage ledger: {exc}") from exc
 
 
 class FilesystemTier(PooledTier):
@@ -135,7 +120,7 @@ class FilesystemTier(PooledTier):
         )
         warn_if_open(config.root_dir, self._files.namespace, dir_mode)
         self._space = SpaceGuard(self._files.directory, config.min_free_bytes)
-        self._shared = _shared_bound(config, identity, dir_mode)
+        self._shared = open_shared_bound(config, identity, dir_mode)
         self._index = ChunkIndex(config.max_bytes)
         self._misses = RecentMisses(config.negative_ttl_s)
         self._stamps = UseStamps(USE_STAMP_S)
