@@ -204,9 +204,13 @@ def write_json(document: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(document, indent=2) + "\n")
 
 
+#: Drawn only when a ceiling ran: without one there is no fraction of it.
+FRACTION_PANEL = (
+    "Fraction of the ceiling", "of ceiling", lambda row: row["fraction_of_ceiling"] or 0.0
+)  # fmt: skip
 PANELS: list[tuple[str, str, Any]] = [
     ("Throughput", "tokens / s", lambda row: row["throughput_tok_s"]),
-    ("Fraction of the ceiling", "of ceiling", lambda row: row["fraction_of_ceiling"] or 0.0),
+    FRACTION_PANEL,
     ("TTFT p50", "ms", lambda row: row["ttft_ms"]["p50"]),
     ("TTFT p99 (tails break SLOs)", "ms", lambda row: row["ttft_ms"]["p99"]),
 ]  # fmt: skip
@@ -241,9 +245,7 @@ def write_chart(
 
     sizes = sorted({row["conversations"] for row in table})
     strategies = list(dict.fromkeys(row["strategy"] for row in table))
-    shown = [
-        p for p in PANELS if p is not PANELS[1] or CEILING in strategies
-    ]  # no ceiling: no fractions
+    shown = [p for p in PANELS if p is not FRACTION_PANEL or CEILING in strategies]
     panels = len(shown) + (1 if items else 0)
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.8))
     for axis, (name, unit, value) in zip(axes, shown, strict=False):
