@@ -163,11 +163,11 @@ def fs_round(files: ChunkFiles, region: HostRegion, keys: list[ChunkKey]) -> dic
         return per_call(len(keys), lambda: fn(*_with_region(next(pairs), region)))
 
     store = each(files.write)
-    each(files.read)  # into the page cache, whatever the store did
-    hot = each(files.read)
+    each(files.reader.read)  # into the page cache, whatever the store did
+    hot = each(files.reader.read)
     paths = [Path(files.namespace) / k.hex()[:2] / k.hex()[2:4] / k.hex() for k in keys]
     dropped = drop_from_cache(paths)
-    cold = each(files.read)
+    cold = each(files.reader.read)
     return {"store": store, "hot_load": hot, "cold_load": cold, "dropped": dropped}
 
 

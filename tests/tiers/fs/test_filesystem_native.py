@@ -149,9 +149,9 @@ def test_the_tier_takes_the_compiled_path(tmp_path, identity: CacheIdentity, mon
     tier.wait_scanned()
     keys = make_keys(identity, 2)
     walked: list[str] = []
-    for name in ("_write_walk", "_read_walk"):
-        original = getattr(tier._files, name)
-        monkeypatch.setattr(tier._files, name, _recording(walked, name, original))
+    for owner, name in ((tier._files, "_write_walk"), (tier._files.reader, "_read_walk")):
+        original = getattr(owner, name)
+        monkeypatch.setattr(owner, name, _recording(walked, name, original))
     for slot, key in enumerate(keys):
         fill(region, slot, key)
     tier.submit_store(TransferJob(1, tuple(keys), (0, 1)))

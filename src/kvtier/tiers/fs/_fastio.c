@@ -296,12 +296,11 @@ static size_t payload_read(ssize_t got, const Py_buffer *header, const Py_buffer
     return body <= 0 ? 0 : (size_t)(body < plain->len ? body : plain->len);
 }
 
-/* Open, check, (choose the cache or O_DIRECT,) read, close. 0 or an errno. */
-static int load_file(struct load_args *a)
+/* Open, check, (choose the cache or O_DIRECT,) read, close; the caller checked the pin.
+ * 0 or an errno. */
+static int load_pinned(struct load_args *a)
 {
     int err = 0;
-    if (still_pinned(&a->pin) < 0)
-        return errno;
     int fd = open_no_links(a->pin.fd, a->path, a->flags | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
     if (fd < 0)
         return errno;
@@ -332,6 +331,29 @@ static int load_file(struct load_args *a)
     return err;
 }
 
+static int load_file(struct load_args *a)
+{
+    return still_pinned(&a->pin) < 0 ? errno : load_pinned(a);
+}
+
+/* What a load returns to Python: None (not a regular file: nothing read) or the tuple
+ * native.Loaded. */
+static PyObject *loaded_value(const struct load_args *a)
+{
+    if (!a->regular)
+        Py_RETURN_NONE;
+    PyObject *digest = a->fold ? PyBytes_FromStringAndSize((const char *)a->digest, 16) : Py_None;
+    if (!digest)
+        return NULL;
+    PyObject *loaded = Py_BuildValue("(nnKKOO)", (Py_ssize_t)a->st.st_size, (Py_ssize_t)a->got,
+                                     (unsigned long long)a->st.st_dev,
+                                     (unsigned long long)a->st.st_ino,
+                                     a->direct ? Py_True : Py_False, digest);
+    if (a->fold)
+        Py_DECREF(digest);
+    return loaded;
+}
+
 static PyObject *fastio_load(PyObject *self, PyObject *args)
 {
     struct load_args a = {0};
@@ -350,18 +372,112 @@ static PyObject *fastio_load(PyObject *self, PyObject *args)
         errno = err;
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, a.path);
     }
-    if (!a.regular)
-        Py_RETURN_NONE;
-    PyObject *digest = a.fold ? PyBytes_FromStringAndSize((const char *)a.digest, 16) : Py_None;
-    if (!digest)
+    return loaded_value(&a);
+}
+
+/*
+ * load_many: the chunk files of one job, read one after another with the GIL released once
+ * (and the pin checked once). Why: with 16 I/O threads on few cores, a thread coming back
+ * from a read waits for the GIL before it can start its next one, so one call per chunk
+ * leaves the disk with fewer reads in flight than threads (cold loads ran at 0.8x of vLLM's
+ * C++ tier at 2 MiB, which reads a job's blocks in one call), and every retake is a futex
+ * handoff (most of the CPU of a 256 KiB hot load).
+ */
+static void release_loads(struct load_args *loads, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyBuffer_Release(&loads[i].plain);
+        PyBuffer_Release(&loads[i].aligned);
+    }
+    PyMem_Free(loads);
+}
+
+/* Fill loads[i] from Python's arguments (paths[i], headers' i-th block, plains[i], alignds[i]);
+ * -1 with an exception set. */
+static int parse_loads(struct load_args *loads, Py_ssize_t n, PyObject *paths, Py_buffer *headers,
+                       PyObject *plains, PyObject *aligneds, Py_ssize_t *parsed)
+{
+    Py_ssize_t block = headers->len / n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct load_args *a = &loads[i];
+        a->path = PyBytes_AsString(PyTuple_GET_ITEM(paths, i));
+        if (a->path == NULL)
+            return -1;
+        a->header.buf = (char *)headers->buf + i * block;
+        a->header.len = block;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(plains, i), &a->plain, PyBUF_WRITABLE) < 0)
+            return -1;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(aligneds, i), &a->aligned, PyBUF_WRITABLE) < 0) {
+            PyBuffer_Release(&a->plain);
+            return -1;
+        }
+        *parsed = i + 1;
+    }
+    return 0;
+}
+
+/* One result per load: loaded_value, or the errno (an int) of a load that failed. */
+static PyObject *load_results(struct load_args *loads, Py_ssize_t n, int *errs)
+{
+    PyObject *results = PyList_New(n);
+    for (Py_ssize_t i = 0; results != NULL && i < n; i++) {
+        PyObject *item = errs[i] ? PyLong_FromLong(errs[i]) : loaded_value(&loads[i]);
+        if (item == NULL)
+            Py_CLEAR(results);
+        else
+            PyList_SET_ITEM(results, i, item);
+    }
+    return results;
+}
+
+static PyObject *fastio_load_many(PyObject *self, PyObject *args)
+{
+    struct pin pin;
+    PyObject *paths, *plains, *aligneds;
+    Py_buffer headers;
+    int flags, adaptive, o_direct, fold;
+    if (!PyArg_ParseTuple(args, "(iyKK)O!w*O!O!iiip", &pin.fd, &pin.path, &pin.dev, &pin.ino,
+                          &PyTuple_Type, &paths, &headers, &PyTuple_Type, &plains, &PyTuple_Type,
+                          &aligneds, &flags, &adaptive, &o_direct, &fold))
         return NULL;
-    PyObject *loaded = Py_BuildValue("(nnKKOO)", (Py_ssize_t)a.st.st_size, (Py_ssize_t)a.got,
-                                     (unsigned long long)a.st.st_dev,
-                                     (unsigned long long)a.st.st_ino, a.direct ? Py_True : Py_False,
-                                     digest);
-    if (a.fold)
-        Py_DECREF(digest);
-    return loaded;
+    Py_ssize_t n = PyTuple_GET_SIZE(paths), parsed = 0;
+    if (n == 0 || PyTuple_GET_SIZE(plains) != n || PyTuple_GET_SIZE(aligneds) != n
+        || headers.len % n) {
+        PyBuffer_Release(&headers);
+        PyErr_SetString(PyExc_ValueError, "load_many: one path, header block, plain and "
+                                          "aligned buffer per chunk");
+        return NULL;
+    }
+    struct load_args *loads = PyMem_Calloc((size_t)n, sizeof *loads);
+    int *errs = PyMem_Calloc((size_t)n, sizeof *errs);
+    PyObject *results = NULL;
+    if (loads == NULL || errs == NULL) {
+        PyErr_NoMemory();
+    } else if (parse_loads(loads, n, paths, &headers, plains, aligneds, &parsed) == 0) {
+        int stale;
+        Py_BEGIN_ALLOW_THREADS
+        stale = still_pinned(&pin) < 0;
+        for (Py_ssize_t i = 0; !stale && i < n; i++) {
+            loads[i].pin = pin;
+            loads[i].flags = flags;
+            loads[i].adaptive = adaptive;
+            loads[i].o_direct = o_direct;
+            loads[i].fold = fold;
+            errs[i] = load_pinned(&loads[i]);
+        }
+        Py_END_ALLOW_THREADS
+        if (stale) {
+            errno = ESTALE;
+            PyErr_SetFromErrnoWithFilename(PyExc_OSError, pin.path);
+        } else {
+            results = load_results(loads, n, errs);
+        }
+    }
+    if (loads != NULL)
+        release_loads(loads, parsed);
+    PyMem_Free(errs);
+    PyBuffer_Release(&headers);
+    return results;
 }
 
 
@@ -556,6 +672,7 @@ static PyObject *fastio_scan_chunks(PyObject *self, PyObject *args)
 static PyMethodDef fastio_methods[] = {
     {"store", fastio_store, METH_VARARGS, "See kvtier.tiers.fs.native.store."},
     {"load", fastio_load, METH_VARARGS, "See kvtier.tiers.fs.native.load."},
+    {"load_many", fastio_load_many, METH_VARARGS, "See kvtier.tiers.fs.native.load_many."},
     {"scan_chunks", fastio_scan_chunks, METH_VARARGS, "See kvtier.tiers.fs.native.scan_chunks."},
     {NULL, NULL, 0, NULL},
 };
@@ -568,8 +685,8 @@ static struct PyModuleDef fastio_module = {
     .m_methods = fastio_methods,
 };
 
-/* The calling convention of store, load and scan_chunks; native.py uses its own ABI only. */
-#define FASTIO_ABI 5
+/* The calling convention of store, load, load_many and scan_chunks; native.py uses its own ABI only. */
+#define FASTIO_ABI 6
 
 PyMODINIT_FUNC PyInit__fastio(void)
 {

@@ -1,4 +1,4 @@
-"""ChunkFiles: the on-disk layout of the filesystem tier, atomic writes and verified reads.
+"""ChunkFiles: the on-disk layout of the filesystem tier and atomic writes (reads: ``reader``).
 
 Layout under ``root_dir``::
 
@@ -17,10 +17,10 @@ regular file raises ``NotRegularError``; a namespace swapped for something else 
 ``NamespaceSwappedError`` (one that vanished is made again by the next write). The namespace,
 and whether it may be written (read-only on a full disk), is ``namespace``'s.
 
-A chunk file is written or read in one call of ``native`` (the compiled ``_fastio``: the
-GIL released once per file) where it is built; whatever it hands back, and every platform
-without it, takes the ``os``-module path (``_write_walk``, ``_read_walk``) under the same
-rules. The start-up scan is ``scan``'s.
+A chunk file is written in one call of ``native`` (the compiled ``_fastio``: the GIL released
+once per file) where it is built; whatever it hands back, and every platform without it, takes
+the ``os``-module path (``_write_walk``) under the same rules. Verified reads are ``reader``'s
+(``ChunkReader``, as ``reader``), the start-up scan ``scan``'s.
 
 Thread safety: every method may be called from any thread; each thread has its own scratch
 buffers (``scratch``).
@@ -29,7 +29,6 @@ buffers (``scratch``).
 from __future__ import annotations
 
 import errno
-import fcntl
 import itertools
 import os
 import queue
@@ -39,31 +38,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from kvtier.config.file_modes import DEFAULT_DIR_MODE, file_mode
-from kvtier.errors import IntegrityError, TierError
+from kvtier.errors import TierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.fs import native
-from kvtier.tiers.fs.io import payload_checksum, pread_all, pwrite_all
+from kvtier.tiers.fs.io import payload_checksum, pwrite_all
 from kvtier.tiers.fs.namespace import Namespace
 from kvtier.tiers.fs.page_cache import CACHESTAT, PageCacheBudget
 from kvtier.tiers.fs.paths import (
     check_regular,
     chunk_dir,
-    level_path,
     open_beneath,
     open_level_beneath,
-    open_regular,
     regular_stat,
     rename_into_place,
-    unlink_if_same,
 )
 from kvtier.tiers.fs.pin import NamespacePin, NamespaceSwappedError
+from kvtier.tiers.fs.reader import ChunkReader
 from kvtier.tiers.fs.scan import HOST_TAG, ScanResult, scan_namespace
 from kvtier.tiers.fs.scratch import ThreadScratch
 from kvtier.tiers.shared.codec import CHECKSUM_AT, HEADER_BYTES
-from kvtier.tiers.shared.counters import Counters
-from kvtier.tiers.shared.lineage import Link, linked, read_link
+from kvtier.tiers.shared.lineage import Link, linked
 from kvtier.tiers.shared.sealing import ChecksumSealer, Sealer
 
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
@@ -120,11 +116,15 @@ class ChunkFiles:
         self._write_turns: queue.SimpleQueue[None] = queue.SimpleQueue()
         for _ in range(BUFFERED_WRITERS):
             self._write_turns.put(None)
-        #: Chunk files read per path, ``page_cache`` or ``o_direct`` (each read, verified or
-        #: not): what "auto" chose, visible in the tier's stats as ``read_path.<path>``.
-        self.read_paths = Counters()
-        direct = O_DIRECT if self.o_direct and not self.adaptive else 0
-        self._read_flags = os.O_RDONLY | direct
+        #: This namespace's verified reads (``reader``).
+        self.reader = ChunkReader(
+            self.directory,
+            self._digest,
+            self._sealer,
+            self._scratch,
+            o_direct=self.o_direct,
+            adaptive=self.adaptive,
+        )
         self._write_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
     # -- writing ----------------------------------------------------------------------------
@@ -236,86 +236,12 @@ class ChunkFiles:
                 os.fsync(directory)
 
     # -- reading ----------------------------------------------------------------------------
-    def read(self, key: ChunkKey, region: HostRegion, slot: int) -> tuple[int, Link | None]:
-        """Read chunk ``key`` straight into ``slot`` and verify it; returns the file size and
-        the link the file carries (``lineage``; ``None`` when it has none).
-
-        Raises ``FileNotFoundError`` when there is no such chunk, ``NotRegularError`` when its
-        path holds something else (left alone), ``OSError`` when it cannot be read, and
-        ``IntegrityError`` when it fails verification; that file is deleted first (unless
-        another writer replaced it meanwhile).
-        """
-        name = key.hex()
-        header, payload, pin = self._scratch.header(), region.view(slot), self._pin()
-        args = (header, payload, region.aligned_view(slot), self._read_flags)
-        path, fold = f"{level_path(name)}/{name}", not self._sealer.keyed
-        loaded = native.load(pin, path, *args, self.adaptive, O_DIRECT, fold)
-        loaded = loaded or self._read_walk(pin, name, *args)
-        size, got, device, inode, direct, digest = loaded
-        self.read_paths.add("o_direct" if direct else "page_cache")
-        if fold and digest is None:
-            digest = payload_checksum(payload[: max(0, got - HEADER_BYTES)])
-        try:
-            self._verify(key, header, payload, got, size, digest)
-        except IntegrityError:
-            with suppress(OSError), chunk_dir(pin.fd, name) as directory:
-                unlink_if_same(directory, name, (device, inode))
-            raise
-        return size, read_link(header)
-
     def mark_used(self, key: ChunkKey) -> None:
         """Set chunk ``key``'s mtime to now: what ``kvtier cache`` and a restart's scan take for
         its last use. Raises ``OSError`` (``FileNotFoundError`` when it is gone)."""
         name, pin = key.hex(), self._pin()
         with chunk_dir(pin.fd, name) as directory:
             os.utime(name, dir_fd=directory, follow_symlinks=False)
-
-    def _read_walk(
-        self,
-        pin: NamespacePin,
-        name: str,
-        header: memoryview,
-        plain: memoryview,
-        aligned: memoryview,
-        flags: int,
-    ) -> native.Loaded:
-        """``native.load`` through the ``os`` module; raises what ``read`` documents."""
-        pin.check()
-        fd = open_beneath(pin.fd, name, flags)
-        if fd is None:  # no openat2, or a failure the walk names exactly
-            with chunk_dir(pin.fd, name) as directory:
-                fd, found = open_regular(directory, name, flags)
-        else:
-            found = check_regular(fd, name)
-        try:
-            direct = self.o_direct
-            if self.adaptive:
-                direct = not CACHESTAT.is_cached(fd, found.st_size)
-                if direct:
-                    fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK | O_DIRECT)
-            # O_DIRECT reads whole aligned pages: the slot's padding takes the rounding.
-            got = pread_all(fd, [header, aligned if direct else plain], 0, found.st_size)
-        finally:
-            os.close(fd)
-        return found.st_size, got, found.st_dev, found.st_ino, direct, None
-
-    def _verify(
-        self,
-        key: ChunkKey,
-        header: memoryview,
-        payload: memoryview,
-        got: int,
-        size: int,
-        digest: bytes | None,
-    ) -> None:
-        """Check what was read: ``got`` bytes of a ``size``-byte file (``digest``: of payload,
-        unless sealed with a key); an encrypted payload is decrypted in place."""
-        if got < HEADER_BYTES:
-            raise IntegrityError(f"file is {got} bytes, shorter than a header", "short")
-        payload_got = min(got - HEADER_BYTES, len(payload))
-        self._sealer.open(header, payload[:payload_got], self._digest, key, digest)
-        if size != HEADER_BYTES + len(payload) or payload_got != len(payload):
-            raise IntegrityError(f"file is {size} bytes, not a chunk of {len(payload)}", "length")
 
     def size_of(self, key: ChunkKey) -> int | None:
         """Size of chunk ``key``'s file, ``None`` if there is none.

@@ -206,3 +206,16 @@ def warn_if_open(root_dir: str, namespace: str, dir_mode: int) -> None:
                 problem,
                 dir_mode,
             )
+
+
+def warn_if_read_only(tier: str, directory: Namespace) -> None:
+    """One warning when ``directory`` started read-only (a full or read-only filesystem)."""
+    error = directory.error
+    if error is not None:
+        log.warning(
+            "%s: cannot write under %s (%s): starting read-only. The chunks there are served; "
+            "stores fail (store_failed.read_only) until it can be written again",
+            tier,
+            directory.path,
+            error.strerror or error,
+        )

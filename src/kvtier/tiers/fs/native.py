@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -48,7 +49,7 @@ except ImportError:  # not built: no compiler at install, or not Linux
 
 #: The calling convention native.py speaks; a module built from another ``_fastio.c`` (a
 #: stale build in a working tree) is not used.
-ABI = 5
+ABI = 6
 if _fastio is not None and getattr(_fastio, "ABI", 1) != ABI:
     _fastio = None
 
@@ -146,6 +147,45 @@ def load(
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             raise FileNotFoundError(errno.ENOENT, "no such chunk file", path) from None
+        return None
+    return loaded
+
+
+def load_many(
+    pin: NamespacePin,
+    paths: Sequence[str],
+    headers: memoryview,
+    plains: Sequence[memoryview],
+    aligned: Sequence[memoryview],
+    flags: int,
+    adaptive: bool,
+    o_direct: int,
+    fold: bool,
+) -> list[Loaded | int | None] | None:
+    """``load`` of each path in turn, in one call: the GIL released once and the pin checked
+    once for them all. ``headers`` holds one header block per path, in order.
+
+    One result per path: ``Loaded``; ``None`` for an entry that is not a regular file
+    (nothing read); or the errno of a load that failed (``ENOENT``: no such chunk file).
+    ``None`` instead of the list when the compiled path did not read them (not built, no
+    ``openat2``, or the namespace was swapped: ``load`` of each then names it).
+    """
+    if _fastio is None or not OPENAT2.available:
+        return None
+    encoded = tuple(path.encode() for path in paths)
+    try:
+        loaded: list[Loaded | int | None] = _fastio.load_many(
+            pin.native,
+            encoded,
+            headers,
+            tuple(plains),
+            tuple(aligned),
+            flags,
+            adaptive,
+            o_direct,
+            fold,
+        )
+    except OSError:
         return None
     return loaded
 

@@ -28,6 +28,14 @@ class ThreadScratch:
             buffer = self._local.header = memoryview(mmap.mmap(-1, HEADER_BYTES))
         return buffer
 
+    def headers(self, count: int) -> memoryview:
+        """``count`` page-aligned blocks of ``HEADER_BYTES``, back to back (kept, and made again
+        when more are asked for); not the block ``header`` gives."""
+        buffer: memoryview | None = getattr(self._local, "headers", None)
+        if buffer is None or len(buffer) < count * HEADER_BYTES:
+            buffer = self._local.headers = memoryview(mmap.mmap(-1, count * HEADER_BYTES))
+        return buffer[: count * HEADER_BYTES]
+
     def body(self, nbytes: int) -> memoryview:
         """A page-aligned buffer of ``nbytes`` (made again when the size changes)."""
         buffer: memoryview | None = getattr(self._local, "body", None)

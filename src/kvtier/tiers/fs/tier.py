@@ -7,9 +7,9 @@ capacity bound, recent misses) is in ``index``. This module ties them to the tie
   keys found absent less than ``negative_ttl_s`` ago, otherwise ``RETRY`` while a background
   probe (``stat``) finds out;
 * loads and stores run on separate thread pools (loads never queue behind stores); each chunk
-  file is read or written by one call into the compiled path (``native``: header, payload and
-  checksum with the GIL released once), or, where it is not built, by ``os`` calls that
-  release the GIL;
+  file is written, and each load job's files are read, by one call into the compiled path
+  (``native``: header, payload and checksum with the GIL released once), or, where it is not
+  built, by ``os`` calls that release the GIL;
 * at start a background scan rebuilds the index from the directory (oldest ``mtime`` coldest)
   and removes temporary files left by dead writers; an entry it cannot read is skipped and
   counted (``scan_skipped.<reason>``), never the end of the scan;
@@ -33,9 +33,8 @@ symlink at a chunk path is never opened in a way that blocks or followed (``path
 miss (``probe_failed.not_regular``) or a failed key (``load_failed.not_regular``), left in place
 until a store of that key replaces it.
 
-Which way each chunk file was read is counted too: ``read_path.page_cache`` and
-``read_path.o_direct`` (with ``o_direct: "auto"``, cached chunks go through the page cache and
-cold ones are read with O_DIRECT: ``page_cache``).
+Each read is counted by its way, ``read_path.page_cache`` or ``read_path.o_direct`` (with
+``o_direct: "auto"``, cached chunks are read through the page cache, cold ones with O_DIRECT).
 
 Thread safety: lookups and job submission come from the manager's thread; jobs, probes and the
 scan run on the tier's threads. Shared state lives in ``ChunkIndex``, ``RecentMisses`` and
@@ -63,8 +62,9 @@ from kvtier.tiers.fs import native
 from kvtier.tiers.fs.config import FsTierConfig
 from kvtier.tiers.fs.files import ChunkFiles
 from kvtier.tiers.fs.index import RecentMisses, UseStamps
-from kvtier.tiers.fs.namespace import SpaceGuard, warn_if_open
+from kvtier.tiers.fs.namespace import SpaceGuard, warn_if_open, warn_if_read_only
 from kvtier.tiers.fs.paths import NotRegularError, failure_reason
+from kvtier.tiers.fs.reader import Read
 from kvtier.tiers.fs.rows import o_direct_for
 from kvtier.tiers.fs.shared_bound import open_shared_bound
 from kvtier.tiers.shared.chunk_index import ChunkIndex
@@ -133,20 +133,9 @@ class FilesystemTier(PooledTier):
         self._scanned = threading.Event()
         self._runner = JobRunner(self.name, config.n_read_threads, config.n_write_threads)
         self._probes = ThreadPoolExecutor(N_PROBE_THREADS, thread_name_prefix=f"{self.name}-probe")
-        self._warn_if_read_only()
+        warn_if_read_only(self.name, self._files.directory)
         self._scanner = threading.Thread(target=self._scan, name=f"{self.name}-scan")
         self._scanner.start()
-
-    def _warn_if_read_only(self) -> None:
-        error = self._files.directory.error
-        if error is not None:
-            log.warning(
-                "%s: cannot write under %s (%s): starting read-only. The chunks there are "
-                "served; stores fail (store_failed.read_only) until it can be written again",
-                self.name,
-                self.namespace,
-                error.strerror or error,
-            )
 
     @property
     def namespace(self) -> str:
@@ -185,7 +174,7 @@ class FilesystemTier(PooledTier):
         """Counters (see the module docstring) plus ``index_chunks``, ``index_bytes``, ..."""
         return {
             **self._counters.snapshot(),
-            **self._read_paths(),
+            **self._files.reader.read_path_counts(),
             "index_chunks": len(self._index),
             "index_bytes": self._index.used_bytes,
             "unreachable_chunks": self._index.unreachable_count(),
@@ -194,11 +183,6 @@ class FilesystemTier(PooledTier):
             "read_only": int(self._files.directory.read_only),
             "scan_done": int(self._scanned.is_set()),
         }
-
-    def _read_paths(self) -> dict[str, int]:
-        """``read_path.page_cache`` and ``read_path.o_direct``: chunk files read each way."""
-        counts = self._files.read_paths.snapshot()
-        return {f"read_path.{path}": counts.get(path, 0) for path in ("page_cache", "o_direct")}
 
     # -- extras -----------------------------------------------------------------------------
     def wait_scanned(self, timeout: float | None = None) -> bool:
@@ -285,19 +269,34 @@ class FilesystemTier(PooledTier):
 
     # -- loads ------------------------------------------------------------------------------
     def _load(self, job: TransferJob) -> JobOutcome:
-        pairs = zip(job.keys, job.slots, strict=True)
-        outcomes = [(key, self._load_one(key, slot)) for key, slot in pairs]
+        reads = zip(job.keys, self._read(job), strict=True)
+        outcomes = [(key, self._outcome(key, read)) for key, read in reads]
         self._index.touch_many(job.keys)
         return JobOutcome(
             [key for key, outcome in outcomes if outcome == "loaded"],
             [key for key, outcome in outcomes if outcome == "corrupt"],
         )
 
-    def _load_one(self, key: ChunkKey, slot: int) -> _LoadOutcome:
-        """Read and verify one chunk into ``slot``; every failure is counted, never raised."""
+    def _read(self, job: TransferJob) -> list[Read]:
+        """Each chunk of ``job`` read into its slot: in one call for the whole job, or chunk by
+        chunk with the fault hook (``load``) before each read (its fault is the read's)."""
+        if self.fault_hook is None:
+            return self._files.reader.read_many(job.keys, self._region, job.slots)
+        return [self._hooked_read(key, slot) for key, slot in zip(job.keys, job.slots, strict=True)]
+
+    def _hooked_read(self, key: ChunkKey, slot: int) -> Read:
         try:
             self._hook("load", key)
-            size, link = self._files.read(key, self._region, slot)
+        except Exception as exc:
+            return exc
+        return self._files.reader.read_many([key], self._region, [slot])[0]
+
+    def _outcome(self, key: ChunkKey, read: Read) -> _LoadOutcome:
+        """Count what reading ``key`` came to (never raises but for a bug: then the job fails)."""
+        try:
+            if isinstance(read, Exception):
+                raise read
+            size, link = read
         except FileNotFoundError:
             self._index.discard(key)
             self._counters.add("load_missing")
