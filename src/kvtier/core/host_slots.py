@@ -14,7 +14,11 @@ hashable: the engine, one write-through job, one peer): an owner can only releas
 so a stray or repeated release raises ``HoldError`` and changes nothing, and a slot stays
 unevictable until every owner that reads it has released it.
 
-Thread safety: none; the host tier belongs to the manager's thread.
+Every allocation of a slot bumps its *generation* (``generation``): bytes read out of a slot
+while its generation is unchanged are the chunk that was ready there.
+
+Thread safety: none, but for ``generation`` (any thread); the host tier belongs to the
+manager's thread.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ class HostTier:
         self._pending: dict[ChunkKey, tuple[int, float | None]] = {}  # priority of WRITING keys
         self._entries: dict[ChunkKey, list[int]] = {}  # key -> [slot, state]
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self._generations = [0] * num_slots  # allocations of each slot so far
         self._held = _Held(self._entries)
         self._num_pinned = 0  # ready entries with state > 0
         self._holds: dict[Hashable, dict[ChunkKey, int]] = {}  # owner -> key -> holds
@@ -109,6 +114,10 @@ class HostTier:
 
     def slot_of(self, key: ChunkKey) -> int:
         return self._entries[key][0]
+
+    def generation(self, slot: int) -> int:
+        """How many times ``slot`` was allocated; any thread may ask (one list read)."""
+        return self._generations[slot]
 
     def writer_of(self, key: ChunkKey) -> Hashable | None:
         """Who is writing ``key`` (the engine, a promotion); ``None`` unless it is WRITING."""
@@ -161,6 +170,7 @@ class HostTier:
             evicted = victims
         slots = [self._free.pop() for _ in keys]
         for key, slot in zip(keys, slots, strict=True):
+            self._generations[slot] += 1  # before any byte of the new chunk is written
             self._entries[key] = [slot, WRITING]
             self._writers[key] = writer
         return slots, evicted

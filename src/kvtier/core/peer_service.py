@@ -102,6 +102,9 @@ class ManagerPeerHost:
     def slot_of(self, key: ChunkKey) -> int:
         return self._host.slot_of(key)
 
+    def generation(self, slot: int) -> int:
+        return self._host.generation(slot)
+
     def touch(self, keys: Sequence[ChunkKey]) -> None:
         self._host.touch(keys)
 

@@ -24,6 +24,11 @@ class PeerHost(Protocol):
         """The host slot of a ready key."""
         ...
 
+    def generation(self, slot: int) -> int:
+        """How many times ``slot`` was allocated (``HostTier.generation``); the one call any
+        thread may make: a server thread checks that bytes it read are still the chunk's."""
+        ...
+
     def touch(self, keys: Sequence[ChunkKey]) -> None:
         """Recency for chunks a peer fetched."""
         ...

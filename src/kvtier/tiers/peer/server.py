@@ -8,8 +8,8 @@ only ever touched on the manager's thread:
   hands (protocol version and cache identity, else refused and logged), verifies stored chunks
   (with ``integrity_key_file``, their tag: a client without the key stores nothing,
   ``store_integrity.forged``), and puts work on the inbox; it encodes fetch replies (sealed
-  with that key) and sends each payload frame straight out of its host slot (zero-copy),
-  watching the send receipt;
+  with that key, once per slot residency: ``server_seals``) and sends each payload frame
+  straight out of its host slot (zero-copy), watching the send receipt;
 * ``step`` (the manager's thread, at every ``poll``) answers lookups, holds the slots of
   fetched chunks and hands their views to the server thread, reserves slots for stored chunks,
   and releases holds once their bytes are sent.
@@ -53,6 +53,7 @@ from kvtier.region import HostRegion
 from kvtier.tiers.peer import protocol as proto
 from kvtier.tiers.peer.config import ServeConfig
 from kvtier.tiers.peer.server_holds import PeerHolds, Replies
+from kvtier.tiers.peer.server_seals import ServedSeals
 from kvtier.tiers.peer.server_transport import listen
 from kvtier.tiers.peer.transport import Transport
 from kvtier.tiers.shared.sealing import make_sealer
@@ -80,6 +81,21 @@ class _Work:
     client: bytes = b""  # "fetch": whom the hold budget counts (``PeerHolds``)
 
 
+@dataclass
+class _Fetch:
+    """A fetch reply for the server thread: ``flags`` per requested key, and the served keys
+    (those flagged) with their slots and the slots' generations when served; ``held`` (a
+    prefix of them) are held until the reply is sent."""
+
+    peer: bytes
+    req_id: int
+    flags: list[bool]
+    keys: list[ChunkKey]
+    slots: list[int]
+    stamps: list[int]
+    held: list[ChunkKey]
+
+
 class PeerServer:
     """Serves ``region``'s host tier to peers; see the module docstring."""
 
@@ -92,6 +108,7 @@ class PeerServer:
     ) -> None:
         self._config, self._region, self._digest = config, region, identity.digest
         self._sealer = make_sealer(config.integrity_key_file, decrypts=False)
+        self._seals = ServedSeals(self._sealer, self._digest)
         self._transport, self._listener = listen(config, region.slot_bytes, transport)
         self._holds = PeerHolds(region.num_slots, config.hold_timeout_s)
         self._inbox: queue.SimpleQueue[_Work] = queue.SimpleQueue()
@@ -195,9 +212,9 @@ class PeerServer:
         served = [] if grant.refused else ready
         slots = grant.slots + [host.slot_of(k) for k in served[len(grant.keys) :]]
         flags = [not grant.refused and host.is_ready(k) for k in work.keys]
-        views = [self._region.view(slot) for slot in slots]
-        reply = (work.peer, work.req_id, flags, served, views, grant.keys, grant.deadline)
-        self._outbox.put(("fetch", reply))
+        stamps = [host.generation(slot) for slot in slots]
+        reply = _Fetch(work.peer, work.req_id, flags, served, slots, stamps, grant.keys)
+        self._outbox.put(("fetch", (reply, grant.deadline, host.generation)))
         self._transport.wake()
 
     def _on_store(self, host: PeerHost, work: _Work) -> None:
@@ -324,29 +341,32 @@ class PeerServer:
                 op, args = self._outbox.get_nowait()
             except queue.Empty:
                 return
-            getattr(self, f"_send_{op}")(*args)
+            send = self._listener.send if op == "reply" else getattr(self, f"_send_{op}")
+            send(*args)
 
-    def _send_reply(self, peer: bytes, frames: list[bytes]) -> None:
-        self._listener.send(peer, frames)
-
-    def _send_fetch(
-        self,
-        peer: bytes,
-        req_id: int,
-        flags: list[bool],
-        keys: list[ChunkKey],
-        views: list[Any],
-        held: list[ChunkKey],
-        deadline: float,
-    ) -> None:
-        """Send ``keys`` out of their slots; ``held`` (a prefix) are released once sent."""
-        frames: list[bytes | memoryview] = [proto.encode(proto.FETCH, req_id, flags)]
-        for key, view in zip(keys, views, strict=True):
-            frames += [self._sealer.seal(self._digest, key, view), view]
-        receipt = self._listener.send(peer, frames)
-        if held:
-            self._replies.add(receipt, peer, held, deadline)
-        self._count("fetched_chunks", len(keys))
+    def _send_fetch(self, fetch: _Fetch, deadline: float, generation: Callable[[int], int]) -> None:
+        """Send the served chunks out of their slots, each with its header (``ServedSeals``:
+        one whose slot was allocated again meanwhile is dropped, its flag cleared); the held
+        ones (a prefix) are released once sent."""
+        frames: list[bytes | memoryview] = []
+        flags = list(fetch.flags)
+        served = iter(zip(fetch.keys, fetch.slots, fetch.stamps, strict=True))
+        for i, flag in enumerate(fetch.flags):
+            if not flag:
+                continue
+            key, slot, stamp = next(served)
+            view = self._region.view(slot)
+            header = self._seals.header(key, view, slot, stamp, generation)
+            if header is None:
+                flags[i] = False
+                self._count("fetch_slot_reused")
+            else:
+                frames += [header, view]
+        meta = proto.encode(proto.FETCH, fetch.req_id, flags)
+        receipt = self._listener.send(fetch.peer, [meta, *frames])
+        if fetch.held:
+            self._replies.add(receipt, fetch.peer, fetch.held, deadline)
+        self._count("fetched_chunks", len(frames) // 2)
 
     def _send_store(
         self, peer: bytes, req_id: int, flags: list[bool], new_keys: list[ChunkKey], copies: Any
