@@ -99,9 +99,9 @@ class ChunkReader:
         """``read`` of each chunk into its slot, in one call of the compiled path for them all
         where it is built (``native.load_many``). One result per chunk, in order: what ``read``
         returns, or the exception it raises (an ``Exception``, not raised here)."""
-        pin, headers = self._directory.pin, self._scratch.headers(len(keys))
-        batch = None
+        pin, batch = self._directory.pin, None
         if pin is not None and len(keys) > 1:
+            headers = self._scratch.headers(len(keys))
             plains = [region.view(slot) for slot in slots]
             aligned = [region.aligned_view(slot) for slot in slots]
             paths = [_chunk_path(key.hex()) for key in keys]
