@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier import CacheIdentity
+from kvtier import CacheIdentity, ChunkKey
 from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
@@ -96,16 +96,25 @@ def test_a_swapped_namespace_hands_the_whole_job_back(tmp_path: Path):
         pin.close()
 
 
-@needs_native
-def test_a_job_is_one_compiled_call(tmp_path: Path, identity: CacheIdentity, monkeypatch):
-    region = HostRegion(8, 64 << 10)
-    tier = FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), region, identity)
+def stored_tier(
+    root: Path, identity: CacheIdentity, n: int
+) -> tuple[FilesystemTier, HostRegion, list[ChunkKey]]:
+    """An fs tier under ``root`` that stored ``n`` chunks from slots 0..n-1 of a region with
+    as many slots again to load them into."""
+    region = HostRegion(2 * n, 64 << 10)
+    tier = FilesystemTier(FsTierConfig(root_dir=str(root)), region, identity)
     tier.wait_scanned()
-    keys = make_keys(identity, 4)
+    keys = make_keys(identity, n)
     for slot, key in enumerate(keys):
         fill(region, slot, key)
-    tier.submit_store(TransferJob(1, tuple(keys), (0, 1, 2, 3)))
+    tier.submit_store(TransferJob(1, tuple(keys), tuple(range(n))))
     assert collect(tier, [1])[1].ok
+    return tier, region, keys
+
+
+@needs_native
+def test_a_job_is_one_compiled_call(tmp_path: Path, identity: CacheIdentity, monkeypatch):
+    tier, region, keys = stored_tier(tmp_path, identity, 4)
     calls: list[str] = []
     for name in ("load", "load_many"):
         original = getattr(native, name)
@@ -123,14 +132,7 @@ def test_a_job_is_one_compiled_call(tmp_path: Path, identity: CacheIdentity, mon
 def test_each_chunk_of_a_mixed_job_is_counted_as_it_would_be_alone(
     tmp_path: Path, identity: CacheIdentity
 ):
-    region = HostRegion(10, 64 << 10)
-    tier = FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), region, identity)
-    tier.wait_scanned()
-    keys = make_keys(identity, 5)
-    for slot, key in enumerate(keys):
-        fill(region, slot, key)
-    tier.submit_store(TransferJob(1, tuple(keys), tuple(range(5))))
-    assert collect(tier, [1])[1].ok
+    tier, region, keys = stored_tier(tmp_path, identity, 5)
     damaged = chunk_path(tmp_path, identity, keys[1])
     data = bytearray(damaged.read_bytes())
     data[codec.HEADER_BYTES + 7] ^= 1

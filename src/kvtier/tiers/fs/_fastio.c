@@ -105,9 +105,10 @@ static struct iovec *advance(struct iovec *iov, int *n, size_t done)
     return iov;
 }
 
-/* pwritev every byte at `offset` (resuming short writes); 0, or -1 with errno. */
-static int write_all_at(int fd, struct iovec *iov, int n, off_t offset)
+/* pwritev every byte from the start of the file (resuming short writes); 0, or -1 with errno. */
+static int write_all(int fd, struct iovec *iov, int n)
 {
+    off_t offset = 0;
     while (n > 0) {
         ssize_t done = pwritev(fd, iov, n, offset);
         if (done < 0 && errno == EINTR)
@@ -122,13 +123,13 @@ static int write_all_at(int fd, struct iovec *iov, int n, off_t offset)
     return 0;
 }
 
-/* preadv up to `want` bytes from `offset` (resuming short reads, stopping at end of file);
- * bytes or -1. */
-static ssize_t read_upto_at(int fd, struct iovec *iov, int n, off_t offset, ssize_t want)
+/* preadv up to `want` bytes from the start of the file (resuming short reads, stopping at end
+ * of file); bytes or -1. */
+static ssize_t read_upto(int fd, struct iovec *iov, int n, ssize_t want)
 {
     ssize_t total = 0;
     while (n > 0 && total < want) {
-        ssize_t done = preadv(fd, iov, n, offset + total);
+        ssize_t done = preadv(fd, iov, n, total);
         if (done < 0 && errno == EINTR)
             continue;
         if (done <= 0)
@@ -180,7 +181,7 @@ static int write_chunk(int fd, struct store_args *a)
 {
     struct iovec iov[2] = {{a->header.buf, (size_t)a->header.len},
                            {a->payload.buf, (size_t)a->payload.len}};
-    if (write_all_at(fd, iov, 2, 0) < 0 || (a->truncate_to >= 0 && ftruncate(fd, a->truncate_to) < 0)
+    if (write_all(fd, iov, 2) < 0 || (a->truncate_to >= 0 && ftruncate(fd, a->truncate_to) < 0)
         || (a->sync && fsync(fd) < 0))
         return errno;
     return 0;
@@ -321,7 +322,7 @@ static int load_pinned(struct load_args *a)
                                {target->buf, (size_t)target->len}};
         ssize_t want = a->header.len + target->len;
         want = want < a->st.st_size ? want : a->st.st_size;
-        a->got = read_upto_at(fd, iov, 2, 0, want);
+        a->got = read_upto(fd, iov, 2, want);
         if (!err && a->got < 0)
             err = errno;
         else if (a->fold) /* what Python would hash: the payload bytes read, at most plain's */
