@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from kvtier.errors import IntegrityError
 from kvtier.keys import ChunkKey
 from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.lineage import Link, put_link
@@ -59,9 +60,18 @@ class ObjectBodies:
         return None if self._sealer.keyed else codec.filling(payload)
 
     def open(
-        self, header: memoryview, payload: memoryview, key: ChunkKey, filling: Any | None = None
+        self,
+        header: memoryview,
+        payload: memoryview,
+        key: ChunkKey,
+        size: int,
+        filling: Any | None = None,
     ) -> None:
-        """Verify (and decrypt in place) chunk ``key``, with ``filling`` (the one this payload
-        was fed as it landed, whole) for its checksum; ``IntegrityError`` when it is not."""
+        """Verify (and decrypt in place) chunk ``key``, an object of ``size`` bytes, with
+        ``filling`` (the one this payload was fed as it landed, whole) for its checksum;
+        ``IntegrityError`` when it is not (``length``: not a header and this payload)."""
+        if size != codec.HEADER_BYTES + len(payload):
+            expected = codec.HEADER_BYTES + len(payload)
+            raise IntegrityError(f"object is {size} bytes, expected {expected}", "length")
         digest = None if filling is None else filling.digest(len(payload))
         self._sealer.open(header, payload, self._digest, key, digest)

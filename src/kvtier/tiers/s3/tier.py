@@ -304,8 +304,7 @@ class ObjectStoreTier(SecondaryTier):
                 if self._bound is not None:
                     self._bound.gone(key)
                 return Outcome.FAILED
-            _check_length(size, len(payload))
-            self._bodies.open(header, payload, key, filling)
+            self._bodies.open(header, payload, key, size, filling)
         except IntegrityError as exc:
             return self._reject(key, exc)
         except TierError as exc:
@@ -396,10 +395,3 @@ class ObjectStoreTier(SecondaryTier):
 def _check_room(max_bytes: int | None, object_bytes: int) -> None:
     if max_bytes is not None and max_bytes < object_bytes:
         raise ConfigError(f"max_bytes: {max_bytes} cannot hold one object of {object_bytes} bytes")
-
-
-def _check_length(size: int, payload_len: int) -> None:
-    if size != codec.HEADER_BYTES + payload_len:
-        raise IntegrityError(
-            f"object is {size} bytes, expected {codec.HEADER_BYTES + payload_len}", "length"
-        )
