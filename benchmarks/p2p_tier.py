@@ -3,19 +3,23 @@
 For chunks of 2 MiB and 8 MiB, with CURVE off and on, a serving process holds ``--total-mib`` of
 chunks in its host tier and this process loads all of them:
 
-* raw: a ROUTER process answers one request per batch with the same frames the tier sends (a
-  4096-byte header and the payload, ``copy=False`` out of one preallocated buffer), batches as
-  big as the tier's and as many in flight; the DEALER here receives them ``copy=False`` and does
-  nothing else (no verification, no copy into a slot). With CURVE, both ends encrypt, as the
-  tier's do;
+* raw: a ROUTER process answers one request per batch with the frames the tier sends (a
+  4096-byte header and the payload, ``copy=False`` out of ``--total-mib`` of distinct chunk
+  buffers, as the tier's host slots are), batches as big as the tier's and as many in flight;
+  the DEALER here receives them ``copy=False`` and does nothing else (no verification, no copy
+  into a slot). With CURVE, both ends encrypt, as the tier's do;
+* raw into slots: the same, each payload received with ``recv_into`` straight into its own host
+  slot (what the tier must do with a chunk, less the verification and the protocol);
 * tier: a ``PeerTier`` loads every chunk from a ``TieringManager`` with ``serve`` (answered by
   the manager's own driver thread, as on an idle prefill node): the full path (lookup answers,
   slot holds, header + xxh3-128 checksum on the server, verification and one copy into the host
   slot here).
 
-Each row runs ``--repeats`` rounds after one untimed warm-up round, raw and tier back to back in
-every round (which goes first alternates); it reports the median and the best round of each
-side, and ``ratio``, the median over rounds of tier / raw throughput in that round.
+Each row runs ``--repeats`` rounds after one untimed warm-up round, the three sides back to
+back in every round (which goes first rotates); it reports the median and the best round of
+each side, and ``ratio`` (``ratio_into_slots``), the median over rounds of tier / raw (raw into
+slots) throughput in that round. Before 2026-12-03 the raw server sent one 2 or 8 MiB buffer
+for every chunk, always in the CPU cache, which the tier's 256 MiB of slots never are.
 Throughput is payload bytes per second (GB = 1e9). ``load`` is the 1-minute load average at
 start and end: on a shared machine, compare only ratios, never absolute figures across runs.
 """
@@ -110,35 +114,50 @@ def serve_tier(chunk_bytes: int, n: int, port: int, keys: Keys, conn: Connection
         conn.recv()  # the manager's driver thread serves meanwhile
 
 
-def serve_raw(chunk_bytes: int, port: int, keys: Keys, conn: Connection) -> None:
+def serve_raw(chunk_bytes: int, n: int, port: int, keys: Keys, conn: Connection) -> None:
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     if keys:
         router.curve_server = True
         router.curve_secretkey = read_key(keys["server_secret"], "server secret")
     router.bind(f"tcp://127.0.0.1:{port}")
-    header, payload = bytes(HEADER_BYTES), np.ones(chunk_bytes, dtype=np.uint8)
+    header, payloads = bytes(HEADER_BYTES), np.ones((n, chunk_bytes), dtype=np.uint8)
     conn.send("ready")
+    sent = 0
     while not conn.poll():
         if not router.poll(50):
             continue
         peer, request = router.recv_multipart()
-        frames = [b"meta"] + [header, memoryview(payload)] * int(request)
+        frames: list[bytes | memoryview] = [b"meta"]
+        for i in range(sent, sent + int(request)):
+            frames += [header, memoryview(payloads[i % n])]
+        sent += int(request)
         router.send_multipart([peer, *frames], copy=False)
     context.destroy(linger=0)
 
 
 # -- clients ----------------------------------------------------------------------------------
-def raw_round(dealer: zmq.Socket[bytes], chunk_bytes: int, n: int) -> float:
+def raw_round(
+    dealer: zmq.Socket[bytes], chunk_bytes: int, n: int, slots: HostRegion | None = None
+) -> float:
+    """Fetch ``n`` chunks; with ``slots``, each payload received into its own slot."""
     per_request = fetch_batch(chunk_bytes)
     requests = [min(per_request, n - i) for i in range(0, n, per_request)]
-    start, sent, received = time.perf_counter(), 0, 0
+    start, sent, received, landed = time.perf_counter(), 0, 0, 0
+    header = bytearray(HEADER_BYTES)
     while received < len(requests):
         while sent < len(requests) and sent - received < MAX_IN_FLIGHT:
             dealer.send(str(requests[sent]).encode())
             sent += 1
-        frames = dealer.recv_multipart(copy=False)
-        assert len(frames) == 1 + 2 * requests[received]
+        if slots is None:
+            frames = dealer.recv_multipart(copy=False)
+            assert len(frames) == 1 + 2 * requests[received]
+        else:
+            dealer.recv(copy=False)
+            for _ in range(requests[received]):
+                dealer.recv_into(header)
+                assert dealer.recv_into(slots.view(landed % n)) == chunk_bytes
+                landed += 1
         received += 1
     return time.perf_counter() - start
 
@@ -181,7 +200,7 @@ def start_servers(chunk_bytes: int, n: int, keys: Keys) -> tuple[list[Any], int,
     servers = []
     for target, args in (
         (serve_tier, (chunk_bytes, n, tier_port)),
-        (serve_raw, (chunk_bytes, raw_port)),
+        (serve_raw, (chunk_bytes, n, raw_port)),
     ):
         here, there = ctx.Pipe()
         proc = ctx.Process(target=target, args=(*args, keys, there))
@@ -196,15 +215,19 @@ def measure(chunk_bytes: int, total_mib: int, repeats: int, keys: Keys) -> dict[
     servers, tier_port, raw_port = start_servers(chunk_bytes, n, keys)
     tier, context = peer_tier(chunk_bytes, n, tier_port, keys), zmq.Context()
     dealer = raw_dealer(context, raw_port, keys)
-    rounds: list[tuple[float, float]] = []
+    slots = HostRegion(n, chunk_bytes, pin=False)
+    sides = [
+        lambda round_: raw_round(dealer, chunk_bytes, n),
+        lambda round_: raw_round(dealer, chunk_bytes, n, slots),
+        lambda round_: tier_round(tier, n, round_),
+    ]
+    rounds: list[tuple[float, float, float]] = []
     try:
-        for round_ in range(repeats + 1):  # who goes first alternates, so neither gains by it
-            if round_ % 2:
-                tier_s = tier_round(tier, n, round_)
-                rounds.append((raw_round(dealer, chunk_bytes, n), tier_s))
-            else:
-                raw_s = raw_round(dealer, chunk_bytes, n)
-                rounds.append((raw_s, tier_round(tier, n, round_)))
+        for round_ in range(repeats + 1):  # who goes first rotates, so none gains by it
+            seconds = [0.0, 0.0, 0.0]
+            for side in range(round_, round_ + 3):
+                seconds[side % 3] = sides[side % 3](round_)
+            rounds.append((seconds[0], seconds[1], seconds[2]))
     finally:
         tier.close()
         context.destroy(linger=0)
@@ -215,19 +238,26 @@ def measure(chunk_bytes: int, total_mib: int, repeats: int, keys: Keys) -> dict[
     return row | summary(n * chunk_bytes, rounds[1:])
 
 
-def summary(payload: int, rounds: list[tuple[float, float]]) -> dict[str, float]:
-    """Medians and bests of (raw seconds, tier seconds) rounds; ``ratio``: the median of each
-    round's tier/raw throughput ratio, so that load that changes between rounds cancels out."""
-    raw_s, tier_s = [r for r, _ in rounds], [t for _, t in rounds]
+def summary(payload: int, rounds: list[tuple[float, float, float]]) -> dict[str, float]:
+    """Medians and bests of (raw, raw into slots, tier) seconds per round; ``ratio`` and
+    ``ratio_into_slots``: the median of each round's tier/raw throughput ratio, so that load
+    that changes between rounds cancels out."""
+    raw_s, slots_s, tier_s = ([r[i] for r in rounds] for i in range(3))
     mid = statistics.median
     gbps = {
         "raw_gbps": payload / mid(raw_s),
+        "raw_into_slots_gbps": payload / mid(slots_s),
         "tier_gbps": payload / mid(tier_s),
         "raw_best_gbps": payload / min(raw_s),
         "tier_best_gbps": payload / min(tier_s),
     }
-    ratio = statistics.median(r / t for r, t in rounds)
-    return {k: round(v / 1e9, 3) for k, v in gbps.items()} | {"ratio": round(ratio, 3)}
+    ratios = {
+        "ratio": mid(r / t for r, _, t in rounds),
+        "ratio_into_slots": mid(s / t for _, s, t in rounds),
+    }
+    return {k: round(v / 1e9, 3) for k, v in gbps.items()} | {
+        k: round(v, 3) for k, v in ratios.items()
+    }
 
 
 def main() -> None:
