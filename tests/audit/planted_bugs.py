@@ -288,7 +288,7 @@ BUGS: tuple[Bug, ...] = (
         ("tests/plan/test_shards_estimate.py",),
         "a chunk at stack distance C counts as a hit in a cache of C"),
     # -- the fs tier's "auto" reads -------------------------------------------------------------
-    Bug("F1", "src/kvtier/tiers/fs/files.py",
+    Bug("F1", "src/kvtier/tiers/fs/reader.py",
         "direct = not CACHESTAT.is_cached(fd, found.st_size)",
         "direct = CACHESTAT.is_cached(fd, found.st_size)",
         ("tests/tiers/fs/test_filesystem_read_path.py",),
