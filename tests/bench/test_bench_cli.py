@@ -127,8 +127,10 @@ def test_a_missing_chart_package_stops_an_engine_bench_before_it_starts(
     engine, tmp_path, capsys, monkeypatch
 ):
     """The chart is drawn after a run of minutes: without matplotlib the bench says so first
-    (a 20-round vLLM run once ended in this error, its chart lost)."""
+    (a 20-round vLLM run once ended in this error, its chart lost), even when the engine's venv
+    is missing too (as on a fresh machine, before the engine tests have built it)."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setenv(f"KVTIER_{engine.upper()}_PYTHON", str(tmp_path / "no-venv" / "python"))
     try:
         code = main(["bench", "--engine", engine, "--quick", "--output-dir", str(tmp_path)])
     except SystemExit as exc:

@@ -131,6 +131,13 @@ def check_strategies(names: tuple[str, ...], known: tuple[str, ...], engine: str
         )
 
 
+def require_chart_package() -> None:
+    """``ImportError`` (said as "needs matplotlib") before any other check: the chart is drawn
+    after a run of minutes, and whether the engine's venv exists must not decide which of two
+    missing things is said first."""
+    import matplotlib  # noqa: F401
+
+
 def run_engine(
     args: argparse.Namespace, options: Any, engine: str, build: Callable[[Any], Any],
     report: Any, to_json: Callable[..., dict[str, Any]],
@@ -139,8 +146,6 @@ def run_engine(
     run it, print ``report``'s table and ratio lines, write the JSON (``to_json(bench,
     reports, table)``) and ``report``'s chart (``OUTPUT_DIR/bench-<engine>.json`` and ``.png``
     unless ``--json``, ``--chart``); 1 (and the failure on stderr) when an engine failed."""
-    import matplotlib  # noqa: F401  # the chart's: missing, say so before a run of minutes
-
     from kvtier.bench.engine_bench import EngineFailed
     from kvtier.bench.outputs import output_paths
 

@@ -12,7 +12,7 @@ import argparse
 import os
 from typing import Any
 
-from kvtier.bench.engine_cli import check_strategies, run_engine
+from kvtier.bench.engine_cli import check_strategies, require_chart_package, run_engine
 from kvtier.cli.common import UsageError
 
 
@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from kvtier.bench import sglang_report as report
     from kvtier.bench.sglang_bench import SglangBench
 
+    require_chart_package()
     options = options_from(args)
     check(options)
 

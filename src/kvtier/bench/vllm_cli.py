@@ -11,7 +11,13 @@ import argparse
 import os
 from typing import Any
 
-from kvtier.bench.engine_cli import SHARED, add_arguments, check_strategies, run_engine
+from kvtier.bench.engine_cli import (
+    SHARED,
+    add_arguments,
+    check_strategies,
+    require_chart_package,
+    run_engine,
+)
 from kvtier.cli.common import UsageError
 
 __all__ = ["SHARED", "add_arguments", "check", "options_from", "run"]
@@ -54,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from kvtier.bench import vllm_report as report
     from kvtier.bench.vllm_bench import VllmBench
 
+    require_chart_package()
     options = options_from(args)
     check(options)
 
