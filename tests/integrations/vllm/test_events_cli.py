@@ -203,7 +203,11 @@ class Printer:
             "300",
         ]
         self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_ctrl_c_as_in_a_terminal,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -230,10 +234,23 @@ class Printer:
         return self.seen
 
     def stop(self) -> tuple[int, str]:
-        """Ctrl-C: the exit status and what it said on stderr."""
+        """Ctrl-C: the exit status and what it said on stderr; fails (and kills it) if the
+        command is still running a minute later."""
         self.proc.send_signal(signal.SIGINT)
-        _, err = self.proc.communicate(timeout=60)
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise AssertionError("kvtier events did not stop within 60 s of Ctrl-C") from None
         return self.proc.returncode, err
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child: SIGINT as a terminal's foreground command has it. A shell without job
+    control starts its background commands with SIGINT ignored, and Python then never turns
+    it into KeyboardInterrupt; a test suite run that way must still test Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @dataclass(frozen=True)
