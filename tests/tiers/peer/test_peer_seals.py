@@ -98,6 +98,23 @@ def test_a_chunk_is_hashed_once_per_residency(monkeypatch):
         ChecksumSealer().open(first, region.view(0), DIGEST, A)
 
 
+def test_the_same_key_stored_again_in_its_slot_is_hashed_again():
+    """A's slot is given up and A written there again, with other bytes (a recompute that came
+    out different): the kept checksum was the old residency's, so the new bytes are hashed."""
+    host, region = one_slot()
+    seals = ServedSeals(ChecksumSealer(), DIGEST)
+    assert seals.header(A, region.view(0), 0, host.generation(0), host.generation) is not None
+    reuse_for_b(host, region)
+    host.complete_write([B], False)  # B's write failed: its slot is free
+    allocated = host.allocate([A])
+    assert allocated is not None and allocated[0] == [0]
+    region.view(0)[:64] = bytes(64)
+    host.complete_write([A], True)
+    header = seals.header(A, region.view(0), 0, host.generation(0), host.generation)
+    assert header is not None
+    ChecksumSealer().open(header, region.view(0), DIGEST, A)
+
+
 def test_the_server_drops_a_chunk_whose_slot_was_reused_and_the_client_misses_it(monkeypatch):
     manager = TieringManager(config(SLOTS, LAYOUT, serve={"port": free_port()}), IDENTITY)
     keys = make_keys(IDENTITY, 3, seed=5)

@@ -45,11 +45,7 @@ class ServedSeals:
         """The header for chunk ``key`` read from ``view`` (host ``slot``, of generation
         ``stamp`` when the fetch was answered); ``None`` when ``generation(slot)`` moved on
         before it was sealed (the bytes may be another chunk's: do not send them)."""
-        checksum = None
-        if not self._sealer.keyed:
-            kept = self._checksums.get(slot)
-            fresh = kept is not None and kept[0] == stamp and kept[1] == key
-            checksum = kept[2] if fresh and kept is not None else codec.checksum(view)
+        checksum = None if self._sealer.keyed else self._checksum(key, view, slot, stamp)
         header = self._sealer.seal(self._digest, key, view, None, checksum)
         if generation(slot) != stamp:
             self._checksums.pop(slot, None)
@@ -57,3 +53,10 @@ class ServedSeals:
         if checksum is not None:
             self._checksums[slot] = (stamp, key, checksum)
         return header
+
+    def _checksum(self, key: ChunkKey, view: memoryview, slot: int, stamp: int) -> bytes:
+        """The payload checksum kept for this residency of ``key`` in ``slot``, else a new one."""
+        kept = self._checksums.get(slot)
+        if kept is not None and kept[:2] == (stamp, key):
+            return kept[2]
+        return codec.checksum(view)

@@ -70,8 +70,8 @@ class ObjectBodies:
         """Verify (and decrypt in place) chunk ``key``, an object of ``size`` bytes, with
         ``filling`` (the one this payload was fed as it landed, whole) for its checksum;
         ``IntegrityError`` when it is not (``length``: not a header and this payload)."""
-        if size != codec.HEADER_BYTES + len(payload):
-            expected = codec.HEADER_BYTES + len(payload)
+        expected = codec.HEADER_BYTES + len(payload)
+        if size != expected:
             raise IntegrityError(f"object is {size} bytes, expected {expected}", "length")
         digest = None if filling is None else filling.digest(len(payload))
         self._sealer.open(header, payload, self._digest, key, digest)
