@@ -9,7 +9,9 @@ capacity bound, recent misses) is in ``index``. This module ties them to the tie
 * loads and stores run on separate thread pools (loads never queue behind stores); each chunk
   file is written, and each load job's files are read, by one call into the compiled path
   (``native``: header, payload and checksum with the GIL released once), or, where it is not
-  built, by ``os`` calls that release the GIL;
+  built, by ``os`` calls that release the GIL; a load job of at least ``2 *
+  LOAD_PART_CHUNKS`` chunks is read as parts on several read threads at once (``jobs``), so a
+  request's wait for its chunks is the slowest part's, not the sum of its reads;
 * at start a background scan rebuilds the index from the directory (oldest ``mtime`` coldest)
   and removes temporary files left by dead writers; an entry it cannot read is skipped and
   counted (``scan_skipped.<reason>``), never the end of the scan;
@@ -90,6 +92,12 @@ FaultHook = Callable[[str, ChunkKey], None]
 _LoadOutcome = Literal["loaded", "absent", "corrupt", "unreadable"]
 
 
+#: The fewest chunks a part of a load job has: each part is one compiled call (one GIL
+#: release), so a part needs several chunks for that to pay; a job of fewer than twice this
+#: many is read whole.
+LOAD_PART_CHUNKS = 4
+
+
 class FilesystemTier(PooledTier):
     """Chunks as files under ``config.root_dir``; see the module docstring.
 
@@ -132,6 +140,7 @@ class FilesystemTier(PooledTier):
         self._closed = threading.Event()
         self._scanned = threading.Event()
         self._runner = JobRunner(self.name, config.n_read_threads, config.n_write_threads)
+        self.load_part_chunks, self.load_threads = LOAD_PART_CHUNKS, config.n_read_threads
         self._probes = ThreadPoolExecutor(N_PROBE_THREADS, thread_name_prefix=f"{self.name}-probe")
         warn_if_read_only(self.name, self._files.directory)
         self._scanner = threading.Thread(target=self._scan, name=f"{self.name}-scan")
@@ -271,11 +280,13 @@ class FilesystemTier(PooledTier):
     def _load(self, job: TransferJob) -> JobOutcome:
         reads = zip(job.keys, self._read(job), strict=True)
         outcomes = [(key, self._outcome(key, read)) for key, read in reads]
-        self._index.touch_many(job.keys)
         return JobOutcome(
             [key for key, outcome in outcomes if outcome == "loaded"],
             [key for key, outcome in outcomes if outcome == "corrupt"],
         )
+
+    def _loaded(self, job: TransferJob) -> None:
+        self._index.touch_many(job.keys)  # once, after every part: the head ends most recent
 
     def _read(self, job: TransferJob) -> list[Read]:
         """Each chunk of ``job`` read into its slot: in one call for the whole job, or chunk by

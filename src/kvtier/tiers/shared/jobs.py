@@ -4,12 +4,18 @@
 a whole; a load reports each key); ``PooledTier`` is a tier whose ``submit_*`` and
 ``get_finished_jobs`` are exactly that; ``drain`` empties a result queue without waiting.
 
+A load job of many chunks may run as several parts on the read pool at once
+(``PooledTier.load_part_chunks``): a request that needs 25 chunks back then waits for the
+slowest part, not for 25 reads one after another (a promotion is one job per tier, and the
+engine waits for it). The job still reports once, after its last part.
+
 Thread safety: ``JobRunner.submit`` and ``finished`` may be called from any thread; the job
-functions run on the pools' threads.
+functions, and a job's ``finish``, run on the pools' threads.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -41,6 +47,33 @@ def drain(results: queue.SimpleQueue[T]) -> list[T]:
 JobFunction = Callable[[], "Iterable[ChunkKey] | JobOutcome"]
 
 
+def _nothing() -> None:
+    pass
+
+
+class _Gather:
+    """The outcomes of one job's parts, until the last part has reported (any thread)."""
+
+    def __init__(self, parts: int) -> None:
+        self._lock = threading.Lock()
+        self._left = parts
+        self._succeeded: list[ChunkKey] = []
+        self._integrity_failed: list[ChunkKey] = []
+        self.error: str | None = None
+
+    def add(self, outcome: JobOutcome, error: str | None) -> bool:
+        """Count one part's outcome; ``True`` for the job's last part."""
+        with self._lock:
+            self._succeeded += outcome.succeeded
+            self._integrity_failed += outcome.integrity_failed
+            self.error = self.error or error
+            self._left -= 1
+            return self._left == 0
+
+    def outcome(self) -> JobOutcome:
+        return JobOutcome(self._succeeded, self._integrity_failed)
+
+
 class JobRunner:
     """Runs job functions on separate read and write thread pools; collects their results.
 
@@ -57,14 +90,29 @@ class JobRunner:
         self._results: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
         self._closed = threading.Event()
 
-    def submit(self, op: Op, job: TransferJob, fn: JobFunction) -> None:
+    def submit(
+        self,
+        op: Op,
+        job: TransferJob,
+        fn: JobFunction,
+        *more: JobFunction,
+        finish: Callable[[], None] = _nothing,
+    ) -> None:
+        """Run ``fn`` (and each of ``more``: parts of the same job, at once where threads are
+        free); the job reports once, after its last part, which first calls ``finish``. A part
+        that raises fails its own keys; the others' still count."""
         if self._closed.is_set():
             self._results.put(self._result(op, job, JobOutcome(()), "tier is closed"))
             return
         pool = self._readers if op == "load" else self._writers
-        pool.submit(self._run, op, job, fn)
+        parts = (fn, *more)
+        gather = _Gather(len(parts))
+        for part in parts:
+            pool.submit(self._run, op, job, part, gather, finish)
 
-    def _run(self, op: Op, job: TransferJob, fn: JobFunction) -> None:
+    def _run(
+        self, op: Op, job: TransferJob, fn: JobFunction, gather: _Gather, finish: Callable[[], None]
+    ) -> None:
         try:
             outcome, error = fn(), None
         except Exception as exc:  # a worker must report, never die silently
@@ -72,7 +120,13 @@ class JobRunner:
             outcome, error = (), f"{type(exc).__name__}: {exc}"
         if not isinstance(outcome, JobOutcome):
             outcome = JobOutcome(outcome)
-        self._results.put(self._result(op, job, outcome, error))
+        if not gather.add(outcome, error):
+            return
+        try:
+            finish()
+        except Exception as exc:  # bookkeeping after the I/O: what the parts did still counts
+            warn.warning(f"{op}:finish", "%s job %d: finishing failed: %s", op, job.job_id, exc)
+        self._results.put(self._result(op, job, gather.outcome(), gather.error))
         self.on_result()
 
     @staticmethod
@@ -96,10 +150,19 @@ class PooledTier(SecondaryTier):
     returning the keys that succeeded (or a ``JobOutcome``); ``close`` must close the runner.
     Every job result signals progress; a subclass whose ``lookup`` can answer ``RETRY`` must
     call ``notify_progress`` when that answer may change (or set ``signals_progress`` False).
+
+    With ``load_part_chunks`` > 0 a load job runs as parts of at least that many chunks (as
+    many parts as ``load_threads`` allows, in key order), each a ``_load`` of a job with the
+    same id; ``_loaded(job)`` then runs once, after the last part. Without it the whole job is
+    one ``_load``, then ``_loaded``.
     """
 
     _runner: JobRunner
     signals_progress = True
+    #: The fewest chunks a part of a split load job has; 0: jobs are never split.
+    load_part_chunks = 0
+    #: How many parts a load job may run as at once (the read pool's threads).
+    load_threads = 1
 
     def bind_progress(self, notify: Callable[[], None]) -> None:
         super().bind_progress(notify)
@@ -109,7 +172,9 @@ class PooledTier(SecondaryTier):
         self._runner.submit("store", job, lambda: self._store(job))
 
     def submit_load(self, job: TransferJob) -> None:
-        self._runner.submit("load", job, lambda: self._load(job))
+        parts = split_job(job, self.load_part_chunks, self.load_threads)
+        loads = [lambda part=part: self._load(part) for part in parts]
+        self._runner.submit("load", job, *loads, finish=lambda: self._loaded(job))
 
     def get_finished_jobs(self) -> list[JobResult]:
         return self._runner.finished()
@@ -119,3 +184,22 @@ class PooledTier(SecondaryTier):
 
     @abstractmethod
     def _load(self, job: TransferJob) -> Iterable[ChunkKey] | JobOutcome: ...
+
+    def _loaded(self, job: TransferJob) -> None:
+        """After every part of load ``job`` has run (on the last part's thread): nothing here."""
+
+
+def split_job(job: TransferJob, fewest: int, most: int) -> list[TransferJob]:
+    """``job`` as consecutive parts of at least ``fewest`` chunks (sizes differing by at most
+    one), at most ``most`` of them; ``[job]`` itself when ``fewest`` is 0 or it is too small."""
+    count = min(most, len(job.keys) // fewest) if fewest > 0 else 1
+    if count <= 1:
+        return [job]
+    size, extra = divmod(len(job.keys), count)
+    bounds = [i * size + min(i, extra) for i in range(count + 1)]
+    return [_slice(job, start, stop) for start, stop in itertools.pairwise(bounds)]
+
+
+def _slice(job: TransferJob, start: int, stop: int) -> TransferJob:
+    links = job.links[start:stop]
+    return TransferJob(job.job_id, job.keys[start:stop], job.slots[start:stop], links)
