@@ -583,7 +583,11 @@ def test_the_field_walk_finds_the_nested_and_tier_classes() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "problem"),
     [
-        ("| `hwm` | integer | 100000 |", "| `hwm` | integer | 1000 |", "hwm: default"),
+        (
+            "| `hwm` | integer, 1\u20132147483647 | 100000 |",
+            "| `hwm` | integer, 1\u20132147483647 | 1000 |",
+            "hwm: default",
+        ),
         ("| `publisher` | `zmq` |", "| `publisher` | string |", "publisher: no `zmq`"),
         ("| `hwm` |", "| `high_water_mark` |", "hwm: no row"),
         ("| `hwm` |", "| `high_water_mark` |", "high_water_mark: a row, but no such field"),

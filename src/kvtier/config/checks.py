@@ -60,11 +60,13 @@ class Bounds:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or (self.integer and not isinstance(value, int)):
             kind = "an integer" if self.integer else "a number"
-            raise ConfigError(f"{path}: expected {kind}, got {_kind(value)} {value!r}")
+            raise ConfigError(f"{path}: expected {kind}, got {_kind(value)} {shown(value)}")
         if not self._within(value):
-            raise ConfigError(f"{path}: expected {self.expected}, got {value!r}")
+            raise ConfigError(f"{path}: expected {self.expected}, got {shown(value)}")
 
     def _within(self, value: float) -> bool:
+        if isinstance(value, int) and abs(value) > INT64_MAX:
+            return False  # every integer is below 2**63, where a float is allowed too
         if not self.integer:
             try:
                 value = float(value)  # an int past the floats is out of range too
@@ -78,7 +80,9 @@ class Bounds:
 
 @dataclass(frozen=True)
 class Text:
-    """A string: non-empty unless ``empty``, never with a NUL character (paths reject those)."""
+    """A string: non-empty unless ``empty``, never with a NUL character (paths reject those),
+    and Unicode text that UTF-8 can encode (no lone surrogate, as a JSON escape ``\\ud800`` can
+    write: such a string could be neither printed nor used as a path)."""
 
     empty: bool = False
 
@@ -89,6 +93,16 @@ class Text:
             raise ConfigError(f"{path}: expected a non-empty string")
         if "\0" in value:
             raise ConfigError(f"{path}: expected a string without NUL characters")
+        if not _is_unicode_text(value):
+            raise ConfigError(f"{path}: expected Unicode text, got a lone surrogate (U+D800-DFFF)")
+
+
+def _is_unicode_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -121,7 +135,9 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class HttpUrl:
-    """An ``http://`` or ``https://`` URL with a valid host and port; credentials are redacted."""
+    """An ``http://`` or ``https://`` URL with a valid host and port, and no whitespace or
+    control character anywhere (``urlsplit`` would drop some, the client would not);
+    credentials are redacted."""
 
     def check(self, value: Any, path: str) -> None:
         Text().check(value, path)
@@ -131,6 +147,8 @@ class HttpUrl:
 
 
 def _is_http_url(text: str) -> bool:
+    if not text.isprintable() or any(c.isspace() for c in text):
+        return False
     try:
         url = urlsplit(text)
         port_ok = url.port is None or url.port > 0
@@ -383,6 +401,16 @@ def physical_memory_bytes() -> int | None:
     except (AttributeError, ValueError, OSError):
         return None
     return pages * size if pages > 0 and size > 0 else None
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message; never raises (an int of more than 4,300 digits,
+    alone or inside a list, has no ``repr``)."""
+    try:
+        return repr(value)
+    except ValueError:
+        inside = "" if isinstance(value, int) else f" in {_kind(value)}"
+        return f"an integer of more than 4300 digits{inside}"
 
 
 def _kind(value: Any) -> str:

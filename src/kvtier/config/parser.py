@@ -16,11 +16,11 @@ import os
 import stat
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from kvtier.config.checks import Check, default_marks, error_reason, marks_of
+from kvtier.config.checks import Check, Text, default_marks, error_reason, marks_of, shown
 from kvtier.errors import ConfigError
 from kvtier.tiers.base import TierConfig
 from kvtier.tiers.catalog import TIER_TYPES, ExternalTierConfig
@@ -101,9 +101,9 @@ def parse_config(cls: type[T], data: Mapping[str, Any]) -> T:
     check_depth(data)
     outer: dict[str, Any] = {}
     if "kv_connector_extra_config" in data or "kv_connector" in data:
-        unknown = sorted(set(data) - VLLM_OUTER_KEYS)
-        if unknown:
-            raise ConfigError(f"{unknown[0]}: unknown key of the vLLM kv-transfer-config")
+        unknown = first_unknown(data, VLLM_OUTER_KEYS)
+        if unknown is not None:
+            raise ConfigError(f"{unknown}: unknown key of the vLLM kv-transfer-config")
         outer = {k: data[k] for k in ("kv_connector", "kv_role") if k in data}
         data = data.get("kv_connector_extra_config", {})
         if not isinstance(data, Mapping):
@@ -142,14 +142,19 @@ def _flatten_store_config(fields: Mapping[str, Any], path: str) -> dict[str, Any
 
 
 def _parse_external(data: Mapping[str, Any], path: str) -> ExternalTierConfig:
+    """An entry with ``module_path``: its module, class (``type``) and ``name`` are non-empty
+    strings ``Text`` accepts (as the built-in tiers' ``name``); the module is imported, and the
+    class looked up, when the tier starts (``kvtier.tiers.registry``)."""
     module_path, class_name = data["module_path"], data.get("type")
     if not isinstance(module_path, str) or not module_path:
         raise ConfigError(f"{path}.module_path: expected a dotted module name")
+    Text().check(module_path, f"{path}.module_path")
     if not isinstance(class_name, str) or not class_name:
         raise ConfigError(f"{path}.type: expected the tier's class name in module {module_path}")
+    Text().check(class_name, f"{path}.type")
     name = data.get("name")
-    if name is not None and not isinstance(name, str):
-        raise ConfigError(f"{path}.name: expected a string")
+    if name is not None:
+        Text().check(name, f"{path}.name")
     options = {k: v for k, v in data.items() if k not in ("module_path", "type", "name")}
     return ExternalTierConfig(module_path, class_name, options, name)
 
@@ -159,9 +164,9 @@ def parse_dataclass(cls: type[Any], data: Mapping[str, Any], path: str) -> Any:
     hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     prefix = f"{path}." if path else ""
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown key (expected one of {sorted(fields)})")
+    unknown = first_unknown(data, fields)
+    if unknown is not None:
+        raise ConfigError(f"{prefix}{unknown}: unknown key (expected one of {sorted(fields)})")
     values = {k: _coerce_field(v, hints[k], f"{prefix}{k}", fields[k]) for k, v in data.items()}
     missing = [n for n, f in fields.items() if n not in values and _required(f)]
     if missing:
@@ -170,6 +175,13 @@ def parse_dataclass(cls: type[Any], data: Mapping[str, Any], path: str) -> Any:
         return cls(**values)
     except ConfigError as exc:
         raise ConfigError(f"{prefix}{exc}" if prefix else str(exc)) from None
+
+
+def first_unknown(data: Mapping[Any, Any], known: Collection[str]) -> str | None:
+    """The first key of ``data`` (in the order of their text) that ``known`` lacks, as text;
+    ``None`` if none. Keys of a dict built in Python may be of any type (``None``, ``1``)."""
+    unknown = sorted(str(key) for key in data if key not in known)
+    return unknown[0] if unknown else None
 
 
 def _coerce_field(value: Any, hint: Any, path: str, f: dataclasses.Field[Any]) -> Any:
@@ -199,7 +211,7 @@ def coerce(value: Any, hint: Any, path: str) -> Any:
         return _coerce_optional(value, args, path)
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{path}: expected one of {list(args)}, got {value!r}")
+            raise ConfigError(f"{path}: expected one of {list(args)}, got {shown(value)}")
         return value
     if origin is tuple:
         if not isinstance(value, list | tuple):
@@ -226,7 +238,7 @@ def _coerce_scalar(value: Any, hint: Any, path: str, marks: tuple[Check, ...]) -
     number = isinstance(value, int | float) and not isinstance(value, bool)
     fits = (hint is float and number) or (hint is int and isinstance(value, int) and number)
     if not fits and not (hint in (str, bool) and type(value) is hint):
-        raise ConfigError(f"{path}: expected {_type_word(hint)}, got {_kind(value)} {value!r}")
+        raise ConfigError(f"{path}: expected {_type_word(hint)}, got {_kind(value)} {shown(value)}")
     for mark in marks or default_marks(hint, path.rpartition(".")[2]):
         mark.check(value, path)
     return float(value) if hint is float else value

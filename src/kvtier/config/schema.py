@@ -91,7 +91,14 @@ class RuntimeConfig:
     #: ends then); ``None``: as long as asked.
     max_request_duration_s: (
         Annotated[
-            float, Bounds(0, float("inf"), "a finite number > 0", integer=False, open_low=True)
+            float,
+            Bounds(
+                0,
+                float("inf"),
+                "a finite number > 0 (an integer below 2**63)",
+                integer=False,
+                open_low=True,
+            ),
         ]
         | None
     ) = None

@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from kvtier.config.checks import Bytes, DirMode, FilePath, Seconds, Threads, check_fields
+from kvtier.config.checks import (
+    Bytes,
+    DirMode,
+    FilePath,
+    PositiveBytes,
+    Seconds,
+    Threads,
+    check_fields,
+)
 
 
 @dataclass(frozen=True)
@@ -19,15 +27,16 @@ class FsTierConfig:
 
     ``max_bytes`` bounds what this instance keeps of its own identity's folder;
     ``root_dir_max_bytes`` bounds everything under ``root_dir``, every identity and every
-    instance that sets it (``kvtier.tiers.fs.shared_bound``).
+    instance that sets it (``kvtier.tiers.fs.shared_bound``). Each is at least 1 here (0 holds
+    no chunk file); the tier refuses at start one that cannot hold a chunk file.
     """
 
     type_name: ClassVar[str] = "fs"
     root_dir: FilePath
     n_read_threads: Threads = 16
     n_write_threads: Threads = 16
-    max_bytes: Bytes | None = None
-    root_dir_max_bytes: Bytes | None = None
+    max_bytes: PositiveBytes | None = None
+    root_dir_max_bytes: PositiveBytes | None = None
     min_free_bytes: Bytes = 256 << 20
     o_direct: Literal["auto", "on", "off"] = "auto"
     fsync: bool = False
