@@ -68,3 +68,15 @@ class HoldError(KVTierError):
 
 class InvalidArgumentError(KVTierError, ValueError):
     """An argument of an engine-facing call is out of range (e.g. a priority above 100)."""
+
+
+def shown(value: object, limit: int | None = 40) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (``None``: whole);
+    never raises (an int of more than 4,300 digits, alone or in a container, has no ``repr``).
+    Short by default: a value from a request may be built to flood the logs."""
+    try:
+        text = repr(value)
+    except ValueError:
+        inside = "" if isinstance(value, int) else f" in a {type(value).__name__}"
+        return f"an integer of more than 4300 digits{inside}"
+    return text if limit is None or len(text) <= limit else f"{text[: limit - 3]}..."

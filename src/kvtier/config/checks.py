@@ -26,7 +26,7 @@ from typing import Annotated, Any, Protocol
 from urllib.parse import urlsplit
 
 from kvtier.config.file_modes import parse_mode
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, shown
 from kvtier.policies.priority import MAX_PRIORITY, MIN_PRIORITY
 
 INT64_MAX = (1 << 63) - 1
@@ -60,9 +60,9 @@ class Bounds:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or (self.integer and not isinstance(value, int)):
             kind = "an integer" if self.integer else "a number"
-            raise ConfigError(f"{path}: expected {kind}, got {_kind(value)} {shown(value)}")
+            raise ConfigError(f"{path}: expected {kind}, got {_kind(value)} {shown(value, None)}")
         if not self._within(value):
-            raise ConfigError(f"{path}: expected {self.expected}, got {shown(value)}")
+            raise ConfigError(f"{path}: expected {self.expected}, got {shown(value, None)}")
 
     def _within(self, value: float) -> bool:
         if isinstance(value, int) and abs(value) > INT64_MAX:
@@ -142,8 +142,8 @@ class HttpUrl:
     def check(self, value: Any, path: str) -> None:
         Text().check(value, path)
         if not _is_http_url(value):
-            shown = "a value with '@' (not shown)" if "@" in value else repr(redact_url(value))
-            raise ConfigError(f"{path}: expected a URL such as http://minio:9000, got {shown}")
+            said = "a value with '@' (not shown)" if "@" in value else repr(redact_url(value))
+            raise ConfigError(f"{path}: expected a URL such as http://minio:9000, got {said}")
 
 
 def _is_http_url(text: str) -> bool:
@@ -401,16 +401,6 @@ def physical_memory_bytes() -> int | None:
     except (AttributeError, ValueError, OSError):
         return None
     return pages * size if pages > 0 and size > 0 else None
-
-
-def shown(value: Any) -> str:
-    """``repr(value)`` for an error message; never raises (an int of more than 4,300 digits,
-    alone or inside a list, has no ``repr``)."""
-    try:
-        return repr(value)
-    except ValueError:
-        inside = "" if isinstance(value, int) else f" in {_kind(value)}"
-        return f"an integer of more than 4300 digits{inside}"
 
 
 def _kind(value: Any) -> str:

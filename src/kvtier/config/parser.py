@@ -20,8 +20,8 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from kvtier.config.checks import Check, Text, default_marks, error_reason, marks_of, shown
-from kvtier.errors import ConfigError
+from kvtier.config.checks import Check, Text, default_marks, error_reason, marks_of
+from kvtier.errors import ConfigError, shown
 from kvtier.tiers.base import TierConfig
 from kvtier.tiers.catalog import TIER_TYPES, ExternalTierConfig
 
@@ -211,7 +211,7 @@ def coerce(value: Any, hint: Any, path: str) -> Any:
         return _coerce_optional(value, args, path)
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{path}: expected one of {list(args)}, got {shown(value)}")
+            raise ConfigError(f"{path}: expected one of {list(args)}, got {shown(value, None)}")
         return value
     if origin is tuple:
         if not isinstance(value, list | tuple):
@@ -238,7 +238,8 @@ def _coerce_scalar(value: Any, hint: Any, path: str, marks: tuple[Check, ...]) -
     number = isinstance(value, int | float) and not isinstance(value, bool)
     fits = (hint is float and number) or (hint is int and isinstance(value, int) and number)
     if not fits and not (hint in (str, bool) and type(value) is hint):
-        raise ConfigError(f"{path}: expected {_type_word(hint)}, got {_kind(value)} {shown(value)}")
+        got = f"{_kind(value)} {shown(value, None)}"
+        raise ConfigError(f"{path}: expected {_type_word(hint)}, got {got}")
     for mark in marks or default_marks(hint, path.rpartition(".")[2]):
         mark.check(value, path)
     return float(value) if hint is float else value

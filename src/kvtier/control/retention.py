@@ -28,7 +28,7 @@ from kvtier.control.admission import Offer
 from kvtier.control.admission.gate import HOST, Admission
 from kvtier.core.host_slots import HostTier
 from kvtier.core.provenance import Provenance
-from kvtier.errors import InvalidArgumentError
+from kvtier.errors import InvalidArgumentError, shown
 from kvtier.keys import ChunkKey
 from kvtier.policies.priority import (
     DEFAULT_PRIORITY,
@@ -36,7 +36,6 @@ from kvtier.policies.priority import (
     RequestLimits,
     checked_duration,
     checked_priority,
-    shown,
 )
 
 if TYPE_CHECKING:

@@ -19,6 +19,8 @@ while the engine is idle; a call never waits on I/O, only, briefly, on that thre
 from __future__ import annotations
 
 import logging
+import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ from kvtier.config.checks import key_path, listen_errors
 from kvtier.config.schema import TieringConfig
 from kvtier.control.retention import Priority, prefix_length
 from kvtier.control.tier_switches import TierSwitch
-from kvtier.core.entry_checks import engine_call, serialized
+from kvtier.core.entry_checks import check_parent, checked_timeout, engine_call, serialized
 from kvtier.core.host_slots import ENGINE
 from kvtier.core.links import LinkBook
 from kvtier.core.parts import TierFactory, build_parts
@@ -81,6 +83,7 @@ class TieringManager:
         self.metrics, self._tiers = self.runtime.metrics, self.runtime.tiers
         self.tiers = self._tiers.tiers
         self._lock, self._closed = self.runtime.lock, False
+        self._shut, self._closer = threading.Event(), -1  # close() done; the thread closing
         self._events, self._provenance, self._slots = parts.events, parts.provenance, parts.slots
         self._retention, self._promoter = parts.retention, parts.promoter
         self._progress, self._clock, self._publisher = parts.progress, parts.clock, parts.publisher
@@ -131,6 +134,7 @@ class TieringManager:
         it (``None``: ``keys`` start the prefix, or it is not known); tiers write both with the
         chunks and evict a prefix from its tail. Admission's drops are left out.
         """
+        check_parent("prepare_store", parent)
         asked = self._retention.asked(keys, priority, duration_s, operator, self.runtime)
         wanted, prefix = asked.by_key(keys), prefix_length(first_chunk, keys)
         offered = [k for k in wanted if k not in self.host]
@@ -146,8 +150,11 @@ class TieringManager:
 
     @engine_call
     def complete_store(self, keys: Sequence[ChunkKey], success: bool = True) -> None:
-        """The engine finished copying ``keys`` into their slots (or failed to)."""
-        own = [k for k in keys if self.host.writer_of(k) == ENGINE]
+        """The engine finished copying ``keys`` into their slots (or failed to).
+
+        Only keys ``prepare_store`` reserved and not yet completed count, each once.
+        """
+        own = [k for k in dict.fromkeys(keys) if self.host.writer_of(k) == ENGINE]
         self.host.complete_write(own, success)
         self._clock.stop("accelerator_to_host", own)
         if not success:
@@ -199,8 +206,10 @@ class TieringManager:
         progress since, then look up again; whether a tier did (``kvtier.core.progress``).
 
         Takes no lock (tiers and a peer server's driver thread go on meanwhile); any thread.
+        ``InvalidArgumentError`` unless ``timeout`` is a number (not NaN).
         """
-        return self._progress.wait(timeout)
+        seconds = checked_timeout("wait_progress", timeout)
+        return self._progress.wait(math.inf if seconds is None else seconds)
 
     @engine_call
     def promote_for_peer(self, keys: Sequence[ChunkKey]) -> set[ChunkKey]:
@@ -303,8 +312,13 @@ class TieringManager:
         self._events.add(EventKind.WRITTEN, finished.succeeded, "host", tier.name, tier.locality)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Poll until no job is pending; ``False`` if ``timeout`` seconds passed first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """Poll until no job is pending; ``False`` if ``timeout`` seconds passed first.
+
+        ``None`` waits as long as a job is pending; ``InvalidArgumentError`` for a ``timeout``
+        that is not a number (or NaN, which no deadline would ever reach).
+        """
+        seconds = checked_timeout("wait_idle", timeout)
+        deadline = None if seconds is None else time.monotonic() + seconds
         while True:
             with self._lock:
                 self._poll()
@@ -372,18 +386,35 @@ class TieringManager:
     def close(self, timeout: float = 30.0) -> None:
         """Stop the services, drain tier jobs (up to ``timeout`` s), close every tier's threads.
 
-        Idempotent. Afterwards the engine-facing methods raise ``ClosedError``.
+        Idempotent: a call while another thread closes returns once that close has finished
+        (or after ``timeout`` s, logged). Afterwards the engine-facing methods raise
+        ``ClosedError``. ``InvalidArgumentError`` (nothing closed) for a ``timeout`` that is not
+        a number, or NaN.
         """
+        seconds = checked_timeout("close", timeout)
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            services = self._services.take()
-        close_all(services)  # outside the lock: a driver thread may be waiting for it
-        if self.tiers and not self.wait_idle(timeout):
-            log.warning("closing with %d tier jobs still pending", self._tiers.num_pending)
-        self.runtime.close()
-        close_all([self._publisher])
+            closing, self._closed = not self._closed, True
+            if closing:
+                self._closer, services = threading.get_ident(), self._services.take()
+        if not closing:
+            self._await_close(seconds)  # outside the lock: the first close needs it
+            return
+        try:
+            close_all(services)  # outside the lock: a driver thread may be waiting for it
+            if self.tiers and not self.wait_idle(seconds):
+                log.warning("closing with %d tier jobs still pending", self._tiers.num_pending)
+            self.runtime.close()
+            close_all([self._publisher])
+        finally:
+            self._shut.set()
+
+    def _await_close(self, timeout: float | None) -> None:
+        """A second ``close``: wait for the first, unless this thread runs it (a service
+        closing the manager from its own ``close``)."""
+        bound = timeout if timeout is None or timeout < threading.TIMEOUT_MAX else None
+        if self._closer == threading.get_ident() or self._shut.wait(bound):
+            return
+        log.warning("close: another thread still closing the manager after %s s", timeout)
 
     def __enter__(self) -> TieringManager:
         return self

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Generic, TypeVar
 
+from kvtier.errors import shown
 from kvtier.policies import EvictionPolicy
 
 K = TypeVar("K", bound=Hashable)
@@ -63,16 +64,6 @@ def checked_duration(value: object) -> float:
     if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"expected a finite number > 0, got {shown(value)}")
     return seconds
-
-
-def shown(value: object, limit: int = 40) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for an error message: never raises (an int
-    of more than 4,300 digits has no ``repr``)."""
-    try:
-        text = repr(value)
-    except ValueError:
-        return f"an integer of more than {limit} digits"
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 @dataclass(frozen=True)

@@ -38,13 +38,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.errors import InvalidArgumentError
+from kvtier.errors import InvalidArgumentError, shown
 from kvtier.policies.priority import (
     DEFAULT_PRIORITY,
     RequestLimits,
     checked_duration,
     checked_priority,
-    shown,
 )
 from kvtier.telemetry.logs import ThrottledLog
 
