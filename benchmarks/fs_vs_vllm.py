@@ -85,7 +85,8 @@ def drop_page_cache(root: Path) -> str:
 
 # -- sides: each stores and loads every slot of the region in ``root`` -------------------------
 class Side:
-    """``store()`` and ``load()`` move every slot; ``close()`` ends it."""
+    """``store()`` and ``load()`` move every slot; ``close()`` ends it. The tiers' sides also
+    ``load_job(i)``: load job ``i`` alone and wait for it (``fs_request_wait``)."""
 
     def store(self) -> None: ...
     def load(self) -> None: ...
@@ -119,10 +120,11 @@ class KvtierSide(Side):
             (tuple(keys[i : i + k]), tuple(slots[i : i + k])) for i in range(0, len(keys), k)
         ]
 
-    def _run(self, submit: Callable[[Any], None]) -> None:
-        for job_id, (keys, slots) in enumerate(self._jobs):
+    def _run(self, submit: Callable[[Any], None], only: int | None = None) -> None:
+        jobs = list(enumerate(self._jobs)) if only is None else [(only, self._jobs[only])]
+        for job_id, (keys, slots) in jobs:
             submit(self._base.TransferJob(job_id, keys, slots))
-        pending = len(self._jobs)
+        pending = len(jobs)
         while pending:
             results = self.tier.get_finished_jobs()
             if any(not r.ok for r in results):
@@ -135,6 +137,9 @@ class KvtierSide(Side):
 
     def load(self) -> None:
         self._run(self.tier.submit_load)
+
+    def load_job(self, index: int) -> None:
+        self._run(self.tier.submit_load, index)
 
     def close(self) -> None:
         self.tier.close()
@@ -158,10 +163,11 @@ class VllmSide(Side):
             for i in range(0, len(keys), k)
         ]
 
-    def _run(self, submit: Callable[[Any], None], promotion: bool) -> None:
-        for job_id, (keys, ids) in enumerate(self._jobs):
+    def _run(self, submit: Callable[[Any], None], promotion: bool, only: int | None = None) -> None:
+        jobs = list(enumerate(self._jobs)) if only is None else [(only, self._jobs[only])]
+        for job_id, (keys, ids) in jobs:
             submit(self._job(job_id, keys, ids, promotion, None))
-        pending = len(self._jobs)
+        pending = len(jobs)
         while pending:
             results = list(self.tier.get_finished_jobs())
             if any(not r.success for r in results):
@@ -174,6 +180,9 @@ class VllmSide(Side):
 
     def load(self) -> None:
         self._run(self.tier.submit_load, True)
+
+    def load_job(self, index: int) -> None:
+        self._run(self.tier.submit_load, True, index)
 
     def close(self) -> None:
         self.tier.shutdown()
