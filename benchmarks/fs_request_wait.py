@@ -15,9 +15,10 @@ them one job at a time (submit, wait for the result), *cold* (after dropping the
 then *cached* (every file read once through the page cache first, untimed: a cold load with
 O_DIRECT leaves nothing there; vLLM's tier reads with O_DIRECT either way), the sides
 interleaved and each round starting with the next side. Every loaded byte is compared with
-the original (untimed). Prints JSON: per side and phase the median job
-latency in ms over all jobs of all rounds, and the latency ratios of the other sides over
-``kvtier`` (above 1: ``kvtier`` waits less).
+the original (untimed). A kvtier side wakes on the tier's progress signal, as the manager's
+``wait_progress`` does; vLLM's side polls its tier every 0.1 ms (it has no such signal).
+Prints JSON: per side and phase the median job latency in ms over all jobs of all rounds,
+and the latency ratios of the other sides over ``kvtier`` (above 1: ``kvtier`` waits less).
 
 Run in the plain venv for the two kvtier sides, or in the vLLM venv for all three::
 

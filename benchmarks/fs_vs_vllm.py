@@ -113,6 +113,8 @@ class KvtierSide(Side):
         cfg = config.FsTierConfig(str(root), **fields)
         self.tier = tier_mod.FilesystemTier(cfg, region, identity)
         self.tier.wait_scanned()
+        self._progress = threading.Event()  # the tier's own "a job reported" signal
+        self.tier.bind_progress(self._progress.set)
         keys = [keys_mod.ChunkKey(os.urandom(32)) for _ in range(region.num_slots)]
         slots = list(range(region.num_slots))
         k = args.keys_per_job
@@ -121,16 +123,23 @@ class KvtierSide(Side):
         ]
 
     def _run(self, submit: Callable[[Any], None], only: int | None = None) -> None:
+        """Submit every job (or job ``only``) and wait for the results: polled every 0.5 ms
+        for all jobs, as vLLM's side is; for one job woken by the tier's progress signal, as
+        the manager's ``wait_progress`` is."""
         jobs = list(enumerate(self._jobs)) if only is None else [(only, self._jobs[only])]
         for job_id, (keys, slots) in jobs:
             submit(self._base.TransferJob(job_id, keys, slots))
         pending = len(jobs)
         while pending:
+            self._progress.clear()
             results = self.tier.get_finished_jobs()
             if any(not r.ok for r in results):
                 raise RuntimeError(f"kvtier job failed: {[r.error for r in results if not r.ok]}")
             pending -= len(results)
-            time.sleep(0.0005)
+            if pending and only is None:
+                time.sleep(0.0005)
+            elif pending:
+                self._progress.wait(1.0)
 
     def store(self) -> None:
         self._run(self.tier.submit_store)
@@ -164,6 +173,8 @@ class VllmSide(Side):
         ]
 
     def _run(self, submit: Callable[[Any], None], promotion: bool, only: int | None = None) -> None:
+        """Submit every job (or job ``only``) and poll for the results: every 0.5 ms for all
+        jobs, every 0.1 ms for one (vLLM's tier has no completion signal to wait on)."""
         jobs = list(enumerate(self._jobs)) if only is None else [(only, self._jobs[only])]
         for job_id, (keys, ids) in jobs:
             submit(self._job(job_id, keys, ids, promotion, None))
@@ -173,7 +184,7 @@ class VllmSide(Side):
             if any(not r.success for r in results):
                 raise RuntimeError("vLLM fs tier job failed")
             pending -= len(results)
-            time.sleep(0.0005)
+            time.sleep(0.0005 if only is None else 0.0001)
 
     def store(self) -> None:
         self._run(self.tier.submit_store, False)
