@@ -63,9 +63,11 @@ from kvtier.tiers.shared.lineage import Link, linked
 from kvtier.tiers.shared.sealing import ChecksumSealer, Sealer
 
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+#: The CPUs this process may run on.
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
 #: Page-cache writes at once. They are CPU work (a copy, inode and directory updates); more of
 #: them than CPUs only queue for the GIL, each of their calls a handoff (issue 17).
-BUFFERED_WRITERS = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2)
+BUFFERED_WRITERS = max(2, CPUS)
 #: The payload checksum a header is sealed with before ``native.store`` fills in the real one.
 _FOLDED = bytes(16)
 
