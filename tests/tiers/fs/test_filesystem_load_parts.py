@@ -18,20 +18,22 @@ from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.fs import reader as fs_reader
-from kvtier.tiers.fs.tier import LOAD_PART_CHUNKS, FilesystemTier
+from kvtier.tiers.fs.tier import LOAD_PART_CHUNKS, LOAD_PARTS, FilesystemTier
 from kvtier.tiers.shared import codec
 from tests.conftest import collect, fill, holds, make_keys
 from tests.tiers.fs.test_filesystem_integrity import chunk_path
 
-N = 2 * LOAD_PART_CHUNKS  # two parts on any machine (at least 2 at once: LOAD_PARTS)
+N = 2 * LOAD_PART_CHUNKS  # two parts, where the tier reads two at once
 SLOT_BYTES = 64 << 10
 
 
 def stored(root: Path, identity: CacheIdentity, **config: object):
     """A tier under ``root`` holding N chunks stored from slots 0..N-1 (as one job, no links),
-    with N more slots to load them into."""
+    with N more slots to load them into, reading up to 2 parts of a job at once (the default
+    is the CPUs but one: none on a 2-CPU machine)."""
     region = HostRegion(2 * N + 1, SLOT_BYTES)
     tier = FilesystemTier(FsTierConfig(root_dir=str(root), **config), region, identity)
+    tier.load_threads = min(2, int(config.get("n_read_threads", 2)))  # type: ignore[arg-type]
     tier.wait_scanned()
     keys = make_keys(identity, N)
     for slot, key in enumerate(keys):
@@ -119,3 +121,15 @@ def test_with_one_read_thread_a_job_is_read_whole(
     assert collect(tier, [2])[2].ok
     assert parts == [keys]
     tier.close()
+
+
+def test_a_job_is_read_in_as_many_parts_as_spare_cpus_and_read_threads_allow(
+    tmp_path: Path, identity: CacheIdentity
+):
+    region = HostRegion(4, SLOT_BYTES)
+    for threads in (1, 2, 64):
+        config = FsTierConfig(root_dir=str(tmp_path / str(threads)), n_read_threads=threads)
+        tier = FilesystemTier(config, region, identity)
+        assert tier.load_threads == min(threads, LOAD_PARTS)
+        assert tier.load_part_chunks == LOAD_PART_CHUNKS
+        tier.close()
