@@ -11,6 +11,7 @@ import errno
 import mmap
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,12 +98,12 @@ def test_a_swapped_namespace_hands_the_whole_job_back(tmp_path: Path):
 
 
 def stored_tier(
-    root: Path, identity: CacheIdentity, n: int
+    root: Path, identity: CacheIdentity, n: int, spare: int = 0, **config: Any
 ) -> tuple[FilesystemTier, HostRegion, list[ChunkKey]]:
-    """An fs tier under ``root`` that stored ``n`` chunks from slots 0..n-1 of a region with
-    as many slots again to load them into."""
-    region = HostRegion(2 * n, 64 << 10)
-    tier = FilesystemTier(FsTierConfig(root_dir=str(root)), region, identity)
+    """An fs tier under ``root`` (``config``: more of its fields) that stored ``n`` chunks from
+    slots 0..n-1 of 64 KiB, with as many slots again to load them into, and ``spare`` more."""
+    region = HostRegion(2 * n + spare, 64 << 10)
+    tier = FilesystemTier(FsTierConfig(root_dir=str(root), **config), region, identity)
     tier.wait_scanned()
     keys = make_keys(identity, n)
     for slot, key in enumerate(keys):

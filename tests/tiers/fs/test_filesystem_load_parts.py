@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,24 +23,17 @@ from kvtier.tiers.fs.tier import LOAD_PART_CHUNKS, LOAD_PARTS, FilesystemTier
 from kvtier.tiers.shared import codec
 from tests.conftest import collect, fill, holds, make_keys
 from tests.tiers.fs.test_filesystem_integrity import chunk_path
+from tests.tiers.fs.test_filesystem_load_many import stored_tier
 
 N = 2 * LOAD_PART_CHUNKS  # two parts, where the tier reads two at once
-SLOT_BYTES = 64 << 10
+SLOT_BYTES = 64 << 10  # stored_tier's
 
 
-def stored(root: Path, identity: CacheIdentity, **config: object):
-    """A tier under ``root`` holding N chunks stored from slots 0..N-1 (as one job, no links),
-    with N more slots to load them into, reading up to 2 parts of a job at once (the default
-    is the CPUs but one: none on a 2-CPU machine)."""
-    region = HostRegion(2 * N + 1, SLOT_BYTES)
-    tier = FilesystemTier(FsTierConfig(root_dir=str(root), **config), region, identity)
-    tier.load_threads = min(2, int(config.get("n_read_threads", 2)))  # type: ignore[arg-type]
-    tier.wait_scanned()
-    keys = make_keys(identity, N)
-    for slot, key in enumerate(keys):
-        fill(region, slot, key)
-    tier.submit_store(TransferJob(1, tuple(keys), tuple(range(N))))
-    assert collect(tier, [1])[1].ok
+def stored(root: Path, identity: CacheIdentity, **config: Any):  # type: ignore[no-untyped-def]
+    """``stored_tier`` of N chunks (and a spare slot), reading up to 2 parts of a job at once
+    (the default is the CPUs but one: none on a 2-CPU machine)."""
+    tier, region, keys = stored_tier(root, identity, N, spare=1, **config)
+    tier.load_threads = min(2, config.get("n_read_threads", 2))
     return tier, region, keys
 
 
