@@ -29,11 +29,8 @@ Run in the plain venv for the two kvtier sides, or in the vLLM venv for all thre
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fs_vs_vllm import KvtierSide, Side, VllmSide, _commit, _flat, drop_page_cache, settle
+from fs_vs_vllm import KvtierSide, Side, VllmSide, _flat, drop_page_cache, report, settle
 
 from kvtier.region import HostRegion
 
@@ -152,23 +149,15 @@ def main() -> None:
     roots: list[Path] = []
     results = [measure(int(size), args, roots) for size in args.sizes.split(",")]
     settle(roots, 0)
-    report = {
-        "benchmark": "fs_request_wait",
-        "commit": _commit(),
-        "command": "python benchmarks/fs_request_wait.py " + " ".join(sys.argv[1:]),
-        "directory": args.dir or tempfile.gettempdir(),
+    fields = {
         "threads": args.threads,
         "job_chunks": args.job_chunks,
         "jobs_per_round": args.jobs,
         "statistic": f"median job wait over {args.rounds} rounds x {args.jobs} jobs",
         "cold_cache": args.cache_drop,
         "results": results,
-        "cpus": os.cpu_count(),
-        "load_average_at_start": load_before,
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
     }
-    print(json.dumps(report, indent=2))
+    print(report("fs_request_wait", args, load_before, fields))
 
 
 if __name__ == "__main__":

@@ -422,27 +422,34 @@ def main() -> None:
         settle(roots, args.settle_s)
         results.append(measure(int(size), args, roots))
     settle(roots, 0)
-    print(
-        json.dumps(
-            {
-                "benchmark": "fs_vs_vllm",
-                "commit": _commit(),
-                "command": "python benchmarks/fs_vs_vllm.py " + " ".join(sys.argv[1:]),
-                "directory": args.dir or tempfile.gettempdir(),
-                "threads": args.threads,
-                "keys_per_job": args.keys_per_job,
-                "bytes_per_size": args.total_mib << 20,
-                "statistic": f"median of {args.rounds} rounds, sides interleaved",
-                "cold_cache": args.cache_drop,
-                "vllm_c_extension": _vllm_has_c(),
-                "results": results,
-                "cpus": os.cpu_count(),
-                "load_average_at_start": load_before,
-                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-                "python": platform.python_version(),
-            },
-            indent=2,
-        )
+    fields = {
+        "threads": args.threads,
+        "keys_per_job": args.keys_per_job,
+        "bytes_per_size": args.total_mib << 20,
+        "statistic": f"median of {args.rounds} rounds, sides interleaved",
+        "cold_cache": args.cache_drop,
+        "vllm_c_extension": _vllm_has_c(),
+        "results": results,
+    }
+    print(report("fs_vs_vllm", args, load_before, fields))
+
+
+def report(name: str, args: argparse.Namespace, load_before: list[float], fields: Any) -> str:
+    """The JSON benchmark ``name`` prints: what names the run (commit, command, directory),
+    its ``fields``, then the machine (CPUs, load average at start and end, Python)."""
+    return json.dumps(
+        {
+            "benchmark": name,
+            "commit": _commit(),
+            "command": f"python benchmarks/{name}.py " + " ".join(sys.argv[1:]),
+            "directory": args.dir or tempfile.gettempdir(),
+            **fields,
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_before,
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(),
+        },
+        indent=2,
     )
 
 

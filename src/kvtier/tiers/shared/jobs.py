@@ -161,7 +161,7 @@ class PooledTier(SecondaryTier):
     signals_progress = True
     #: The fewest chunks a part of a split load job has; 0: jobs are never split.
     load_part_chunks = 0
-    #: How many parts a load job may run as at once (the read pool's threads).
+    #: The most parts a load job is cut into (each runs on its own read thread).
     load_threads = 1
 
     def bind_progress(self, notify: Callable[[], None]) -> None:
