@@ -13,9 +13,11 @@ it took, and how much every counter of ``llm.get_metrics()`` grew meanwhile (e.g
 ``vllm:prompt_tokens_cached_by_source{source=disk}``). With ``kv_events_port`` the KV events the
 engine publishes are received and decoded with vLLM's own ``KVEventBatch`` decoder. With
 ``load_tiers`` a request may load only from the tiers of that medium and locality (vLLM's
-``kv_load_tiers``). With ``peer``, once the engine is up (its kvtier tiers have written the
-cache identity under ``identity_glob``), a kvtier peer serving that identity is started
-(``peer_server.py``) for the requests, and stopped after them.
+``kv_load_tiers``). With ``await_objects`` (``{"list_url": URL, "count": N}``) the request waits
+until an S3 listing (``?list-type=2``) holds ``count`` chunk objects: until the cascades writing
+to that store, which pin host slots, are done. With ``peer``, once the engine is up (its kvtier
+tiers have written the cache identity under ``identity_glob``), a kvtier peer serving that
+identity is started (``peer_server.py``) for the requests, and stopped after them.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from kvtier.bench.vllm_runner import counters, grown, stop
@@ -94,9 +98,28 @@ def engine(scenario: dict[str, Any]) -> Any:
     )
 
 
+CHUNK_OBJECT = re.compile(rb"<Key>[^<]*/[0-9a-f]{64}</Key>")
+AWAIT_TIMEOUT_S = 120.0
+
+
+def await_objects(list_url: str, count: int) -> None:
+    """Polls an S3 listing until it names ``count`` chunk objects; raises after the timeout."""
+    deadline = time.monotonic() + AWAIT_TIMEOUT_S
+    while True:
+        with urllib.request.urlopen(list_url, timeout=10) as response:
+            found = len(CHUNK_OBJECT.findall(response.read()))
+        if found >= count:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{found} of {count} chunk objects at {list_url}")
+        time.sleep(0.1)
+
+
 def serve(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     from vllm import SamplingParams
 
+    if request.get("await_objects"):
+        await_objects(**request["await_objects"])
     transfer = dict(request.get("kv_transfer_params") or {})
     if request.get("load_tiers") is not None:
         transfer["kv_load_tiers"] = request["load_tiers"]
