@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 import torch
 
+import kvtier.region as region_module
 from kvtier import CapacityError, ConfigError, KVLayout
 from kvtier.region import ALIGNMENT, HostRegion
 
@@ -61,3 +65,78 @@ def test_region_bounds():
         region.view(2)
     with pytest.raises(CapacityError):
         HostRegion(0, 64)
+
+
+# -- the region's memory: private, huge-page advised, faulted in ahead ------------------------
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's madvise")
+
+
+def resident_bytes(region: HostRegion) -> int:
+    """Bytes of ``region``'s mapping resident in memory (``Rss`` of /proc/self/smaps)."""
+    base = region.numpy(0).ctypes.data
+    with open("/proc/self/smaps") as smaps:
+        inside = False
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                low, high = (int(x, 16) for x in head.split("-"))
+                inside = low <= base < high
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("the region's mapping is not in /proc/self/smaps")
+
+
+@linux_only
+def test_region_pages_are_faulted_in_ahead_of_use():
+    region = HostRegion(256, 256 * 1024, pin=False)  # 64 MiB, never written here
+    assert region.wait_prefaulted(60)
+    assert resident_bytes(region) >= region.nbytes
+
+
+@linux_only
+def test_prefault_changes_no_byte_and_faults_in_the_rest(monkeypatch, caplog):
+    monkeypatch.setattr(region_module, "available_bytes", lambda: 0)  # no prefault thread
+    region = HostRegion(16, 64 * 1024, pin=False)
+    assert "not faulted in ahead" in caplog.text
+    assert resident_bytes(region) == 0
+    rng = np.random.default_rng(0)
+    written = {s: rng.integers(0, 256, region.slot_bytes, dtype=np.uint8) for s in range(0, 16, 2)}
+    for slot, data in written.items():
+        region.numpy(slot)[:] = data
+    for slot in range(16):
+        assert region_module.prefault(np.frombuffer(region.aligned_view(slot), dtype=np.uint8))
+    assert resident_bytes(region) >= region.nbytes
+    for slot in range(16):
+        expected = written.get(slot, np.zeros(region.slot_bytes, dtype=np.uint8))
+        assert np.array_equal(region.numpy(slot), expected)
+
+
+@pytest.mark.parametrize(("available", "ahead"), [(1 << 20, True), ((1 << 20) - 1, False)])
+def test_a_region_is_faulted_in_ahead_only_if_it_fits_in_available_memory(
+    monkeypatch, available, ahead
+):
+    monkeypatch.setattr(region_module, "available_bytes", lambda: available)
+    region = HostRegion(16, 64 * 1024, pin=False)  # exactly 1 MiB
+    assert (region._prefaulted is not None) == ahead
+    assert region.wait_prefaulted(60)
+    region.view(15)[:4] = b"used"  # usable either way
+    assert bytes(region.numpy(15)[:4]) == b"used"
+
+
+@pytest.mark.parametrize(("slots", "slot_bytes"), [(2**40, 2**20), (2**70, 1)])
+def test_a_region_the_system_cannot_map_raises_memory_error(slots, slot_bytes):
+    with pytest.raises(MemoryError, match="cannot map a host region"):
+        HostRegion(slots, slot_bytes, pin=False)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_writes_its_own_copy_of_the_region():
+    region = HostRegion(2, 4096, pin=False)
+    region.view(0)[:4] = b"mine"
+    pid = os.fork()
+    if pid == 0:  # the child
+        region.view(0)[:4] = b"kid!"
+        os._exit(0 if bytes(region.view(0)[:4]) == b"kid!" else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert bytes(region.view(0)[:4]) == b"mine"
