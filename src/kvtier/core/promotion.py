@@ -128,19 +128,28 @@ class Promoter:
         relay a lookup to each other; a (tier, key) whose promotion failed is not asked again.
         Promotions take free or evictable slots only, never one held nor one of ``keys`` ready
         now; what does not fit is not promoted. No engine-facing metric is counted.
+
+        The tiers are asked about keys until ``PROBE_AHEAD`` of them are unknown (a probe
+        started: a stat, a HEAD), or as many as were found held if more, as ``lookup``'s walk
+        does: a peer's message of random keys costs a bounded number of probes, not one per key.
+        Keys past that are not on their way (the peer may ask again).
         """
         coming: set[ChunkKey] = set()
         wanted: list[tuple[int, ChunkKey]] = []
+        unknown = 0
         for key in dict.fromkeys(keys):
             if key in self.host:
                 if not self.host.is_ready(key):
                     coming.add(key)
+                continue
+            if unknown >= max(PROBE_AHEAD, len(wanted)):
                 continue
             holder, _ = self._find_holder(key, ask_peers=False)
             if isinstance(holder, int):
                 wanted.append((holder, key))
             elif holder is RETRY:
                 coming.add(key)
+                unknown += 1
         ready = [k for k in dict.fromkeys(keys) if self.host.is_ready(k)]
         return coming | self._start(wanted, ready)
 
