@@ -47,11 +47,12 @@ scan run on the tier's threads. Shared state lives in ``ChunkIndex``, ``RecentMi
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from typing import Literal
 
@@ -70,12 +71,14 @@ from kvtier.tiers.fs.paths import NotRegularError, failure_reason
 from kvtier.tiers.fs.reader import Read
 from kvtier.tiers.fs.rows import o_direct_for
 from kvtier.tiers.fs.shared_bound import open_shared_bound
+from kvtier.tiers.shared import workers
 from kvtier.tiers.shared.chunk_index import ChunkIndex
 from kvtier.tiers.shared.codec import HEADER_BYTES
 from kvtier.tiers.shared.counters import Counters
 from kvtier.tiers.shared.jobs import JobRunner, PooledTier
 from kvtier.tiers.shared.lineage import Link
 from kvtier.tiers.shared.sealing import make_sealer
+from kvtier.tiers.shared.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +152,9 @@ class FilesystemTier(PooledTier):
         self._runner = JobRunner(self.name, config.n_read_threads, config.n_write_threads)
         self.load_part_chunks = LOAD_PART_CHUNKS
         self.load_threads = min(config.n_read_threads, LOAD_PARTS)
-        self._probes = ThreadPoolExecutor(N_PROBE_THREADS, thread_name_prefix=f"{self.name}-probe")
+        self._probes = WorkerPool(N_PROBE_THREADS, f"{self.name}-probe")
         warn_if_read_only(self.name, self._files.directory)
-        self._scanner = threading.Thread(target=self._scan, name=f"{self.name}-scan")
+        self._scanner = threading.Thread(target=self._scan, name=f"{self.name}-scan", daemon=True)
         self._scanner.start()
 
     @property
@@ -172,17 +175,24 @@ class FilesystemTier(PooledTier):
         with self._probing_lock:
             if key not in self._probing:
                 self._probing.add(key)
-                self._probes.submit(self._probe, key)
+                self._probes.submit(functools.partial(self._probe, key))
         return RETRY
 
     def close(self) -> None:
-        """Finish queued jobs, stop probing and scanning, and join every thread."""
+        """Finish queued jobs, stop probing and scanning, and stop every thread, waiting
+        ``workers.CLOSE_WAIT_S`` at most in all. Threads still busy then (I/O stuck on the
+        medium) are left running, and the namespace's descriptors stay open under them:
+        closing one could let a stuck write land wherever its number is reused."""
         if self._closed.is_set():
             return
         self._closed.set()
-        self._runner.close()
-        self._probes.shutdown(wait=True, cancel_futures=True)
-        self._scanner.join()
+        deadline = time.monotonic() + workers.CLOSE_WAIT_S
+        busy = self._runner.close(workers.left(deadline))
+        busy += self._probes.close(workers.left(deadline), cancel=True)
+        self._scanner.join(workers.left(deadline))
+        if busy or self._scanner.is_alive():
+            log.warning("%s: threads still busy at close; its files stay open", self.name)
+            return
         self._files.close()
         if self._shared is not None:
             self._shared.close()

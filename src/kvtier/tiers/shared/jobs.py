@@ -15,18 +15,21 @@ functions, and a job's ``finish``, run on the pools' threads.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import queue
 import threading
+import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from kvtier.keys import ChunkKey
 from kvtier.telemetry.logs import ThrottledLog
 from kvtier.tiers.base import JobOutcome, JobResult, Op, SecondaryTier, TransferJob, job_result
+from kvtier.tiers.shared import workers
+from kvtier.tiers.shared.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
@@ -85,8 +88,9 @@ class JobRunner:
     on_result: Callable[[], None] = staticmethod(lambda: None)
 
     def __init__(self, name: str, n_read_threads: int, n_write_threads: int) -> None:
-        self._readers = ThreadPoolExecutor(n_read_threads, thread_name_prefix=f"{name}-read")
-        self._writers = ThreadPoolExecutor(n_write_threads, thread_name_prefix=f"{name}-write")
+        self._name = name
+        self._readers = WorkerPool(n_read_threads, f"{name}-read")
+        self._writers = WorkerPool(n_write_threads, f"{name}-write")
         self._results: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
         self._closed = threading.Event()
 
@@ -108,7 +112,9 @@ class JobRunner:
         parts = (fn, *more)
         gather = _Gather(len(parts))
         for part in parts:
-            pool.submit(self._run, op, job, part, gather, finish)
+            if not pool.submit(functools.partial(self._run, op, job, part, gather, finish)):
+                self._results.put(self._result(op, job, JobOutcome(()), "tier is closed"))
+                return
 
     def _run(
         self, op: Op, job: TransferJob, fn: JobFunction, gather: _Gather, finish: Callable[[], None]
@@ -136,11 +142,17 @@ class JobRunner:
     def finished(self) -> list[JobResult]:
         return drain(self._results)
 
-    def close(self, cancel: bool = False) -> None:
-        """Stop accepting jobs; finish (or cancel queued) jobs and join the threads."""
+    def close(self, timeout: float | None = None) -> list[str]:
+        """Stop accepting jobs, finish the queued ones and stop the threads, waiting ``timeout``
+        seconds at most (default ``workers.CLOSE_WAIT_S``): the threads still busy then (a job
+        stuck in I/O) are left running, named in a warning and returned."""
         self._closed.set()
-        self._readers.shutdown(wait=True, cancel_futures=cancel)
-        self._writers.shutdown(wait=True, cancel_futures=cancel)
+        deadline = time.monotonic() + (workers.CLOSE_WAIT_S if timeout is None else timeout)
+        busy = self._readers.close(workers.left(deadline))
+        busy += self._writers.close(workers.left(deadline))
+        if busy:
+            log.warning("%s: %s still busy at close; left running", self._name, ", ".join(busy))
+        return busy
 
 
 class PooledTier(SecondaryTier):
