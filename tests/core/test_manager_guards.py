@@ -158,17 +158,21 @@ def test_keys_that_are_not_chunk_keys_are_refused_at_the_call(build, identity, b
     assert m.stats()["host"]["used_slots"] == 0 and m.num_pending_jobs == 0
 
 
-def test_a_cold_prefix_costs_a_bounded_number_of_tier_probes(identity, tmp_path):
-    """1024 chunks no tier holds, a real fs tier: one lookup probes a few, then stops."""
+@pytest.mark.parametrize("probe", ["inline", "background"])
+def test_a_cold_prefix_costs_a_bounded_number_of_tier_probes(identity, tmp_path, probe):
+    """1024 chunks no tier holds, a real fs tier: one lookup probes a few, then stops (probed
+    inline, the first miss ends the walk at once)."""
     keys = make_keys(identity, 1024)
 
     def counted_fs(region, identity):
-        return FaultInjectingTier(
-            FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), region, identity)
-        )
+        fs = FsTierConfig(root_dir=str(tmp_path), probe=probe)  # type: ignore[arg-type]
+        return FaultInjectingTier(FilesystemTier(fs, region, identity))
 
     with TieringManager(config(4), identity, tiers=[counted_fs]) as m:
         counting = m.tiers[0]
+        if probe == "inline":
+            assert m.lookup(keys) == 0 and counting.calls["lookup"] == 1
+            return
         assert m.lookup(keys) is RETRY
         assert counting.calls["lookup"] <= PROBE_AHEAD
         assert settle(m, keys) == 0

@@ -43,7 +43,8 @@ def test_a_job_result_is_there_when_its_signal_arrives(region, identity):
 
 
 def test_an_fs_probe_signals_once_its_answer_is_known(tmp_path: Path, region, identity):
-    tier = FilesystemTier(FsTierConfig(root_dir=str(tmp_path)), region, identity)
+    config = FsTierConfig(root_dir=str(tmp_path), probe="background")
+    tier = FilesystemTier(config, region, identity)
     signalled = threading.Event()
     tier.bind_progress(signalled.set)
     try:

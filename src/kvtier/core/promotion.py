@@ -129,10 +129,10 @@ class Promoter:
         Promotions take free or evictable slots only, never one held nor one of ``keys`` ready
         now; what does not fit is not promoted. No engine-facing metric is counted.
 
-        The tiers are asked about keys until ``PROBE_AHEAD`` of them are unknown (a probe
-        started: a stat, a HEAD), or as many as were found held if more, as ``lookup``'s walk
-        does: a peer's message of random keys costs a bounded number of probes, not one per key.
-        Keys past that are not on their way (the peer may ask again).
+        The tiers are asked about keys until ``PROBE_AHEAD`` of them are not held (a probe
+        started or ran: a stat, a HEAD), or as many as were found held if more, as ``lookup``'s
+        walk does: a peer's message of random keys costs a bounded number of probes, not one per
+        key. Keys past that are not on their way (the peer may ask again).
         """
         coming: set[ChunkKey] = set()
         wanted: list[tuple[int, ChunkKey]] = []
@@ -147,9 +147,10 @@ class Promoter:
             holder, _ = self._find_holder(key, ask_peers=False)
             if isinstance(holder, int):
                 wanted.append((holder, key))
-            elif holder is RETRY:
+                continue
+            unknown += 1  # a probe started, or just ran (a tier that stats inline)
+            if holder is RETRY:
                 coming.add(key)
-                unknown += 1
         ready = [k for k in dict.fromkeys(keys) if self.host.is_ready(k)]
         return coming | self._start(wanted, ready)
 

@@ -129,15 +129,20 @@ def test_damage_in_a_later_piece_is_detected(make_tier, identity, offset, new_si
     assert not path.exists()
 
 
-def test_lookup_answers_known_keys_at_once_and_probes_unknown_ones(make_tier, region, identity):
-    """Own stores are HIT at once; an unknown key is RETRY, then MISS; once another instance
-    writes it and the negative answer expires, it becomes HIT."""
-    tier = make_tier(negative_ttl_s=0.05)
+@pytest.mark.parametrize("probe", ["inline", "background"])
+def test_lookup_answers_known_keys_at_once_and_probes_unknown_ones(
+    make_tier, region, identity, probe
+):
+    """Own stores are HIT at once; an unknown key is MISS at once when probed inline, RETRY
+    then MISS when probed in the background; once another instance writes it and the negative
+    answer expires, it becomes HIT."""
+    tier = make_tier(negative_ttl_s=0.05, probe=probe)
     mine, theirs = make_keys(identity, 2, seed=1), make_keys(identity, 1, seed=2)
     store(tier, region, mine)
     assert [tier.lookup(k) for k in mine] == [HIT, HIT]
-    assert tier.lookup(theirs[0]) is RETRY
+    assert tier.lookup(theirs[0]) is (MISS if probe == "inline" else RETRY)
     assert settle_lookup(tier, theirs[0]) is MISS
+    assert tier.stats()["inline_probes"] == (probe == "inline")
     other = make_tier()
     store(other, region, theirs, job_id=5)
     wait_for(lambda: tier.lookup(theirs[0]) is HIT)

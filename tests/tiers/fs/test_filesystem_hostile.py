@@ -193,10 +193,14 @@ NON_REGULAR: dict[str, Callable[[Path, Path], None]] = {
 }
 
 
+@pytest.mark.parametrize("probe", ["inline", "background"])
 @pytest.mark.parametrize("kind", list(NON_REGULAR))
-def test_non_regular_entry_is_a_miss_and_the_prefix_stops_there(tmp_path, identity, kind, fifos):
+def test_non_regular_entry_is_a_miss_and_the_prefix_stops_there(
+    tmp_path, identity, kind, probe, fifos
+):
     """Chunks 0 and 2 are good files, chunk 1 is a non-regular entry (present before start, so
-    both the start-up scan and the lookup probe meet it): lookup serves chunk 0 only."""
+    both the start-up scan and the lookup probe meet it, on the engine's thread or a probe
+    thread): lookup serves chunk 0 only."""
     root, keys = tmp_path / "cache", make_keys(identity, 3)
     seed_cache(root, identity, keys)
     target = chunk_path(root, identity, keys[1])
@@ -206,7 +210,7 @@ def test_non_regular_entry_is_a_miss_and_the_prefix_stops_there(tmp_path, identi
     NON_REGULAR[kind](target, outside)
     if kind == "fifo":
         fifos.append(target)
-    manager = TieringManager(config(8, secondary_tiers=fs_tiers(root)), identity)
+    manager = TieringManager(config(8, secondary_tiers=fs_tiers(root, probe=probe)), identity)
     try:
         assert settle(manager, keys) == 1
         (slot,) = manager.prepare_load(keys[:1])

@@ -29,6 +29,8 @@ class FsTierConfig:
     ``root_dir_max_bytes`` bounds everything under ``root_dir``, every identity and every
     instance that sets it (``kvtier.tiers.fs.shared_bound``). Each is at least 1 here (0 holds
     no chunk file); the tier refuses at start one that cannot hold a chunk file.
+
+    ``probe``: where a lookup of an unknown key runs its ``stat`` (``kvtier.tiers.fs.fstype``).
     """
 
     type_name: ClassVar[str] = "fs"
@@ -41,6 +43,7 @@ class FsTierConfig:
     o_direct: Literal["auto", "on", "off"] = "auto"
     fsync: bool = False
     negative_ttl_s: Seconds = 1.0
+    probe: Literal["auto", "inline", "background"] = "auto"
     dir_mode: DirMode = "0700"
     integrity_key_file: FilePath | None = None
     encrypt: bool = False

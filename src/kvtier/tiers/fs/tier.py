@@ -4,8 +4,9 @@ Layout, atomic writes and verified reads are in ``files``; what is known to be o
 capacity bound, recent misses) is in ``index``. This module ties them to the tier contract:
 
 * ``lookup`` answers from memory: ``HIT`` for keys this instance wrote or has seen, ``MISS`` for
-  keys found absent less than ``negative_ttl_s`` ago, otherwise ``RETRY`` while a background
-  probe (``stat``) finds out;
+  keys found absent less than ``negative_ttl_s`` ago; any other key takes one ``stat``: on the
+  caller's thread on a local file system, otherwise on a probe thread while ``lookup`` answers
+  ``RETRY`` (``probes``);
 * loads and stores run on separate thread pools (loads never queue behind stores); each chunk
   file is written, and each load job's files are read, by one call into the compiled path
   (``native``: header, payload and checksum with the GIL released once), or, where it is not
@@ -39,15 +40,14 @@ until a store of that key replaces it.
 Each read is counted by its way, ``read_path.page_cache`` or ``read_path.o_direct`` (with
 ``o_direct: "auto"``, cached chunks are read through the page cache, cold ones with O_DIRECT).
 
-Thread safety: lookups and job submission come from the manager's thread; jobs, probes and the
-scan run on the tier's threads. Shared state lives in ``ChunkIndex``, ``RecentMisses`` and
-``_Counters``, each with its own lock; ``_probing`` is guarded by ``_probing_lock``.
+Thread safety: lookups (and inline probes) and job submission come from the manager's thread;
+jobs, background probes and the scan run on the tier's threads. Shared state lives in
+``ChunkIndex``, ``RecentMisses``, ``Counters`` and ``Prober``, each with its own lock.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import threading
 import time
@@ -61,13 +61,14 @@ from kvtier.errors import CapacityError, ConfigError, IntegrityError, TierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
-from kvtier.tiers.base import HIT, MISS, RETRY, JobOutcome, Lookup, TransferJob
+from kvtier.tiers.base import HIT, MISS, JobOutcome, Lookup, TransferJob
 from kvtier.tiers.fs import native
 from kvtier.tiers.fs.config import FsTierConfig
 from kvtier.tiers.fs.files import CPUS, ChunkFiles
 from kvtier.tiers.fs.index import RecentMisses, UseStamps
 from kvtier.tiers.fs.namespace import SpaceGuard, warn_if_open, warn_if_read_only
 from kvtier.tiers.fs.paths import NotRegularError, failure_reason
+from kvtier.tiers.fs.probes import Prober, probes_inline
 from kvtier.tiers.fs.reader import Read
 from kvtier.tiers.fs.rows import o_direct_for
 from kvtier.tiers.fs.shared_bound import open_shared_bound
@@ -78,12 +79,9 @@ from kvtier.tiers.shared.counters import Counters
 from kvtier.tiers.shared.jobs import JobRunner, PooledTier
 from kvtier.tiers.shared.lineage import Link
 from kvtier.tiers.shared.sealing import make_sealer
-from kvtier.tiers.shared.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
-#: Threads that answer lookups of unknown keys (one ``stat`` each).
-N_PROBE_THREADS = 4
 #: How many removed keys ``take_removed`` remembers at most.
 MAX_REMOVED = 1 << 16
 #: A chunk's mtime records its last use (for a restart's scan and ``kvtier cache``) at most
@@ -143,8 +141,6 @@ class FilesystemTier(PooledTier):
         self._misses = RecentMisses(config.negative_ttl_s)
         self._stamps = UseStamps(USE_STAMP_S)
         self._counters = Counters()
-        self._probing: set[ChunkKey] = set()
-        self._probing_lock = threading.Lock()
         self._removed: deque[ChunkKey] = deque(maxlen=MAX_REMOVED)
         self.fault_hook: FaultHook | None = None
         self._closed = threading.Event()
@@ -152,7 +148,8 @@ class FilesystemTier(PooledTier):
         self._runner = JobRunner(self.name, config.n_read_threads, config.n_write_threads)
         self.load_part_chunks = LOAD_PART_CHUNKS
         self.load_threads = min(config.n_read_threads, LOAD_PARTS)
-        self._probes = WorkerPool(N_PROBE_THREADS, f"{self.name}-probe")
+        inline = probes_inline(config.probe, self._files.namespace)
+        self._prober = Prober(self.name, inline, self._probe, lambda: self.notify_progress())
         warn_if_read_only(self.name, self._files.directory)
         self._scanner = threading.Thread(target=self._scan, name=f"{self.name}-scan", daemon=True)
         self._scanner.start()
@@ -172,11 +169,7 @@ class FilesystemTier(PooledTier):
             return HIT
         if key in self._misses or self._closed.is_set():
             return MISS
-        with self._probing_lock:
-            if key not in self._probing:
-                self._probing.add(key)
-                self._probes.submit(functools.partial(self._probe, key))
-        return RETRY
+        return self._prober.ask(key, may_inline=self.fault_hook is None)  # a hook may block
 
     def close(self) -> None:
         """Finish queued jobs, stop probing and scanning, and stop every thread, waiting
@@ -188,7 +181,7 @@ class FilesystemTier(PooledTier):
         self._closed.set()
         deadline = time.monotonic() + workers.CLOSE_WAIT_S
         busy = self._runner.close(workers.left(deadline))
-        busy += self._probes.close(workers.left(deadline), cancel=True)
+        busy += self._prober.close(workers.left(deadline))
         self._scanner.join(workers.left(deadline))
         if busy or self._scanner.is_alive():
             log.warning("%s: threads still busy at close; its files stay open", self.name)
@@ -209,6 +202,7 @@ class FilesystemTier(PooledTier):
             "native_io": int(native.usable()),
             "read_only": int(self._files.directory.read_only),
             "scan_done": int(self._scanned.is_set()),
+            "inline_probes": int(self._prober.inline),
         }
 
     # -- extras -----------------------------------------------------------------------------
@@ -360,24 +354,21 @@ class FilesystemTier(PooledTier):
             self._counters.add(f"mark_used_failed.{failure_reason(exc)}")
 
     # -- background -------------------------------------------------------------------------
-    def _probe(self, key: ChunkKey) -> None:
+    def _probe(self, key: ChunkKey) -> bool:
+        """Whether ``key``'s file is there (one ``stat``), indexed or remembered as a miss."""
         try:
             self._hook("probe", key)
             size = self._files.size_of(key)
         except OSError as exc:
             self._counters.add(f"probe_failed.{failure_reason(exc)}")
             size = None
-        try:
-            if size is None:
-                self._misses.add(key)
-                self._counters.add("probe_misses")
-            else:
-                self._delete(self._index.add(key, size), "evicted")
-                self._counters.add("probe_hits")
-        finally:
-            with self._probing_lock:
-                self._probing.discard(key)
-            self.notify_progress()  # the key's RETRY is now a HIT or a MISS
+        if size is None:
+            self._misses.add(key)
+            self._counters.add("probe_misses")
+            return False
+        self._delete(self._index.add(key, size), "evicted")
+        self._counters.add("probe_hits")
+        return True
 
     def _scan(self) -> None:
         try:
