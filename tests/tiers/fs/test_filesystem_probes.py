@@ -106,6 +106,19 @@ def test_a_miss_found_inline_is_remembered_for_negative_ttl_s(tmp_path, region, 
         tier.close()
 
 
+@pytest.mark.parametrize("probe", ["inline", "background"])
+def test_a_negative_ttl_of_zero_still_settles_a_lookup(tmp_path, region, identity, probe):
+    """The probe's MISS reaches the lookup that waited for it (with no memory of misses, a
+    background probe's answer used to be forgotten before it was read: RETRY forever)."""
+    tier = make_tier(tmp_path, region, identity, probe=probe, negative_ttl_s=0)
+    try:
+        (key,) = make_keys(identity, 1, seed=12)
+        assert settle_lookup(tier, key) is MISS
+        assert tier.lookup(key) is (MISS if probe == "inline" else RETRY), "asked again"
+    finally:
+        tier.close()
+
+
 def test_a_fault_hook_sends_probes_to_the_background_where_it_may_block(tmp_path, region, identity):
     """A hook may block (a drill of a hung mount): with one set, lookup never calls it on the
     engine's thread, even with ``probe: "inline"``."""

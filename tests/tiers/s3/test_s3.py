@@ -159,6 +159,16 @@ def test_hits_are_remembered_and_misses_expire(s3_server, tiers, region, identit
     assert reader.stats()["probe_hit"] == probes
 
 
+def test_a_negative_ttl_of_zero_still_settles_a_lookup(s3_server, tiers, region, identity):
+    """The probe's MISS reaches the lookup that waited for it; the next lookup asks again."""
+    reader = s3_server.tier(BUCKET, region, identity, prefix="ttl-zero", negative_ttl_s=0)
+    tiers.append(reader)
+    (key,) = make_keys(identity, 1, seed=14)
+    assert reader.lookup(key) is RETRY
+    assert settle_lookup(reader, key) is MISS
+    assert reader.lookup(key) is RETRY
+
+
 def test_missing_bucket_is_a_clear_error(s3_server, region, identity):
     with pytest.raises(TierError, match="bucket 'no-such-bucket' does not exist"):
         s3_server.tier("no-such-bucket", region, identity)

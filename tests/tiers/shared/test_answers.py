@@ -28,6 +28,7 @@ def test_answers_expire():
     assert answers.holder(A) == "peer-1"
     time.sleep(0.1)
     assert answers.holder(A) is None
+    assert answers.answer(B) is MISS, "a miss no lookup was told is told once"
     assert answers.answer(A) is None and answers.answer(B) is None
 
 

@@ -65,7 +65,7 @@ from kvtier.tiers.base import HIT, MISS, JobOutcome, Lookup, TransferJob
 from kvtier.tiers.fs import native
 from kvtier.tiers.fs.config import FsTierConfig
 from kvtier.tiers.fs.files import CPUS, ChunkFiles
-from kvtier.tiers.fs.index import RecentMisses, UseStamps
+from kvtier.tiers.fs.index import UseStamps
 from kvtier.tiers.fs.namespace import SpaceGuard, warn_if_open, warn_if_read_only
 from kvtier.tiers.fs.paths import NotRegularError, failure_reason
 from kvtier.tiers.fs.probes import Prober, probes_inline
@@ -78,6 +78,7 @@ from kvtier.tiers.shared.codec import HEADER_BYTES
 from kvtier.tiers.shared.counters import Counters
 from kvtier.tiers.shared.jobs import JobRunner, PooledTier
 from kvtier.tiers.shared.lineage import Link
+from kvtier.tiers.shared.misses import RecentMisses
 from kvtier.tiers.shared.sealing import make_sealer
 
 log = logging.getLogger(__name__)

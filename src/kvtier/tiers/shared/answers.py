@@ -2,7 +2,8 @@
 
 Remembered hits (bounded, least recently used forgotten first; optionally expiring after
 ``hit_ttl_s``, and optionally naming the *holder*, e.g. the peer that answered), misses that
-expire after ``miss_ttl_s`` (another instance may store the chunk meanwhile), and keys whose
+expire after ``miss_ttl_s`` (another instance may store the chunk meanwhile; ``RecentMisses``:
+each one is told at least once), and keys whose
 probe is under way. ``answer`` says HIT, MISS or RETRY from what is known, or ``None`` when
 nothing is: the key is then marked as probing and the caller must start a probe that ends in
 ``found`` or ``missing``.
@@ -19,6 +20,7 @@ from collections import OrderedDict
 
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import HIT, MISS, RETRY, Lookup
+from kvtier.tiers.shared.misses import RecentMisses
 
 MAX_HITS = 1 << 18
 MAX_MISSES = 1 << 16
@@ -30,10 +32,10 @@ class Answers:
     def __init__(
         self, miss_ttl_s: float, hit_ttl_s: float | None = None, max_hits: int = MAX_HITS
     ) -> None:
-        self._miss_ttl, self._max_hits = miss_ttl_s, max_hits
+        self._max_hits = max_hits
         self._hit_ttl = math.inf if hit_ttl_s is None else hit_ttl_s
         self._hits: OrderedDict[ChunkKey, tuple[float, str]] = OrderedDict()  # LRU order
-        self._misses: OrderedDict[ChunkKey, float] = OrderedDict()  # expiry order
+        self._misses = RecentMisses(miss_ttl_s, MAX_MISSES)
         self._probing: set[ChunkKey] = set()
         self._lock = threading.Lock()
 
@@ -44,7 +46,7 @@ class Answers:
             if self._fresh_hit(key, now) is not None:
                 self._hits.move_to_end(key)
                 return HIT
-            if self._misses.get(key, 0.0) > now:
+            if key in self._misses:
                 return MISS
             if key in self._probing:
                 return RETRY
@@ -67,7 +69,7 @@ class Answers:
     def found(self, key: ChunkKey, holder: str = "") -> None:
         with self._lock:
             self._probing.discard(key)
-            self._misses.pop(key, None)
+            self._misses.discard(key)
             self._hits.pop(key, None)
             self._hits[key] = (time.monotonic() + self._hit_ttl, holder)
             while len(self._hits) > self._max_hits:
@@ -75,16 +77,10 @@ class Answers:
 
     def missing(self, key: ChunkKey) -> None:
         """``key`` is not there (or could not be read): a miss until the answer expires."""
-        now = time.monotonic()
         with self._lock:
             self._probing.discard(key)
             self._hits.pop(key, None)
-            self._misses.pop(key, None)
-            self._misses[key] = now + self._miss_ttl
-            while self._misses and (
-                len(self._misses) > MAX_MISSES or next(iter(self._misses.values())) <= now
-            ):
-                self._misses.popitem(last=False)
+            self._misses.add(key)
 
     def forget_holder(self, holder: str) -> None:
         """Drop every hit ``holder`` answered (it went away and may have lost them)."""
