@@ -38,7 +38,7 @@ SIDES = ("inline", "background")
 
 def manager(root: Path, probe: str, identity: CacheIdentity, held: int) -> TieringManager:
     stride = -(-identity.layout.chunk_bytes // 4096) * 4096
-    fs = {"type": "fs", "root_dir": str(root / probe), "probe": probe, "negative_ttl_s": 0}
+    fs = {"type": "fs", "root_dir": str(root / probe), "probe": probe}
     slots = 2 * held + 8
     config = TieringConfig.from_dict({"cpu_bytes_to_use": slots * stride, "secondary_tiers": [fs]})
     m = TieringManager(config, identity)
