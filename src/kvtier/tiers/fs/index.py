@@ -2,9 +2,8 @@
 disk, in eviction order: ``tiers.shared.chunk_index``) and its ``RecentMisses``
 (``tiers.shared.misses``).
 
-``UseStamps`` says when a chunk's
-last use was last written to its file (its mtime), so that a chunk read again and again costs
-one ``utime`` a minute, not one per read.
+``UseStamps`` says when a chunk's last use was last written to its file (its mtime), so that a
+chunk read again and again costs one ``utime`` a minute, not one per read.
 
 No I/O. Thread safety: every method takes the instance's lock.
 """
