@@ -1,31 +1,26 @@
 """FilesystemTier (``type: "fs"``): content-addressed chunk files on a local disk or shared mount.
 
-Layout, atomic writes and verified reads are in ``files``; what is known to be on disk (LRU,
-capacity bound, recent misses) is in ``index``. This module ties them to the tier contract:
+Layout, atomic writes and verified reads are in ``files``; which chunks are on disk (LRU, the
+capacity bound) in ``shared.chunk_index``, recent misses in ``shared.misses``, the probes of
+unseen keys in ``probes``. This module ties them to the tier contract:
 
-* ``lookup`` answers from memory: ``HIT`` for keys this instance wrote or has seen, ``MISS`` for
-  keys found absent less than ``negative_ttl_s`` ago; any other key takes one ``stat``: on the
-  caller's thread on a local file system, otherwise on a probe thread while ``lookup`` answers
-  ``RETRY`` (``probes``);
-* loads and stores run on separate thread pools (loads never queue behind stores); each chunk
-  file is written, and each load job's files are read, by one call into the compiled path
-  (``native``: header, payload and checksum with the GIL released once), or, where it is not
-  built, by ``os`` calls that release the GIL; on a machine with CPUs to spare, a load job of
-  at least ``2 * LOAD_PART_CHUNKS`` chunks is read as parts on several read threads at once
-  (``jobs``, ``LOAD_PARTS``), so a request's wait for its chunks is the slowest part's, not
-  the sum of its reads;
-* at start a background scan rebuilds the index from the directory (oldest ``mtime`` coldest)
-  and removes temporary files left by dead writers; an entry it cannot read is skipped and
-  counted (``scan_skipped.<reason>``), never the end of the scan;
-* with ``max_bytes`` the least recently used files are deleted to stay under it; with
-  ``min_free_bytes`` stores stop before the filesystem fills;
-* what it creates is private unless ``dir_mode`` says otherwise: directories (``root_dir`` and
-  its missing parents too) ``dir_mode`` (0700), files the same bits without execute (0600); an
-  existing ``root_dir`` or namespace more open than ``dir_mode`` is warned about at start and
-  left as it is (``kvtier.config.file_modes``);
-* a restart on a full (or read-only) filesystem starts *read-only* (``read_only`` in stats, one
-  warning): what is on disk is served, stores fail (``store_failed.read_only``), and writes
-  resume once the namespace can be written again (``namespace``).
+* ``lookup`` answers from memory for keys this instance wrote or has seen, and for misses less
+  than ``negative_ttl_s`` old; any other key takes one ``stat`` (``probes``: on the caller's
+  thread on a local file system, else on a probe thread while ``lookup`` answers ``RETRY``);
+* loads and stores run on separate thread pools; each chunk file is written, and each load
+  job's files are read, by one call into the compiled path (``native``: the GIL released once)
+  or by ``os`` calls; with CPUs to spare a load job is read as parts on several read threads
+  (``LOAD_PART_CHUNKS``, ``LOAD_PARTS``): a request waits for the slowest part, not the sum;
+* at start a background scan rebuilds the index (oldest ``mtime`` coldest) and removes the
+  temporary files of dead writers; an entry it cannot read is skipped and counted
+  (``scan_skipped.<reason>``);
+* ``max_bytes`` deletes the least recently used files to stay under it; ``min_free_bytes``
+  stops stores before the file system fills;
+* directories it creates get ``dir_mode`` (0700), files the same bits without execute; an
+  existing ``root_dir`` more open is warned about and left as it is (``config.file_modes``);
+* a restart on a full or read-only file system starts *read-only* (``read_only`` in stats, one
+  warning): it serves what is on disk and fails stores (``store_failed.read_only``) until the
+  namespace can be written again (``namespace``).
 
 Every failure is a miss or a failed job plus a counter in ``stats()``, never wrong bytes: a file
 that fails verification is deleted (``integrity.<reason>``; with ``integrity_key_file`` every
@@ -94,16 +89,13 @@ USE_STAMP_S = 60.0
 FaultHook = Callable[[str, ChunkKey], None]
 _LoadOutcome = Literal["loaded", "absent", "corrupt", "unreadable"]
 
-
 #: The fewest chunks a part of a load job has: each part is one compiled call (one GIL
 #: release), so a part needs several chunks for that to pay; a job of fewer than twice this
 #: many is read whole.
 LOAD_PART_CHUNKS = 4
 #: The most parts of one load job at once (within ``n_read_threads``): the CPUs but one, which
-#: the engine's own thread keeps busy. A chunk's read, checksum and bookkeeping are CPU work;
-#: parts beyond the spare CPUs take it from the model (on 2 CPUs, 2 parts made a request's
-#: wait 1.2-1.6x shorter alone, but under vLLM with requests in flight kvtier fell to 0.91x
-#: vLLM's throughput [0.88, 0.95] with 1.08x its CPU per request; read whole, 0.98x [0.94, 1.05]).
+#: the engine keeps busy; parts beyond take CPU from the model (under vLLM on 2 CPUs, 2 parts
+#: gave 0.91x vLLM's throughput [0.88, 0.95] with 1.08x its CPU; whole jobs 0.98x [0.94, 1.05]).
 LOAD_PARTS = max(1, CPUS - 1)
 
 
@@ -213,10 +205,7 @@ class FilesystemTier(PooledTier):
 
     def take_removed(self) -> list[ChunkKey]:
         """Keys whose files this tier deleted (evicted or corrupt) since the last call."""
-        removed = []
-        while self._removed:
-            removed.append(self._removed.popleft())
-        return removed
+        return [self._removed.popleft() for _ in range(len(self._removed))]
 
     # -- stores -----------------------------------------------------------------------------
     def submit_store(self, job: TransferJob) -> None:
