@@ -6,6 +6,7 @@ choice ``probe: "auto"`` makes on a network file system, which this machine has 
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def test_auto_probes_inline_exactly_on_the_local_file_system_types(tmp_path, mon
     assert probes.probes_inline("auto", str(tmp_path / "absent")) is False  # statfs fails
     assert probes.probes_inline("inline", "/proc") is True
     assert probes.probes_inline("background", str(tmp_path)) is False
-    monkeypatch.setattr(probes.sys, "platform", "darwin")
+    monkeypatch.setattr(sys, "platform", "darwin")
     assert probes.filesystem_type(str(tmp_path)) is None
     assert probes.probes_inline("auto", str(tmp_path)) is False
 

@@ -56,16 +56,23 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-def load_syscall(*argtypes: Any) -> Any:
-    """libc's ``syscall`` typed as ``(number, *argtypes) -> long``; ``None`` off Linux.
+def libc_function(name: str) -> Any:
+    """libc's function ``name`` (``ctypes.get_errno`` kept), ``None`` off Linux or if missing.
 
     Calls through ctypes release the GIL, as any I/O call should.
     """
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = ctypes.CDLL(None, use_errno=True).syscall
+        return getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
+        return None
+
+
+def load_syscall(*argtypes: Any) -> Any:
+    """libc's ``syscall`` typed as ``(number, *argtypes) -> long``; ``None`` off Linux."""
+    fn = libc_function("syscall")
+    if fn is None:
         return None
     fn.restype = ctypes.c_long
     fn.argtypes = [ctypes.c_long, *argtypes]

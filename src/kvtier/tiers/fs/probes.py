@@ -19,13 +19,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import sys
 import threading
 from collections.abc import Callable
 from typing import Literal
 
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import HIT, MISS, RETRY, Lookup
+from kvtier.tiers.fs.paths import libc_function
 from kvtier.tiers.shared.workers import WorkerPool
 
 #: Threads that answer lookups of unknown keys in the background (one ``stat`` each).
@@ -51,11 +51,8 @@ _STATFS_BYTES = 256
 
 def filesystem_type(path: str) -> int | None:
     """``statfs(path).f_type``; ``None`` off Linux or when ``statfs`` fails."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        statfs = ctypes.CDLL(None, use_errno=True).statfs
-    except (OSError, AttributeError):
+    statfs = libc_function("statfs")
+    if statfs is None:
         return None
     buffer = ctypes.create_string_buffer(_STATFS_BYTES)
     if statfs(os.fsencode(path), buffer) != 0:
