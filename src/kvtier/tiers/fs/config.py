@@ -30,7 +30,7 @@ class FsTierConfig:
     instance that sets it (``kvtier.tiers.fs.shared_bound``). Each is at least 1 here (0 holds
     no chunk file); the tier refuses at start one that cannot hold a chunk file.
 
-    ``probe``: where a lookup of an unknown key runs its ``stat`` (``kvtier.tiers.fs.fstype``).
+    ``probe``: where a lookup of an unknown key runs its ``stat`` (``kvtier.tiers.fs.probes``).
     """
 
     type_name: ClassVar[str] = "fs"
