@@ -2,9 +2,10 @@
 
 A lookup of a key the tier has not seen needs one ``stat`` of its path. On a local file system
 that is a few microseconds, cheaper than handing it to a probe thread and waiting for its
-answer (the engine then asks again: a round trip of 0.3-2 ms on a busy 2-CPU machine, paid by
-every request whose prompt ends in new chunks). On a network file system a ``stat`` can take a
-server's timeout, or forever, and must never run on the engine's thread.
+answer (the engine then asks again: a round trip of 0.4 ms median, 3.6 ms p90, on a quiet
+2-CPU machine, paid by every request whose prompt ends in new chunks). On a network file
+system a ``stat`` can take a server's timeout, or forever, and must never run on the engine's
+thread.
 
 So ``probe: "auto"`` stats inline where ``statfs`` names a local file system (``LOCAL``: a
 list of known types; anything else, FUSE included, is treated as remote), and on probe threads
