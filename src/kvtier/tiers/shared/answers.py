@@ -3,10 +3,9 @@
 Remembered hits (bounded, least recently used forgotten first; optionally expiring after
 ``hit_ttl_s``, and optionally naming the *holder*, e.g. the peer that answered), misses that
 expire after ``miss_ttl_s`` (another instance may store the chunk meanwhile; ``RecentMisses``:
-each one is told at least once), and keys whose
-probe is under way. ``answer`` says HIT, MISS or RETRY from what is known, or ``None`` when
-nothing is: the key is then marked as probing and the caller must start a probe that ends in
-``found`` or ``missing``.
+each is told at least once), and keys whose probe is under way. ``answer`` says HIT, MISS or
+RETRY from what is known, or ``None`` when nothing is: the key is then marked as probing and
+the caller must start a probe that ends in ``found`` or ``missing``.
 
 Thread safety: every method may be called from any thread; one lock guards all state.
 """
@@ -23,7 +22,6 @@ from kvtier.tiers.base import HIT, MISS, RETRY, Lookup
 from kvtier.tiers.shared.misses import RecentMisses
 
 MAX_HITS = 1 << 18
-MAX_MISSES = 1 << 16
 
 
 class Answers:
@@ -35,7 +33,7 @@ class Answers:
         self._max_hits = max_hits
         self._hit_ttl = math.inf if hit_ttl_s is None else hit_ttl_s
         self._hits: OrderedDict[ChunkKey, tuple[float, str]] = OrderedDict()  # LRU order
-        self._misses = RecentMisses(miss_ttl_s, MAX_MISSES)
+        self._misses = RecentMisses(miss_ttl_s)
         self._probing: set[ChunkKey] = set()
         self._lock = threading.Lock()
 
