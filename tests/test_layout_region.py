@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import sys
 
@@ -72,18 +74,20 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 
 
 def resident_bytes(region: HostRegion) -> int:
-    """Bytes of ``region``'s mapping resident in memory (``Rss`` of /proc/self/smaps)."""
+    """Bytes of ``region``'s own pages resident in memory, by ``mincore`` over its range.
+
+    Not smaps' ``Rss``: that counts a whole mapping, and the kernel merges a region's mapping
+    with a neighbouring one of the same flags (another live region's), whose pages then count.
+    """
+    page = mmap.PAGESIZE
     base = region.numpy(0).ctypes.data
-    with open("/proc/self/smaps") as smaps:
-        inside = False
-        for line in smaps:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                low, high = (int(x, 16) for x in head.split("-"))
-                inside = low <= base < high
-            elif inside and head == "Rss:":
-                return int(line.split()[1]) * 1024
-    raise AssertionError("the region's mapping is not in /proc/self/smaps")
+    length = region.nbytes
+    vector = (ctypes.c_ubyte * (-(-length // page)))()
+    mincore = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    if mincore(base, length, vector):
+        raise OSError(ctypes.get_errno(), "mincore")
+    return sum(1 for entry in vector if entry & 1) * page
 
 
 @linux_only
