@@ -153,9 +153,9 @@ def reports(rounds: int) -> dict[str, dict[str, Any]]:
 
 
 def test_the_report_compares_kvtier_with_sglangs_file_backend(tmp_path):
-    runs = reports(3)
+    runs = reports(6)  # 6 rounds: the fewest with a 95 % interval
     table = sglang_report.rows(runs)
-    options = SimpleNamespace(conversations=(2, 8), repeats=3)
+    options = SimpleNamespace(conversations=(2, 8), repeats=6)
     pools = Pools(592, 1184, 5920, 2368)
     doc = sglang_report.to_json(options, pools, runs, table)
     kvtier = next(r for r in table if r["strategy"] == "kvtier-fs")

@@ -78,7 +78,9 @@ def test_the_rounds_interleave_the_strategies_phase_by_phase(tmp_path, monkeypat
     VllmBench(options).run()
     order = [(int(i), name.split("-bench-")[1].rsplit("-", 1)[0]) for i, name in FakeEngine.asked]
     assert [i for i, _ in order] == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert [s for _, s in order] == ["vllm-fs", "kvtier-fs", "kvtier-fs", "vllm-fs"] * 2
+    # turned at the second N, reversed in the second round: at each N the two swap places
+    v, k = "vllm-fs", "kvtier-fs"
+    assert [s for _, s in order] == [v, k, k, v, k, v, v, k]
 
 
 def phase(turn: int, n: int, seconds: float, ttft: float, cpu: float) -> dict[str, object]:
@@ -90,7 +92,7 @@ def phase(turn: int, n: int, seconds: float, ttft: float, cpu: float) -> dict[st
 
 def report(speed: float, rounds: int) -> dict[str, object]:
     """A runner report: N=2 at ``speed`` times vllm-fs's pace, N=6 at the same pace."""
-    noise = [1.0, 1.05, 0.95, 1.02, 0.98][:rounds]
+    noise = [1.0, 1.05, 0.95, 1.02, 0.98, 1.01][:rounds]
     phases = [
         phase(r, n, s * f, 0.1 * s * f, 0.5)
         for r, f in enumerate(noise)
@@ -111,17 +113,19 @@ def document(rounds: int) -> dict[str, object]:
 
 
 def test_the_report_judges_each_n_over_the_rounds(tmp_path):
-    doc = document(5)
-    assert len(doc["kvtier_fs_vs_vllm_fs"]) == 10
+    doc = document(6)  # the fewest rounds with a 95 % interval
+    assert len(doc["kvtier_fs_vs_vllm_fs"]) == 12
     by_n = {item["conversations"]: item for item in doc["kvtier_fs_vs_vllm_fs_verdict"]}
     ahead, mixed = by_n[2], by_n[6]
-    assert ahead["rounds"] == 5 and ahead["verdict"] == "ahead"
+    assert ahead["rounds"] == 6 and ahead["verdict"] == "ahead"
     assert ahead["throughput"]["median"] == 1.25 and ahead["throughput"]["low"] > 1
     assert ahead["ttft_p99"]["verdict"] == "ahead" and ahead["cpu_per_request"]["median"] == 1
     assert mixed["verdict"] == "no difference shown"  # 1.0 or 0.77 by round: touches 1.0
     lines = vllm_report.ratio_lines(doc)
     assert lines[0].startswith("round 1 N=2: kvtier-fs / vllm-fs throughput 1.25x")
-    assert "N=2: throughput 1.25x [1.25, 1.25], TTFT p99 0.80x [0.80, 0.80]" in "\n".join(lines)
+    assert "N=2: throughput 1.250x [1.250, 1.251], TTFT p99 0.800x [0.800, 0.800]" in "\n".join(
+        lines
+    )
     assert lines[-2].endswith(": ahead") and lines[-1].endswith(": no difference shown")
     assert "round" in vllm_report.format_table(doc["results"]).splitlines()[0]
     chart = tmp_path / "chart.png"
@@ -134,7 +138,7 @@ def test_one_round_gives_no_interval_and_says_so():
     doc = document(1)
     item = doc["kvtier_fs_vs_vllm_fs_verdict"][0]
     assert item["throughput"]["low"] is None and item["verdict"] == "no difference shown"
-    assert "1.25x (1 round: no interval)" in "\n".join(vllm_report.ratio_lines(doc))
+    assert "1.250x (1 round: no interval)" in "\n".join(vllm_report.ratio_lines(doc))
     assert "round" not in vllm_report.format_table(doc["results"]).splitlines()[0]
 
 
@@ -165,3 +169,19 @@ def test_the_chart_draws_a_fraction_of_the_ceiling_only_when_one_ran(tmp_path, w
     vllm_report.write_chart(table, "t", chart, document(5)["kvtier_fs_vs_vllm_fs_verdict"])
     panels = 5 if with_ceiling else 4  # throughput, [fraction], TTFT p50, p99, the intervals
     assert imread(chart).shape[1] == 500 * panels
+
+
+@pytest.mark.parametrize(
+    ("mine", "other", "expected"),
+    [(2.0, 1.0, 2.0), (1.0, 0.0, None), (0.0, 1.0, 0.0), (None, 1.0, None), (1.0, None, None),
+     (float("nan"), 1.0, None), (1.0, float("inf"), None), (1.0, -1.0, None)],
+)  # fmt: skip
+def test_a_ratio_over_nothing_is_left_out_not_a_crash_or_a_huge_number(mine, other, expected):
+    """A phase with 0 tok/s raised ZeroDivisionError after a run of minutes; a 0 ms TTFT p99
+    gave a ratio of 1e9 and a confident verdict."""
+    from kvtier.bench.engine_report import pair_lines, ratio
+
+    assert ratio(mine, other) == expected
+    item = {"round": 0, "conversations": 2, "throughput_ratio": expected, "ttft_p99_ratio": 1.0}
+    line = pair_lines([item], "a / b")[0]
+    assert line.startswith("N=2: a / b throughput " + ("n/a" if expected is None else ""))

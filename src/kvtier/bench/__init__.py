@@ -14,6 +14,6 @@ on real SGLang servers: ``sglang_strategies``, ``sglang_server`` (the CPU launch
 ``sglang_report`` and ``sglang_cli``. Both engines share ``engine_bench`` (options, the
 interleaved phases), ``phase`` (a phase's requests and measures), ``engine_report`` (rows,
 table, chart), ``pair_verdict`` (``--repeat``: kvtier-fs against the engine's own fs tier over
-rounds, with ``verdict``'s bootstrap interval) and ``engine_cli``. Only
+rounds, with ``verdict``'s interval of the median) and ``engine_cli``. Only
 ``cli`` is imported by ``kvtier.cli.main``; it imports torch and transformers when the command runs.
 """

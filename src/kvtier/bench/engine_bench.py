@@ -4,8 +4,9 @@ options and the order in which the strategies' engines serve the phases.
 ``interleave`` drives one engine per strategy, all started together and kept up: each phase
 (``phase.phases``: every N of every round) is served by one engine after the other, so the
 strategies' figures at one N are measured minutes apart at most, under the same load of a
-shared machine. The order turns by one strategy at each phase (``rotated``), so no strategy
-is always the first (or the last) to run.
+shared machine. The order turns by one strategy at each N and reverses every other round
+(``phase_order``): no strategy is always the first (or the last) to run, and at each N every
+two strategies swap places from round to round.
 """
 
 from __future__ import annotations
@@ -80,9 +81,18 @@ class Engine(Protocol):
 
 
 def rotated(names: list[str], turn: int) -> list[str]:
-    """``names`` turned left by ``turn`` places: N number ``turn`` runs them in this order."""
+    """``names`` turned left by ``turn`` places."""
     turn %= max(1, len(names))
     return names[turn:] + names[:turn]
+
+
+def phase_order(names: list[str], n_index: int, round_: int) -> list[str]:
+    """The order in which the strategies serve the ``n_index``-th N of round ``round_``:
+    ``names`` turned by ``n_index`` (no strategy always first), reversed in odd rounds, so that
+    at each N any two strategies swap places from one round to the next (turning alone left
+    one of two neighbours before the other in all but one of every ``len(names)`` phases)."""
+    order = rotated(names, n_index)
+    return order[::-1] if round_ % 2 else order
 
 
 def interleave(
@@ -98,8 +108,10 @@ def interleave(
         for strategy, engine in engines.items():
             engine.ask(None, "READY")
             print(f"engine {strategy}: up", file=sys.stderr, flush=True)
+        per_round = sum(phase["round"] == 0 for phase in phases)
         for index, phase in enumerate(phases):
-            for strategy in rotated(list(engines), index):
+            order = phase_order(list(engines), index % max(1, per_round), phase["round"])
+            for strategy in order:
                 engines[strategy].ask(str(index), "DONE")
                 where = f"round {phase['round'] + 1} N={phase['conversations']}"
                 print(f"{where} {strategy}: done", file=sys.stderr, flush=True)

@@ -80,9 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         dest="repeats",
         help="rounds over every N, 1 to 100 (1); the strategies interleaved phase by phase; "
-        "with K >= 2, per N, the median ratio of kvtier-fs over the engine's own fs tier "
-        "(vllm-fs, sglang-file) with a 95%% bootstrap interval and a verdict (ahead, behind, "
-        "no difference shown)",
+        "per N, the median ratio of kvtier-fs over the engine's own fs tier (vllm-fs, "
+        "sglang-file) and a verdict (ahead, behind, no difference shown); with K >= 6, a 95%% "
+        "interval of that median",
     )
     group.add_argument(
         "--mix", action="store_true", help="add N short one-shot requests at N, reported apart"

@@ -15,6 +15,7 @@ strategies round by round and N by N.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -115,10 +116,8 @@ def same_run_ratios(table: list[dict[str, Any]], mine: str, other: str) -> list[
                 {
                     "round": turn,
                     "conversations": n,
-                    "throughput_ratio": round(k["throughput_tok_s"] / v["throughput_tok_s"], 3),
-                    "ttft_p99_ratio": round(
-                        k["ttft_ms"]["p99"] / max(v["ttft_ms"]["p99"], 1e-9), 3
-                    ),
+                    "throughput_ratio": ratio(k["throughput_tok_s"], v["throughput_tok_s"]),
+                    "ttft_p99_ratio": ratio(k["ttft_ms"]["p99"], v["ttft_ms"]["p99"]),
                     "cpu_ratio": cpu_ratio(k, v),
                     "disk_bytes": {
                         mine: k["disk_bytes_after_run"],
@@ -129,10 +128,17 @@ def same_run_ratios(table: list[dict[str, Any]], mine: str, other: str) -> list[
     return out
 
 
+def ratio(mine: float | None, other: float | None) -> float | None:
+    """``mine / other`` to 3 places; ``None`` (no ratio, left out of a verdict) when either is
+    missing or not finite, or ``other`` is not positive (a phase that served nothing)."""
+    if mine is None or other is None or not (math.isfinite(mine) and math.isfinite(other)):
+        return None
+    return round(mine / other, 3) if other > 0 else None
+
+
 def cpu_ratio(mine: dict[str, Any], other: dict[str, Any]) -> float | None:
     """``mine``'s CPU time per request over ``other``'s; ``None`` when either lacks it."""
-    a, b = mine.get("cpu_ms_per_request"), other.get("cpu_ms_per_request")
-    return None if a is None or not b else round(a / b, 3)
+    return ratio(mine.get("cpu_ms_per_request"), other.get("cpu_ms_per_request"))
 
 
 def pair_lines(ratios: list[dict[str, Any]], name: str) -> list[str]:
@@ -141,9 +147,13 @@ def pair_lines(ratios: list[dict[str, Any]], name: str) -> list[str]:
     return [
         ("round {} ".format(item["round"] + 1) if repeated else "")
         + f"N={item['conversations']}: {name} throughput "
-        f"{item['throughput_ratio']:.2f}x, TTFT p99 {item['ttft_p99_ratio']:.2f}x"
+        f"{_times(item['throughput_ratio'])}, TTFT p99 {_times(item['ttft_p99_ratio'])}"
         for item in ratios
     ]
+
+
+def _times(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def format_table(table: list[dict[str, Any]]) -> str:

@@ -3,7 +3,7 @@ engine's own fs tier (vllm-fs, sglang-file)?
 
 From the same-run ratios of every round (``engine_report.same_run_ratios``: kvtier-fs over the
 other at one round and N, both measured minutes apart under the same load), per N: the
-median ratio over the rounds with its 95 % bootstrap interval (``verdict.interval``) for
+median ratio over the rounds with its 95 % interval (``verdict.interval``; 6 rounds at least) for
 throughput and TTFT p99, and for CPU time per request when the runners measured it (shown, not
 judged: it is how much work a request cost, where wall time also counts waiting for a shared
 machine). The verdict reads throughput (higher is better) and TTFT p99 (lower is better) as
@@ -53,7 +53,7 @@ def _describe(found: dict[str, Any]) -> str:
 
 def verdict_lines(items: list[dict[str, Any]], pair: str) -> list[str]:
     """The terminal table of ``verdicts``: one line per N; ``pair``: ``mine / other``."""
-    lines = [f"{pair} over rounds: median ratio [{verdict.LEVEL:.0%} bootstrap interval]"]
+    lines = [f"{pair} over rounds: median ratio [{verdict.LEVEL:.0%} interval of the median]"]
     for item in items:
         parts = [
             f"{label} {_describe(item[name])}"
