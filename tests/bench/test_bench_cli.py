@@ -113,13 +113,31 @@ def test_a_metrics_port_in_use_is_a_usage_error(tmp_path, capsys):
 
 
 def test_the_vllm_bench_turns_the_order_of_strategies_at_each_n():
-    from kvtier.bench.engine_bench import rotated
+    from kvtier.bench.engine_bench import phase_order, rotated
 
     names = ["vllm-fs", "kvtier-fs", "ceiling"]
-    orders = [rotated(names, turn) for turn in range(3)]
+    orders = [phase_order(names, n_index, 0) for n_index in range(3)]
     assert [order[0] for order in orders] == names  # each strategy runs first once
     assert all(sorted(order) == sorted(names) for order in orders)
     assert rotated(names, 3) == names and rotated([], 5) == []
+
+
+@pytest.mark.parametrize(
+    "names", [["vllm-fs", "kvtier-fs"], ["a", "vllm-fs", "kvtier-fs", "b", "c"]]
+)
+@pytest.mark.parametrize("num_n", [1, 2, 3, 5])
+def test_at_each_n_two_strategies_swap_places_from_round_to_round(names, num_n):
+    """Turning the order by the phase's index put vllm-fs before kvtier-fs in 4 phases of 5,
+    and at the same N in every round when the number of Ns was a multiple of the strategies'."""
+    from kvtier.bench.engine_bench import phase_order
+
+    for n_index in range(num_n):
+        first = [
+            phase_order(names, n_index, r).index("kvtier-fs")
+            < phase_order(names, n_index, r).index("vllm-fs")
+            for r in range(6)
+        ]
+        assert first == [first[0], not first[0]] * 3
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -139,3 +157,36 @@ def test_a_missing_chart_package_stops_an_engine_bench_before_it_starts(
     assert code not in (0, None)
     assert "needs matplotlib" in err and "[bench]" in err
     assert not (tmp_path / f"bench-{engine}.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--repeat", "5"], "--repeat"), (["--concurrency", "4"], "--concurrency"),
+        (["--mix"], "--mix"), (["--strategies", "kvtier-fs,vllm-fs"], "--strategies"),
+        (["--vllm-python", "/usr/bin/python3"], "--vllm-python"),
+    ],
+)  # fmt: skip
+def test_an_engine_bench_flag_is_refused_without_its_engine(tmp_path, capsys, argv, flag):
+    """``--repeat 5`` ran one transformers sweep and gave no verdict, silently."""
+    code, err = bench(argv, tmp_path, capsys)
+    assert_usage_error(code, err, f"argument {flag}: not with --engine transformers")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--admission"], "--admission"), (["--threads", "2"], "--threads"),
+        (["--metrics-port", "0"], "--metrics-port"), (["--no-prefetch"], "--no-prefetch"),
+        (["--block-size", "32"], "--block-size"), (["--config", "x.json"], "--config"),
+    ],
+)  # fmt: skip
+def test_a_transformers_flag_is_refused_with_an_engine_bench(tmp_path, capsys, engine, argv, flag):
+    code, err = bench(["--engine", engine, *argv], tmp_path, capsys)
+    assert_usage_error(code, err, f"argument {flag}: not with --engine {engine}")
+
+
+def test_each_engine_refuses_the_other_engines_python(tmp_path, capsys):
+    code, err = bench(["--engine", "vllm", "--sglang-python", "/x"], tmp_path, capsys)
+    assert_usage_error(code, err, "argument --sglang-python: not with --engine vllm")

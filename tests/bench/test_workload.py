@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvtier.bench.mixed import MixedSpec, MixedWorkload
 from kvtier.bench.workload import Workload, WorkloadSpec, schedule
 
 
@@ -53,3 +54,28 @@ def test_same_seed_same_prompts() -> None:
 def test_sizes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="rounds"):
         WorkloadSpec(num_conversations=2, rounds=0)
+
+
+@pytest.mark.parametrize("make", [Workload, lambda spec: MixedWorkload(MixedSpec(spec, 2, 8))])
+def test_upcoming_is_the_next_prompt_wherever_no_answer_can_change_it(make) -> None:
+    """The next request's prompt, known ahead while the current one runs: equal to the prompt
+    handed out next, and ``None`` where the next turn is the same conversation's (its history
+    still lacks the current answer) and after the last request."""
+    spec = WorkloadSpec(num_conversations=3, first_prompt_tokens=8, rounds=3, seed=3)
+    workload = make(spec)
+    assert workload.upcoming() is None  # nothing handed out yet
+    requests = iter(workload)
+    request = next(requests)
+    seen = same = 0
+    while request is not None:
+        upcoming = workload.upcoming()
+        workload.answer(request, [request.turn, request.conversation])
+        following = next(requests, None)
+        if following is None or following.conversation == request.conversation:
+            same += following is not None
+            assert upcoming is None
+        else:
+            seen += 1
+            assert upcoming == following.prompt
+        request = following
+    assert seen > 0 and same > 0  # seed 3: a round ends and the next starts with one conversation

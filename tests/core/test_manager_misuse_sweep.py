@@ -26,7 +26,7 @@ from tests.conftest import config, fill, make_keys, read, settle, store
 from tests.core.test_manager_guards import GatedTier
 
 ENGINE_CALLS = ["prepare_store", "complete_store", "lookup", "prepare_load", "complete_load"]
-ENGINE_CALLS += ["touch", "promote_for_peer"]
+ENGINE_CALLS += ["touch", "promote_for_peer", "prefetch"]
 
 
 def fs_config(root: str, slots: int = 8) -> TieringConfig:

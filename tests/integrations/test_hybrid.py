@@ -128,6 +128,31 @@ def test_prefix_from_the_filesystem(
     assert_like_recompute(model, follow_up, result)
 
 
+def test_a_prefetched_prefix_waits_in_host_for_its_request(
+    hybrid: tuple[str, Any, CacheIdentity], managers: Any, tmp_path: Path
+) -> None:
+    """``prefetch`` promotes, ahead of the request, what its ``generate`` loads from the
+    filesystem (a sliding-window model: its last 2 chunks only); the request then takes them
+    from host memory, still counted as the fs tier's, and answers as a recompute does."""
+    name, model, identity = hybrid
+    writer = TieredModel(model, identity, managers(4, [tier_config("fs", tmp_path)]))
+    first = prompt(36, seed=3)
+    serve(writer, first)
+    reader_manager = managers(4, [tier_config("fs", tmp_path)])
+    reader = TieredModel(model, identity, reader_manager)
+    follow_up = first + prompt(5, seed=4)
+    reader.prefetch(follow_up)
+    assert reader_manager.wait_idle(20)
+    reader_manager.poll()
+    loaded = 2 if name == "mistral" else 4
+    assert reader_manager.stats()["host"]["used_slots"] == loaded
+    lookups = reader_manager.stats()["counters"].get("kvtier_lookups_total", 0)
+    result = serve(reader, follow_up)
+    assert result.sources == expected_sources(name, 41, reader_manager.tiers[0].name, 4)
+    assert reader_manager.stats()["counters"]["kvtier_lookups_total"] == lookups + 1  # no RETRY
+    assert_like_recompute(model, follow_up, result)
+
+
 def test_a_chunk_completed_while_decoding_is_resumable(
     hybrid: tuple[str, Any, CacheIdentity], managers: Any
 ) -> None:

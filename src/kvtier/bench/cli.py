@@ -89,6 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
+        "--no-prefetch",
+        action="store_true",
+        help="do not hand the next request's prompt to TieredModel.prefetch ahead of time",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int_in(0, 65535),
         metavar="PORT",
@@ -134,6 +139,8 @@ def options_from(args: argparse.Namespace) -> Any:
 
     values = {**_defaults(), **(QUICK if args.quick else {})}
     given = {k: v for k, v in vars(args).items() if k in values and v is not None}
+    if getattr(args, "no_prefetch", False):
+        given["prefetch"] = False
     return BenchOptions(**{**values, **given})
 
 
@@ -143,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     Bad options (a missing model or config, an unwritable output, a port in use, capacities
     that hold nothing) raise ``UsageError`` before the sweep starts.
     """
+    refuse_foreign_flags(args)
     if args.engine == "vllm":  # its own options and engines (vllm_cli)
         return vllm_cli.run(args)
     if args.engine == "sglang":  # its own options and servers (sglang_cli)
@@ -167,6 +175,32 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.close()
     return 0
+
+
+#: Flags only the engine benches read (dest -> flag), and those only ``--engine transformers``
+#: reads; each engine's python only that engine.
+ENGINE_FLAGS = {"repeats": "--repeat", "concurrency": "--concurrency", "mix": "--mix",
+                "strategies": "--strategies"}  # fmt: skip
+TRANSFORMERS_FLAGS = {"admission": "--admission", "config_path": "--config",
+                      "threads": "--threads", "metrics_port": "--metrics-port",
+                      "no_prefetch": "--no-prefetch", "block_size": "--block-size",
+                      "blocks_per_chunk": "--blocks-per-chunk",
+                      "one_shots_per_round": "--one-shots",
+                      "frequency_window": "--frequency-window"}  # fmt: skip
+PYTHON_FLAGS = {"vllm": ("vllm_python", "--vllm-python"),
+                "sglang": ("sglang_python", "--sglang-python")}  # fmt: skip
+
+
+def refuse_foreign_flags(args: argparse.Namespace) -> None:
+    """``UsageError`` for a flag the chosen ``--engine`` would ignore (a ``--repeat`` that gave
+    one transformers sweep and no verdict, silently)."""
+    engine = args.engine
+    foreign = dict(TRANSFORMERS_FLAGS) if engine != "transformers" else dict(ENGINE_FLAGS)
+    foreign |= {d: f for name, (d, f) in PYTHON_FLAGS.items() if name != engine}
+    for dest, flag in foreign.items():
+        value = getattr(args, dest, None)
+        if value is not None and value is not False:  # 0 is given (--metrics-port 0)
+            raise UsageError(f"argument {flag}: not with --engine {engine}")
 
 
 def _sweep(bench: Any, no_progress: bool, json_path: Path, chart_path: Path) -> None:

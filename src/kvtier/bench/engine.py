@@ -90,6 +90,8 @@ class StrategyRun:
     ``seconds`` is their sum. Runs of several strategies can then take turns request by request,
     so that a noisy, shared machine slows them all alike. Close the run to get its result.
     ``workload`` replaces ``Workload(spec)`` (e.g. a ``MixedWorkload`` built on ``spec``).
+    With ``prefetch``, each step first hands the next request's prompt, where the workload
+    already knows it, to ``TieredModel.prefetch``, as a serving engine with a queue would.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class StrategyRun:
         spec: WorkloadSpec,
         salt: str = "",
         workload: Workload | None = None,
+        prefetch: bool = True,
     ) -> None:
         tiering = strategy.tiering
         self.manager = None if tiering is None else TieringManager(tiering, identity)
@@ -110,6 +113,7 @@ class StrategyRun:
         self.spec = spec
         self.workload = Workload(spec) if workload is None else workload
         self._requests = iter(self.workload)
+        self.prefetch = prefetch
         self.result = RunResult(strategy.name, spec.num_conversations, 0.0, 0)
 
     def step(self) -> bool:
@@ -118,6 +122,9 @@ class StrategyRun:
         if request is None:
             return False
         started = time.perf_counter()
+        upcoming = self.workload.upcoming() if self.prefetch else None
+        if upcoming is not None:  # its reads overlap this request's forward pass
+            self.tiered.prefetch(upcoming)
         answer = self.tiered.generate(request.prompt, self.spec.new_tokens)
         self.result.seconds += time.perf_counter() - started
         self.workload.answer(request, answer.tokens)

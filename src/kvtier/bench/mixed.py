@@ -17,7 +17,6 @@ One-shot requests carry conversation numbers from ``num_conversations`` on and t
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kvtier.bench.workload import Request, Workload, WorkloadSpec
@@ -52,17 +51,17 @@ class MixedWorkload(Workload):
     """
 
     def __init__(self, spec: MixedSpec) -> None:
-        super().__init__(spec.conversations)
         self.mixed = spec
+        super().__init__(spec.conversations)
 
-    def __iter__(self) -> Iterator[Request]:
+    def order(self) -> list[tuple[int, int]]:
+        return mixed_schedule(self.mixed)
+
+    def prompt(self, conversation: int, turn: int) -> list[int]:
         conversations = self.spec.num_conversations
-        for conversation, turn in mixed_schedule(self.mixed):
-            if conversation >= conversations:
-                yield Request(conversation, 0, self._one_shot(conversation - conversations))
-            else:
-                prompt = self._history[conversation] + self._user_turn(conversation, turn)
-                yield Request(conversation, turn, prompt)
+        if conversation >= conversations:
+            return self._one_shot(conversation - conversations)
+        return super().prompt(conversation, turn)
 
     def answer(self, request: Request, tokens: list[int]) -> None:
         if request.conversation < self.spec.num_conversations:

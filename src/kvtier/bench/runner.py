@@ -57,6 +57,7 @@ class BenchOptions:
     output_dir: str = "bench-results"
     threads: int = 1
     seed: int = 0
+    prefetch: bool = True
 
     def spec(self, num_conversations: int, vocab_size: int) -> WorkloadSpec:
         return WorkloadSpec(
@@ -169,7 +170,9 @@ class Bench:
     def start(self, strategy: Strategy, num_conversations: int) -> StrategyRun:
         self._runs += 1
         spec = self.options.spec(num_conversations, self.vocab_size)
-        run = StrategyRun(self.model, self.identity, strategy, spec, f"bench-run-{self._runs}")
+        salt = f"bench-run-{self._runs}"
+        prefetch = self.options.prefetch
+        run = StrategyRun(self.model, self.identity, strategy, spec, salt, prefetch=prefetch)
         if self.on_full_run is not None and strategy.name == self.strategy_names()[2]:
             self.on_full_run(run)
         return run

@@ -65,17 +65,37 @@ class Workload:
     """Hands out the requests of a ``WorkloadSpec`` in order; ``answer`` extends the history.
 
     Each request's prompt is built when it is handed out, from the answers recorded so far, so
-    call ``answer`` for a request before asking for the next one.
+    call ``answer`` for a request before asking for the next one. ``upcoming`` is the prompt
+    of the request after that one, where it is already known (a serving engine's queue).
     """
 
     def __init__(self, spec: WorkloadSpec) -> None:
         self.spec = spec
         self._history: list[list[int]] = [[] for _ in range(spec.num_conversations)]
+        self._order = self.order()
+        self._served = 0
+
+    def order(self) -> list[tuple[int, int]]:
+        """(conversation, turn) of every request, in serving order."""
+        return schedule(self.spec)
 
     def __iter__(self) -> Iterator[Request]:
-        for conversation, turn in schedule(self.spec):
-            prompt = self._history[conversation] + self._user_turn(conversation, turn)
-            yield Request(conversation, turn, prompt)
+        while self._served < len(self._order):
+            conversation, turn = self._order[self._served]
+            self._served += 1
+            yield Request(conversation, turn, self.prompt(conversation, turn))
+
+    def upcoming(self) -> list[int] | None:
+        """The prompt of the request after the last one handed out, if no answer still due can
+        change it (it belongs to another conversation); ``None`` otherwise or at the end."""
+        if not 0 < self._served < len(self._order):
+            return None
+        (last, _), (conversation, turn) = self._order[self._served - 1 : self._served + 1]
+        return None if conversation == last else self.prompt(conversation, turn)
+
+    def prompt(self, conversation: int, turn: int) -> list[int]:
+        """The prompt of ``turn`` of ``conversation``, from the answers recorded so far."""
+        return self._history[conversation] + self._user_turn(conversation, turn)
 
     def answer(self, request: Request, tokens: list[int]) -> None:
         """Record the model's answer to ``request``: the conversation now ends with it."""

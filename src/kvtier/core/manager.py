@@ -212,6 +212,15 @@ class TieringManager:
         return self._progress.wait(math.inf if seconds is None else seconds)
 
     @engine_call
+    def prefetch(self, keys: Sequence[ChunkKey]) -> None:
+        """Start promoting the chunks of a prefix a request soon to come will look up, and
+        return at once (``Promoter.prefetch``): its ``lookup`` then finds them in host, or on
+        their way. Counts no lookup and no miss; what does not fit in host is left where it is.
+        """
+        self._poll()
+        self._promoter.prefetch(keys, self.identity.layout.window_chunks)
+
+    @engine_call
     def promote_for_peer(self, keys: Sequence[ChunkKey]) -> set[ChunkKey]:
         """For a peer server: the keys on their way to host (``Promoter.promote_for_peer``)."""
         return self._promoter.promote_for_peer(keys)

@@ -96,16 +96,27 @@ class Promoter:
         end before that chunk. The first window whose every chunk is held somewhere has its
         missing chunks promoted (``RETRY`` until they land).
         """
+        start, end, walk, reason = self._resumable(keys, window)
+        if walk is None:
+            self.provenance.count_recomputed(len(keys), reason)
+            return 0
+        return self._finish_window(keys, start, end, walk, reason)
+
+    def _resumable(
+        self, keys: Sequence[ChunkKey], window: int
+    ) -> tuple[int, int, Walk | None, str | None]:
+        """The last ``window`` chunks ``[start, end)`` of the longest prefix whose window is
+        held somewhere, with their walk (``None``: no prefix is), and why the first window
+        tried was not."""
         end, reason = len(keys), None
         while end > 0:
             start = max(0, end - window)
             walk = self._walk(keys[start:end])
             if walk.stopped_at is None:
-                return self._finish_window(keys, start, end, walk, reason)
+                return start, end, walk, reason
             reason = reason or walk.stop_reason
             end = start + walk.stopped_at
-        self.provenance.count_recomputed(len(keys), reason)
-        return 0
+        return 0, 0, None, reason
 
     def _finish_window(
         self, keys: Sequence[ChunkKey], start: int, end: int, walk: Walk, reason: str | None
@@ -118,6 +129,23 @@ class Promoter:
             end, reason = 0, "host_full"
         self.provenance.count_recomputed(len(keys) - end, reason)
         return end
+
+    def prefetch(self, keys: Sequence[ChunkKey], window: int | None) -> None:
+        """Start promoting what ``lookup`` would of the prefix ``keys`` (with a ``window``
+        layout, of the window it would resume from), as far as the walk gets now; no metric
+        counted. A later lookup of ``keys`` walks again and waits for these promotions like
+        its own.
+        """
+        if window is None:
+            walk: Walk | None = self._walk(keys)
+        else:
+            start, end, walk, _ = self._resumable(keys, window)
+            keys = keys[start:end]
+        if walk is None:
+            return
+        wanted = walk.wanted[: walk.certain] if walk.waiting else walk.wanted
+        if wanted:
+            self._start(wanted, [k for k in keys if self.host.is_ready(k)])
 
     def promote_for_peer(self, keys: Sequence[ChunkKey]) -> set[ChunkKey]:
         """Start promoting, for a peer, the ``keys`` not in host; returns the keys on their way.

@@ -215,6 +215,24 @@ class TieredModel:
             self.trace.record(len(prompt), keys, len(tokens))
         return Generation(tokens, logits, cached, dict(restored.sources), first_token_s, itl_s)
 
+    def prefetch(self, token_ids: Sequence[int]) -> None:
+        """Start bringing the cached prefix of a prompt that comes next into host memory, and
+        return at once: a serving loop calls it for the request after the one it is about to
+        run, so that the tiers' reads overlap this request's forward pass instead of delaying
+        the next one's first token (``TieringManager.prefetch``). Chunks already in the device
+        cache are skipped. Without a manager it does nothing; wrong ids are ``generate``'s
+        business (nothing is validated or served here).
+        """
+        if self.manager is None or len(token_ids) < 2:
+            return
+        prompt = [int(t) for t in token_ids]
+        keys = chunk_keys(prompt, self.identity, self.salt)
+        keys = keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk]
+        if self.layout.window_chunks is None:
+            keys = keys[self.device_cache.match(keys) :]
+        if keys:
+            self.manager.prefetch(keys)
+
     def _decode(
         self, session: CacheSession, token: int, steps: int, stop: Collection[int]
     ) -> list[int]:
