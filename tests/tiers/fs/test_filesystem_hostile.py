@@ -19,6 +19,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -428,3 +429,33 @@ def test_full_disk_at_start_by_fault_injection(tmp_path, identity, monkeypatch):
         monkeypatch.setattr(fs_namespace, "READ_ONLY_RETRY_S", 0.0)
         store_through(manager, make_keys(identity, 1, seed=3))
         assert disk_stats(manager)["read_only"] == 0
+
+
+# -- a file of the wrong size at a chunk's path ----------------------------------------------
+@pytest.mark.parametrize("planted", [1 << 40, 1, -1], ids=["1TiB-sparse", "a-byte-long", "short"])
+def test_a_planted_file_of_the_wrong_size_is_a_miss_and_evicts_nothing(tmp_path, identity, planted):
+    """The probe and the start-up scan indexed a file's st_size as found: one sparse 1 TiB file
+    at a chunk's path made the bound evict (delete) every good chunk of the tier."""
+    root, size = tmp_path / "fs", file_bytes(identity)
+    size = planted if planted == 1 << 40 else size + planted
+    good, evil = make_keys(identity, 6), make_keys(identity, 1, seed=99)
+    tiers = fs_tiers(root, max_bytes=8 * file_bytes(identity))
+    with TieringManager(config(4, secondary_tiers=tiers), identity) as manager:
+        store_through(manager, good[:3])
+        store_through(manager, good[3:])
+        path = chunk_path(root, identity, evil[0])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as planted_file:
+            planted_file.truncate(size)
+        assert settle(manager, evil) == 0
+        stats = disk_stats(manager)
+        assert stats["probe_failed.length"] == 1 and stats.get("evicted", 0) == 0
+    assert all(chunk_path(root, identity, key).exists() for key in good)
+    with TieringManager(config(4, secondary_tiers=tiers), identity) as manager:  # the scan
+        deadline = time.monotonic() + DEADLINE_S
+        while "scan_found_chunks" not in disk_stats(manager) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = disk_stats(manager)
+        assert stats["scan_found_chunks"] == 6 and stats["scan_skipped.length"] == 1
+        assert settle(manager, good[:3]) == 3 and stats.get("evicted", 0) == 0
+    assert all(chunk_path(root, identity, key).exists() for key in good)

@@ -246,7 +246,7 @@ class FilesystemTier(PooledTier):
         if not self._index.touch(key):
             return False
         with suppress(NotRegularError):
-            if self._files.size_of(key) is not None:
+            if self._files.size_of(key) == self._file_bytes:
                 return True
         self._index.discard(key)
         return False
@@ -352,6 +352,9 @@ class FilesystemTier(PooledTier):
         except OSError as exc:
             self._counters.add(f"probe_failed.{failure_reason(exc)}")
             size = None
+        if size is not None and size != self._file_bytes:  # not a chunk: never indexed
+            self._counters.add("probe_failed.length")
+            size = None
         if size is None:
             self._misses.add(key)
             self._counters.add("probe_misses")
@@ -363,6 +366,7 @@ class FilesystemTier(PooledTier):
     def _scan(self) -> None:
         try:
             result = self._files.scan(self._closed)
+            result.keep_size(self._file_bytes)
             found = [(key, size, parent) for _, key, size, parent in sorted(result.chunks)]
             self._delete(self._index.merge_cold(found), "evicted")
             self._counters.add("scan_found_chunks", len(found))
