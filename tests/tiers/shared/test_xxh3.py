@@ -71,6 +71,7 @@ def test_filling_folds_a_buffer_as_it_fills_in_any_pieces(length: int):
         filling.feed(done)
         step = step * 3 + 7
     assert filling.digest(length) == xxhash.xxh3_128_digest(source)
+    assert filling.digest(length) == xxhash.xxh3_128_digest(source)  # finishing kept no state
 
 
 def test_filling_of_a_prefix_and_misuse():

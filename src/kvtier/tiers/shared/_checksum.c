@@ -136,9 +136,10 @@ static PyObject *filling_digest(Filling *self, PyObject *arg)
         return PyErr_Format(PyExc_ValueError, "Filling.digest: %zd is outside the buffer", length);
     uint8_t out[16];
     const uint8_t *buf = self->target.buf;
+    struct xxh3_run run = self->run; /* finishing changes the state: digest twice, same answer */
     Py_BEGIN_ALLOW_THREADS
     if (length == self->target.len)
-        xxh3_run_finish(&self->run, buf, (size_t)length, out);
+        xxh3_run_finish(&run, buf, (size_t)length, out);
     else
         xxh3_128(buf, (size_t)length, out);
     Py_END_ALLOW_THREADS
