@@ -112,10 +112,15 @@ def test_prefix_from_host(hybrid: tuple[str, Any, CacheIdentity], managers: Any)
     assert_like_recompute(model, follow_up, result)
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["on-demand", "prefetched"])
 def test_prefix_from_the_filesystem(
-    hybrid: tuple[str, Any, CacheIdentity], managers: Any, tmp_path: Path
+    hybrid: tuple[str, Any, CacheIdentity], managers: Any, tmp_path: Path, prefetch: bool
 ) -> None:
-    """A second instance with an empty host gets the prefix from the filesystem tier."""
+    """A second instance with an empty host gets the prefix from the filesystem tier.
+
+    ``prefetch`` first: what ``generate`` would load (a sliding-window model: its last 2
+    chunks only) waits in host memory before the request, which takes it with one lookup
+    (no ``RETRY``), still counted as the fs tier's."""
     name, model, identity = hybrid
     writer = TieredModel(model, identity, managers(4, [tier_config("fs", tmp_path)]))
     first = prompt(36, seed=3)
@@ -123,33 +128,16 @@ def test_prefix_from_the_filesystem(
     reader_manager = managers(4, [tier_config("fs", tmp_path)])
     reader = TieredModel(model, identity, reader_manager)
     follow_up = first + prompt(5, seed=4)
-    result = serve(reader, follow_up)
-    assert result.sources == expected_sources(name, 41, reader_manager.tiers[0].name, 4)
-    assert_like_recompute(model, follow_up, result)
-
-
-def test_a_prefetched_prefix_waits_in_host_for_its_request(
-    hybrid: tuple[str, Any, CacheIdentity], managers: Any, tmp_path: Path
-) -> None:
-    """``prefetch`` promotes, ahead of the request, what its ``generate`` loads from the
-    filesystem (a sliding-window model: its last 2 chunks only); the request then takes them
-    from host memory, still counted as the fs tier's, and answers as a recompute does."""
-    name, model, identity = hybrid
-    writer = TieredModel(model, identity, managers(4, [tier_config("fs", tmp_path)]))
-    first = prompt(36, seed=3)
-    serve(writer, first)
-    reader_manager = managers(4, [tier_config("fs", tmp_path)])
-    reader = TieredModel(model, identity, reader_manager)
-    follow_up = first + prompt(5, seed=4)
-    reader.prefetch(follow_up)
-    assert reader_manager.wait_idle(20)
-    reader_manager.poll()
-    loaded = 2 if name == "mistral" else 4
-    assert reader_manager.stats()["host"]["used_slots"] == loaded
+    if prefetch:
+        reader.prefetch(follow_up)
+        assert reader_manager.wait_idle(20)
+        reader_manager.poll()
+        assert reader_manager.stats()["host"]["used_slots"] == (2 if name == "mistral" else 4)
     lookups = reader_manager.stats()["counters"].get("kvtier_lookups_total", 0)
     result = serve(reader, follow_up)
     assert result.sources == expected_sources(name, 41, reader_manager.tiers[0].name, 4)
-    assert reader_manager.stats()["counters"]["kvtier_lookups_total"] == lookups + 1  # no RETRY
+    if prefetch:
+        assert reader_manager.stats()["counters"]["kvtier_lookups_total"] == lookups + 1
     assert_like_recompute(model, follow_up, result)
 
 
