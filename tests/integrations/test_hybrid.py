@@ -16,7 +16,12 @@ import torch
 import transformers as hf
 
 from kvtier import CacheIdentity
-from kvtier.integrations.transformers import TieredModel, identity_for, layout_for
+from kvtier.integrations.transformers import (
+    DeviceChunkCache,
+    TieredModel,
+    identity_for,
+    layout_for,
+)
 
 from .conftest import BLOCK_SIZE, BLOCKS_PER_CHUNK, manager, tier_config
 from .test_transformers import assert_like_recompute, prompt, serve
@@ -139,6 +144,29 @@ def test_prefix_from_the_filesystem(
     if prefetch:
         assert reader_manager.stats()["counters"]["kvtier_lookups_total"] == lookups + 1
     assert_like_recompute(model, follow_up, result)
+
+
+def test_a_prefix_the_device_cache_holds_is_not_prefetched(
+    hybrid: tuple[str, Any, CacheIdentity], managers: Any, tmp_path: Path
+) -> None:
+    """``generate`` would take it from the device cache without a lookup (a sliding-window
+    model: its last window), so ``prefetch`` asks no tier either."""
+    _, model, identity = hybrid
+    manager = managers(4, [tier_config("fs", tmp_path)])
+    tiered = TieredModel(model, identity, manager, device_cache=DeviceChunkCache(64))
+    first = prompt(36, seed=9)
+    serve(tiered, first)  # 39 tokens run: 4 full chunks, all in the device cache
+    serve(tiered, prompt(36, seed=11))  # 4 more: the first 4 leave host (4 slots), not the device
+    asked = tier_lookups(manager)
+    tiered.prefetch(first + prompt(1, seed=10))  # a prefix of 4 chunks
+    assert tier_lookups(manager) == asked
+    tiered.prefetch(first + prompt(9, seed=10))  # 5 chunks: the 5th is asked for
+    assert tier_lookups(manager) > asked
+
+
+def tier_lookups(manager: Any) -> float:
+    counters = manager.stats()["counters"]
+    return sum(v for k, v in counters.items() if k.startswith("kvtier_tier_lookups_total"))
 
 
 def test_a_chunk_completed_while_decoding_is_resumable(

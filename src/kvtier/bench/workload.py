@@ -62,7 +62,8 @@ class Request:
 
 
 class Workload:
-    """Hands out the requests of a ``WorkloadSpec`` in order; ``answer`` extends the history.
+    """Hands out the requests of a ``WorkloadSpec`` in order, once; ``answer`` extends the
+    history.
 
     Each request's prompt is built when it is handed out, from the answers recorded so far, so
     call ``answer`` for a request before asking for the next one. ``upcoming`` is the prompt

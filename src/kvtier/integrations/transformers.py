@@ -228,8 +228,11 @@ class TieredModel:
         prompt = [int(t) for t in token_ids]
         keys = chunk_keys(prompt, self.identity, self.salt)
         keys = keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk]
-        if self.layout.window_chunks is None:
+        window = self.layout.window_chunks
+        if window is None:
             keys = keys[self.device_cache.match(keys) :]
+        elif self.device_cache.match_window(keys, window) == len(keys):
+            return  # generate resumes from the device cache alone
         if keys:
             self.manager.prefetch(keys)
 
