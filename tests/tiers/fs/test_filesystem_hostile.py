@@ -19,7 +19,6 @@ import stat
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -217,6 +216,7 @@ def test_non_regular_entry_is_a_miss_and_the_prefix_stops_there(
         (slot,) = manager.prepare_load(keys[:1])
         assert holds(manager.region, slot, keys[0])
         manager.complete_load(keys[:1])
+        assert manager.tiers[0].wait_scanned(DEADLINE_S)  # the scan runs beside the lookup
         stats = disk_stats(manager)
         assert stats["scan_skipped.not_regular"] == 1
         assert stats.get("probe_failed.not_regular", 0) >= 1
@@ -433,29 +433,39 @@ def test_full_disk_at_start_by_fault_injection(tmp_path, identity, monkeypatch):
 
 # -- a file of the wrong size at a chunk's path ----------------------------------------------
 @pytest.mark.parametrize("planted", [1 << 40, 1, -1], ids=["1TiB-sparse", "a-byte-long", "short"])
-def test_a_planted_file_of_the_wrong_size_is_a_miss_and_evicts_nothing(tmp_path, identity, planted):
+def test_a_planted_file_of_the_wrong_size_evicts_nothing_and_is_deleted_at_its_load(
+    tmp_path, identity, planted
+):
     """The probe and the start-up scan indexed a file's st_size as found: one sparse 1 TiB file
-    at a chunk's path made the bound evict (delete) every good chunk of the tier."""
+    at a chunk's path made the bound evict (delete) every good chunk of the tier. Counted at a
+    chunk's size, it fails its load (a miss), is deleted, and evicts nothing."""
     root, size = tmp_path / "fs", file_bytes(identity)
     size = planted if planted == 1 << 40 else size + planted
     good, evil = make_keys(identity, 6), make_keys(identity, 1, seed=99)
     tiers = fs_tiers(root, max_bytes=8 * file_bytes(identity))
-    with TieringManager(config(4, secondary_tiers=tiers), identity) as manager:
-        store_through(manager, good[:3])
-        store_through(manager, good[3:])
-        path = chunk_path(root, identity, evil[0])
+    path = chunk_path(root, identity, evil[0])
+
+    def plant() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as planted_file:
             planted_file.truncate(size)
+
+    with TieringManager(config(4, secondary_tiers=tiers), identity) as manager:
+        store_through(manager, good[:3])
+        store_through(manager, good[3:])
+        plant()
         assert settle(manager, evil) == 0
         stats = disk_stats(manager)
-        assert stats["probe_failed.length"] == 1 and stats.get("evicted", 0) == 0
+        assert stats["probe_wrong_size"] == 1 and stats.get("evicted", 0) == 0
+        assert sum(v for k, v in stats.items() if k.startswith("integrity.")) == 1
+        assert not path.exists()
     assert all(chunk_path(root, identity, key).exists() for key in good)
+    plant()
     with TieringManager(config(4, secondary_tiers=tiers), identity) as manager:  # the scan
-        deadline = time.monotonic() + DEADLINE_S
-        while "scan_found_chunks" not in disk_stats(manager) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert manager.tiers[0].wait_scanned(DEADLINE_S)
         stats = disk_stats(manager)
-        assert stats["scan_found_chunks"] == 6 and stats["scan_skipped.length"] == 1
-        assert settle(manager, good[:3]) == 3 and stats.get("evicted", 0) == 0
+        assert stats["scan_found_chunks"] == 7 and stats["scan_wrong_size"] == 1
+        assert stats.get("evicted", 0) == 0
+        assert settle(manager, good[:3]) == 3 and settle(manager, evil) == 0
+        assert not path.exists()
     assert all(chunk_path(root, identity, key).exists() for key in good)

@@ -352,21 +352,21 @@ class FilesystemTier(PooledTier):
         except OSError as exc:
             self._counters.add(f"probe_failed.{failure_reason(exc)}")
             size = None
-        if size is not None and size != self._file_bytes:  # not a chunk: never indexed
-            self._counters.add("probe_failed.length")
-            size = None
         if size is None:
             self._misses.add(key)
             self._counters.add("probe_misses")
             return False
-        self._delete(self._index.add(key, size), "evicted")
+        if size != self._file_bytes:  # counted at a chunk's size: its load fails and deletes it
+            self._counters.add("probe_wrong_size")
+        self._delete(self._index.add(key, self._file_bytes), "evicted")
         self._counters.add("probe_hits")
         return True
 
     def _scan(self) -> None:
         try:
             result = self._files.scan(self._closed)
-            result.keep_size(self._file_bytes)
+            if wrong := result.resize(self._file_bytes):
+                self._counters.add("scan_wrong_size", wrong)
             found = [(key, size, parent) for _, key, size, parent in sorted(result.chunks)]
             self._delete(self._index.merge_cold(found), "evicted")
             self._counters.add("scan_found_chunks", len(found))
