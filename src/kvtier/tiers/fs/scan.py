@@ -51,16 +51,6 @@ class ScanResult:
     def skip(self, exc: OSError) -> None:
         self.skipped[failure_reason(exc)] += 1
 
-    def resize(self, nbytes: int) -> int:
-        """Count every chunk file at ``nbytes`` (a chunk's size); how many had another size.
-
-        An index that took a planted sparse 1 TiB file's size would evict every good chunk to
-        stay under its bound; counted at a chunk's size, such a file fails its load and is
-        deleted like any damaged chunk."""
-        wrong = sum(1 for chunk in self.chunks if chunk[2] != nbytes)
-        self.chunks = [(mtime, key, nbytes, parent) for mtime, key, _, parent in self.chunks]
-        return wrong
-
 
 def scan_namespace(namespace_fd: int, own_token: str, stop: threading.Event) -> ScanResult:
     """Every chunk file below the namespace open as ``namespace_fd`` (left open); removes stale

@@ -365,9 +365,10 @@ class FilesystemTier(PooledTier):
     def _scan(self) -> None:
         try:
             result = self._files.scan(self._closed)
-            if wrong := result.resize(self._file_bytes):
-                self._counters.add("scan_wrong_size", wrong)
-            found = [(key, size, parent) for _, key, size, parent in sorted(result.chunks)]
+            nbytes = self._file_bytes  # not st_size: a planted sparse file would evict the rest
+            if wrong := sum(1 for chunk in result.chunks if chunk[2] != nbytes):
+                self._counters.add("scan_wrong_size", wrong)  # their loads fail and delete them
+            found = [(key, nbytes, parent) for _, key, _, parent in sorted(result.chunks)]
             self._delete(self._index.merge_cold(found), "evicted")
             self._counters.add("scan_found_chunks", len(found))
             self._counters.add("scrubbed_tmp_files", result.stale_removed)
