@@ -100,6 +100,19 @@ def test_tiers_of_a_closed_manager_are_not_switched(identity, tmp_path):
     assert m.tier_states() == ([], ["fs"]) and m.take_tier_switches() == []
 
 
+def test_a_closed_manager_takes_no_latency_report(identity, tmp_path):
+    """A report after close would feed an SLO guard whose tiers are closed; a bad value is
+    still named first (the argument error does not depend on the state)."""
+    m = TieringManager(config(2), identity, tiers=[fs_factory(tmp_path)])
+    m.report_request(ttft_s=0.1)
+    m.close()
+    with pytest.raises(ClosedError, match="report_request"):
+        m.report_request(ttft_s=0.1, itl_s=0.01)
+    with pytest.raises(InvalidArgumentError, match="ttft_s"):
+        m.report_request(ttft_s=float("nan"))
+    assert m.take_tier_switches() == []
+
+
 def test_a_store_in_flight_when_the_tier_is_disabled_finishes_and_frees_its_slots(identity):
     keys = make_keys(identity, 2)
     with TieringManager(config(2), identity, tiers=[slow_memory]) as m:

@@ -20,22 +20,27 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from kvtier.config.checks import key_path, listen_errors
 from kvtier.config.schema import TieringConfig
 from kvtier.control.retention import Priority, prefix_length
 from kvtier.control.tier_switches import TierSwitch
+from kvtier.core.closing import CloseOnce
 from kvtier.core.entry_checks import check_parent, checked_timeout, engine_call, serialized
 from kvtier.core.host_slots import ENGINE
 from kvtier.core.links import LinkBook
 from kvtier.core.parts import TierFactory, build_parts
-from kvtier.core.peer_service import ManagerPeerHost, ManagerService, Services, close_all
+from kvtier.core.peer_service import (
+    ManagerPeerHost,
+    ManagerService,
+    Services,
+    close_all,
+    open_peer_server,
+)
 from kvtier.core.tier_set import Finished
 from kvtier.errors import ClosedError, KVTierError
 from kvtier.identity import CacheIdentity
@@ -83,7 +88,7 @@ class TieringManager:
         self.metrics, self._tiers = self.runtime.metrics, self.runtime.tiers
         self.tiers = self._tiers.tiers
         self._lock, self._closed = self.runtime.lock, False
-        self._shut, self._closer = threading.Event(), -1  # close() done; the thread closing
+        self._close_once = CloseOnce("manager")
         self._events, self._provenance, self._slots = parts.events, parts.provenance, parts.slots
         self._retention, self._promoter = parts.retention, parts.promoter
         self._progress, self._clock, self._publisher = parts.progress, parts.clock, parts.publisher
@@ -103,14 +108,7 @@ class TieringManager:
         """Threads that read or drive the manager: started last, once it is fully built."""
         self.runtime.serve(state_gauges(self.host), admin_target=self)
         if self.config.serve is not None:
-            from kvtier.tiers.peer.server import PeerServer  # lazy: pyzmq is needed only to serve
-
-            serve = self.config.serve
-            with (
-                key_path("serve"),
-                listen_errors("serve.host, serve.port", f"{serve.host}:{serve.port}"),
-            ):
-                self.peer_server = PeerServer(serve, self.region, self.identity)
+            self.peer_server = open_peer_server(self.config.serve, self.region, self.identity)
             self.add_service(self.peer_server)
             self.peer_server.drive(self._drive)
 
@@ -186,20 +184,8 @@ class TieringManager:
         """
         self._progress.arm()
         self._poll()
-        window = self.identity.layout.window_chunks
-        if window is not None:
-            self.metrics.count("lookups")
-            return self._promoter.lookup_window(keys, window)
-        is_ready = self.host.is_ready
-        ready = 0
-        for key in keys:
-            if not is_ready(key):
-                break
-            ready += 1
         self.metrics.count("lookups")
-        if ready == len(keys):
-            return ready
-        return self._promoter.lookup_beyond(keys, ready)
+        return self._promoter.lookup(keys, self.identity.layout.window_chunks)
 
     def wait_progress(self, timeout: float) -> bool:
         """After ``lookup`` answered ``RETRY``: wait up to ``timeout`` s for a tier to report
@@ -311,14 +297,11 @@ class TieringManager:
 
     def _route(self, finished: Finished) -> None:
         """A store ends its write-through holds; a load ends a promotion."""
-        job = finished.job
         self._control.observe(finished)
-        if job.op == "load":
+        if finished.job.op == "load":
             self._promoter.finish(finished)
-            return
-        self.host.release(job.keys, job.owner)
-        tier = self.tiers[job.tier]
-        self._events.add(EventKind.WRITTEN, finished.succeeded, "host", tier.name, tier.locality)
+        else:
+            self._write_throughs.finish(finished)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Poll until no job is pending; ``False`` if ``timeout`` seconds passed first.
@@ -356,7 +339,8 @@ class TieringManager:
         return self.runtime.tier_states()
 
     def report_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
-        """``Runtime.report_request``: a finished request's latencies, for the SLO guard."""
+        """``Runtime.report_request``: a finished request's latencies, for the SLO guard
+        (``ClosedError`` once closed)."""
         self.runtime.report_request(ttft_s, itl_s)
 
     def take_tier_switches(self) -> list[TierSwitch]:
@@ -372,15 +356,8 @@ class TieringManager:
     @serialized
     def stats(self) -> dict[str, Any]:
         """A snapshot: host occupancy, every counter (``name{labels}``), and each tier's stats."""
-        tiers = self.runtime.tiers
-        return {
-            "host": {**self.host.snapshot(), "slot_bytes": self.region.slot_bytes},
-            "counters": self.runtime.metrics.flat(),
-            "pending_jobs": tiers.num_pending,
-            "events_dropped": self._events.dropped,
-            "tiers": {tier.name: tier.stats() for tier in tiers},
-            "disabled_tiers": tiers.split_by_state()[1],
-        }
+        host = {**self.host.snapshot(), "slot_bytes": self.region.slot_bytes}
+        return {"host": host, "events_dropped": self._events.dropped, **self.runtime.stats()}
 
     def prometheus_registry(self) -> Any:
         """A new ``CollectorRegistry`` exporting this manager's metrics (prometheus-client)."""
@@ -404,9 +381,10 @@ class TieringManager:
         with self._lock:
             closing, self._closed = not self._closed, True
             if closing:
-                self._closer, services = threading.get_ident(), self._services.take()
+                self._close_once.claim()
+                services = self._services.take()
         if not closing:
-            self._await_close(seconds)  # outside the lock: the first close needs it
+            self._close_once.wait(seconds)  # outside the lock: the first close needs it
             return
         try:
             close_all(services)  # outside the lock: a driver thread may be waiting for it
@@ -415,15 +393,7 @@ class TieringManager:
             self.runtime.close()
             close_all([self._publisher])
         finally:
-            self._shut.set()
-
-    def _await_close(self, timeout: float | None) -> None:
-        """A second ``close``: wait for the first, unless this thread runs it (a service
-        closing the manager from its own ``close``)."""
-        bound = timeout if timeout is None or timeout < threading.TIMEOUT_MAX else None
-        if self._closer == threading.get_ident() or self._shut.wait(bound):
-            return
-        log.warning("close: another thread still closing the manager after %s s", timeout)
+            self._close_once.finished()
 
     def __enter__(self) -> TieringManager:
         return self

@@ -93,7 +93,7 @@ def build_parts(
     retention = HostRetention(host, runtime.admission, provenance)
     clock = TransferMeter(metrics, chunk_bytes)
     cap = max(1, int(region.num_slots * WRITE_THROUGH_SHARE))
-    write_throughs = WriteThroughs(host, runtime.tiers, metrics, cap)
+    write_throughs = WriteThroughs(host, runtime.tiers, metrics, events, cap)
     return ManagerParts(
         region, host, runtime, provenance, events, slots, retention, promoter, Progress(built),
         clock, publisher, write_throughs,

@@ -11,13 +11,18 @@ import logging
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvtier.config.checks import key_path, listen_errors
 from kvtier.core.host_slots import HostTier
 from kvtier.keys import ChunkKey
 from kvtier.telemetry.logs import ThrottledLog
 from kvtier.telemetry.metrics import ManagerMetrics
 
 if TYPE_CHECKING:
+    from kvtier.identity import CacheIdentity
+    from kvtier.region import HostRegion
+    from kvtier.tiers.peer.config import ServeConfig
     from kvtier.tiers.peer.host_view import PeerHost
+    from kvtier.tiers.peer.server import PeerServer
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
@@ -130,3 +135,12 @@ class ManagerPeerHost:
     @property
     def busy(self) -> bool:
         return self._manager.num_pending_jobs > 0
+
+
+def open_peer_server(serve: ServeConfig, region: HostRegion, identity: CacheIdentity) -> PeerServer:
+    """A peer server for ``serve``, listening, over ``region``; a listen failure is a
+    ``ConfigError`` naming ``serve.host, serve.port``. pyzmq is imported only here."""
+    from kvtier.tiers.peer.server import PeerServer
+
+    with key_path("serve"), listen_errors("serve.host, serve.port", f"{serve.host}:{serve.port}"):
+        return PeerServer(serve, region, identity)

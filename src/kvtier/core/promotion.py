@@ -1,13 +1,13 @@
 """Promotion: bringing chunks back from secondary tiers into host slots, and why it failed.
 
-``Promoter.lookup_beyond`` continues a lookup past the chunks ready in host: it walks the keys in
-prefix order, asks the tiers in configured order for each, and tells the first holder to promote
-the chunk into a reserved host slot (one job per tier, however many keys). The answer is
-``RETRY`` until the promotions land. Chunks held before the first key a tier is still probing
-are promoted at once, while the probe runs: the prefix needs them whatever the probe finds. A
-chunk whose promotion failed is never asked of the same tier again until it is stored anew (no
-livelock). When the walk stops at a chunk held nowhere, the chunks from there on are recomputed
-and counted under one reason (``MISS_REASONS``).
+``Promoter.lookup`` answers the manager's ``lookup``: it counts the leading chunks ready in host,
+and past them ``lookup_beyond`` walks the keys in prefix order, asks the tiers in configured order
+for each, and tells the first holder to promote the chunk into a reserved host slot (one job per
+tier, however many keys). The answer is ``RETRY`` until the promotions land. Chunks held before the
+first key a tier is still probing are promoted at once, while the probe runs: the prefix needs them
+whatever the probe finds. A chunk whose promotion failed is never asked of the same tier again
+until it is stored anew (no livelock). When the walk stops at a chunk held nowhere, the chunks from
+there on are recomputed and counted under one reason (``MISS_REASONS``).
 
 Deadlines (``kvtier.core.deadlines``): a lookup stops waiting for a promotion whose tier has a
 load past its deadline, and a tier that answers ``RETRY`` for one key past the probe deadline
@@ -74,6 +74,19 @@ class Promoter:
         self.host, self.tiers, self.slots = host, tiers, slots
         self.provenance, self.metrics, self.events = provenance, metrics, events
         self.probes = ProbeAges(tiers.deadlines.probe_s)
+
+    def lookup(self, keys: Sequence[ChunkKey], window: int | None) -> int | Lookup:
+        """The manager's ``lookup``: the leading ``keys`` ready in host, then ``lookup_beyond``
+        (``lookup_window`` for a layout that resumes from a trailing ``window``)."""
+        if window is not None:
+            return self.lookup_window(keys, window)
+        is_ready = self.host.is_ready
+        ready = 0
+        for key in keys:
+            if not is_ready(key):
+                break
+            ready += 1
+        return ready if ready == len(keys) else self.lookup_beyond(keys, ready)
 
     def lookup_beyond(self, keys: Sequence[ChunkKey], ready: int) -> int | Lookup:
         """Continue a lookup whose first ``ready`` keys are ready in host."""

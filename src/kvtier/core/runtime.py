@@ -185,8 +185,22 @@ class Runtime:
     @serialized
     def report_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
         """A finished request's time to first token and inter-token latency, for the SLO guard;
-        ``InvalidArgumentError`` unless each is ``None`` or a finite number >= 0."""
-        self.control.report_request(latency("ttft_s", ttft_s), latency("itl_s", itl_s))
+        ``InvalidArgumentError`` unless each is ``None`` or a finite number >= 0, then
+        ``ClosedError`` once closed (a closed runtime switches no tier)."""
+        ttft, itl = latency("ttft_s", ttft_s), latency("itl_s", itl_s)
+        if self._closed:
+            raise ClosedError("report_request: the manager is closed")
+        self.control.report_request(ttft, itl)
+
+    @serialized
+    def stats(self) -> dict[str, Any]:
+        """Every counter (``name{labels}``), the pending jobs, and each tier's stats and state."""
+        return {
+            "counters": self.metrics.flat(),
+            "pending_jobs": self.tiers.num_pending,
+            "tiers": {tier.name: tier.stats() for tier in self.tiers},
+            "disabled_tiers": self.tiers.split_by_state()[1],
+        }
 
     @serialized
     def take_tier_switches(self) -> list[TierSwitch]:

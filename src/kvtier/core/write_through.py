@@ -1,11 +1,11 @@
 """Write-through: the chunks the engine stored go on to the secondary tiers from their slots.
 
-Each chosen tier gets one store job; the slots are held (``WriteThrough``) until it reports, so
-no chunk a tier is still reading is evicted. A tier gets no write-through while it is stalled on
-a late store (``tier_timeout``, see ``deadlines``), nor when the slots held by write-throughs
-would grow past ``cap`` (``tier_busy``): a tier that hangs pins at most that share of host
-memory, and the engine always has slots to store into. Each refusal is counted as not admitted
-(``kvtier_admission_dropped_total{tier,reason}``).
+Each chosen tier gets one store job; the slots are held (``WriteThrough``) until it reports
+(``finish``: then the chunks it wrote are a ``WRITTEN`` event), so no chunk a tier is still reading
+is evicted. A tier gets no write-through while it is stalled on a late store (``tier_timeout``, see
+``deadlines``), nor when the slots held by write-throughs would grow past ``cap`` (``tier_busy``):
+a tier that hangs pins at most that share of host memory, and the engine always has slots to store
+into. Each refusal is counted as not admitted (``kvtier_admission_dropped_total{tier,reason}``).
 
 Thread safety: none; it belongs to the manager (called under its lock).
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 from kvtier.core.host_slots import HostTier, WriteThrough
 from kvtier.core.tier_set import Finished, TierSet
 from kvtier.keys import ChunkKey
+from kvtier.telemetry.kv_events import EventKind, EventLog
 from kvtier.telemetry.metrics import ManagerMetrics
 from kvtier.tiers.shared.lineage import Link
 
@@ -22,8 +23,11 @@ from kvtier.tiers.shared.lineage import Link
 class WriteThroughs:
     """Starts the write-through jobs of one manager; ``cap`` bounds the slots they hold."""
 
-    def __init__(self, host: HostTier, tiers: TierSet, metrics: ManagerMetrics, cap: int) -> None:
+    def __init__(
+        self, host: HostTier, tiers: TierSet, metrics: ManagerMetrics, events: EventLog, cap: int
+    ) -> None:
         self._host, self._tiers, self._metrics, self.cap = host, tiers, metrics, cap
+        self._events = events
 
     def start(
         self, index: int, keys: list[ChunkKey], links: tuple[Link, ...] = ()
@@ -38,6 +42,13 @@ class WriteThroughs:
         owner = WriteThrough(name)
         slots = self._host.hold(keys, owner)
         return self._tiers.submit(index, "store", keys, slots, owner, links)
+
+    def finish(self, finished: Finished) -> None:
+        """A write-through job reported: its slots are free to evict, its written chunks an
+        event."""
+        job, tier = finished.job, self._tiers[finished.job.tier]
+        self._host.release(job.keys, job.owner)
+        self._events.add(EventKind.WRITTEN, finished.succeeded, "host", tier.name, tier.locality)
 
     def refusal(self, index: int, keys: list[ChunkKey]) -> str | None:
         """Why tier ``index`` gets no write-through of ``keys`` now, or ``None``."""
