@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier import CacheIdentity, KVLayout, chunk_keys
+from kvtier.errors import InvalidKeyError
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=2, blocks_per_chunk=2)
 IDENTITY = CacheIdentity(model="org/model", revision="abc", layout=LAYOUT)
@@ -26,6 +28,27 @@ def test_prefix_stable(prefix, suffix):
     """Appending tokens never changes the keys of the chunks already complete."""
     short = chunk_keys(prefix, IDENTITY)
     assert chunk_keys(prefix + suffix, IDENTITY)[: len(short)] == short
+
+
+@given(TOKENS, TOKENS, st.sampled_from([None, "tenant"]))
+def test_known_keys_of_a_prefix_give_the_keys_of_the_whole(prefix, suffix, salt):
+    """The chain resumes after the known keys: the same keys as hashing from the start, with
+    any prefix length (a partial last chunk of the prefix is hashed with the suffix)."""
+    known = chunk_keys(prefix, IDENTITY, salt)
+    assert chunk_keys(prefix + suffix, IDENTITY, salt, known=known) == chunk_keys(
+        prefix + suffix, IDENTITY, salt
+    )
+
+
+def test_known_keys_past_the_tokens_are_cut_and_wrong_ones_refused():
+    tokens = list(range(20))  # 5 chunks of 4
+    whole = chunk_keys(tokens, IDENTITY)
+    assert chunk_keys(tokens[:9], IDENTITY, known=whole) == whole[:2]
+    other = chunk_keys(list(range(100, 108)), IDENTITY)
+    assert chunk_keys(tokens, IDENTITY, known=other)[2:] != whole[2:], "the chain follows known"
+    for bad in ([b"short"], [whole[0], 7], ["x" * 32]):
+        with pytest.raises(InvalidKeyError):
+            chunk_keys(tokens, IDENTITY, known=bad)  # type: ignore[arg-type]
 
 
 @given(TOKENS, TOKENS)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.errors import InvalidKeyError
 from kvtier.identity import CacheIdentity
 
 KEY_BYTES = 32
@@ -39,15 +40,26 @@ def chunk_keys(
     token_ids: Sequence[int] | Any,
     identity: CacheIdentity,
     salt: bytes | str | None = None,
+    *,
+    known: Sequence[ChunkKey] = (),
 ) -> list[ChunkKey]:
-    """Keys of every full chunk of ``token_ids`` (a sequence, numpy array or CPU tensor)."""
+    """Keys of every full chunk of ``token_ids`` (a sequence, numpy array or CPU tensor).
+
+    ``known``: keys this function gave for a prefix of ``token_ids`` under the same ``identity``
+    and ``salt`` (a prompt's, when keying the prompt and its reply). They are taken as they are
+    and the chain goes on from the last one, so only the chunks after them are hashed. The
+    caller vouches for them: after keys of another prefix come that prefix's continuations.
+    ``InvalidKeyError`` for a known key that is not 32 bytes.
+    """
     tokens = np.ascontiguousarray(np.asarray(token_ids, dtype="<i8").reshape(-1))
     per_chunk = identity.layout.tokens_per_chunk
     raw = tokens.tobytes()
     stride = per_chunk * 8
-    prev = chain_seed(identity, salt)
-    keys: list[ChunkKey] = []
-    for start in range(0, (len(tokens) // per_chunk) * stride, stride):
+    keys = list(known[: len(tokens) // per_chunk])
+    if not all(isinstance(key, bytes) and len(key) == KEY_BYTES for key in keys):
+        raise InvalidKeyError("chunk_keys: every known key must be 32 bytes")
+    prev = keys[-1] if keys else chain_seed(identity, salt)
+    for start in range(len(keys) * stride, (len(tokens) // per_chunk) * stride, stride):
         prev = hashlib.sha256(prev + raw[start : start + stride]).digest()
         keys.append(ChunkKey(prev))
     return keys

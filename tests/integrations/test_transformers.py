@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kvtier import CacheIdentity, ConfigError
+from kvtier.integrations import transformers as transformers_integration
 from kvtier.integrations.transformers import (
     DeviceChunkCache,
     Generation,
@@ -21,7 +22,7 @@ from kvtier.integrations.transformers import (
     identity_for,
     layout_for,
 )
-from kvtier.keys import chunk_keys
+from kvtier.keys import ChunkKey, chunk_keys
 
 from .conftest import BLOCK_SIZE, BLOCKS_PER_CHUNK, build_model, tier_config
 
@@ -59,6 +60,35 @@ def test_prefix_from_host(model: Any, identity: CacheIdentity, make_manager: Any
     follow_up = first + prompt(9, seed=2)
     result = serve(tiered, follow_up)
     assert result.cached_tokens == 32
+    assert result.sources == {"accelerator": 0, "host": 32, "recomputed": 12}
+    assert_like_recompute(model, follow_up, result)
+
+
+def test_a_prefetched_prompt_is_keyed_once_and_only_for_itself(
+    model: Any, identity: CacheIdentity, make_manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``generate`` takes the keys ``prefetch`` computed for the same prompt (one hashing
+    fewer), and never those of another prompt: that would restore another prefix's KV."""
+    calls: list[int] = []
+
+    def counted(tokens: Any, *args: Any, **kwargs: Any) -> list[ChunkKey]:
+        calls.append(len(tokens))
+        return chunk_keys(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(transformers_integration, "chunk_keys", counted)
+    tiered = TieredModel(model, identity, make_manager(host_slots=16))
+    first = prompt(35, seed=1)
+    serve(tiered, first)
+    follow_up = first + prompt(9, seed=2)
+    tiered.prefetch(follow_up)
+    other = prompt(44, seed=5)
+    result = serve(tiered, other)
+    assert result.sources == {"accelerator": 0, "recomputed": 44}
+    assert_like_recompute(model, other, result)
+    tiered.prefetch(follow_up)
+    calls.clear()
+    result = serve(tiered, follow_up)
+    assert calls == [len(follow_up) + NEW_TOKENS - 1], "only the store keys the reply"
     assert result.sources == {"accelerator": 0, "host": 32, "recomputed": 12}
     assert_like_recompute(model, follow_up, result)
 

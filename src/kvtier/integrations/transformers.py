@@ -37,19 +37,15 @@ Thread safety: none; one engine thread calls ``generate``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import time
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-import xxhash
 
 from kvtier.control.retention import expiry, request_priority
 from kvtier.core.manager import TieringManager
@@ -58,9 +54,8 @@ from kvtier.errors import ConfigError, KVTierError
 from kvtier.identity import CacheIdentity
 from kvtier.integrations.device_chunk_cache import DeviceChunkCache
 from kvtier.integrations.hf_cache import CacheSession, StateMember, layout_for, probe
+from kvtier.integrations.hf_identity import identity_for
 from kvtier.keys import ChunkKey, chunk_keys
-from kvtier.layout import KVLayout
-from kvtier.model_fingerprint import display_name, is_local
 from kvtier.plan.recorder import open_recorder
 from kvtier.telemetry.kv_events import EventKind, KVEvent
 from kvtier.tiers.base import RETRY
@@ -69,44 +64,6 @@ __all__ = ["DeviceChunkCache", "Generation", "TieredModel", "identity_for", "lay
 
 ACCELERATOR, HOST, RECOMPUTED, SKIPPED = "accelerator", "host", "recomputed", "skipped"
 log = logging.getLogger(__name__)
-
-
-def identity_for(model: Any, layout: KVLayout, name: str | None = None) -> CacheIdentity:
-    """A cache identity bound to the model's weights and config, not to its name or path.
-
-    Every loaded weight is hashed (xxh3-128, in memory) into the identity's ``fingerprint``, and
-    the config's sha256 into ``extra``. Two models that differ in any weight or config value get
-    different identities, so a cache written by one is never read by the other; the same weights
-    loaded from two paths get the same one. ``name`` (default: the basename of the config's
-    ``name_or_path``, else the class name) is only displayed.
-    """
-    start = time.perf_counter()
-    digest = xxhash.xxh3_128()
-    hashed = 0
-    for tensor_name, tensor in sorted(model.state_dict().items()):
-        digest.update(tensor_name.encode())
-        data = tensor.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()
-        digest.update(data)
-        hashed += data.nbytes
-    config = json.loads(model.config.to_json_string(use_diff=False))
-    config.pop("_name_or_path", None)  # where it was loaded from: not part of the model
-    config_text = json.dumps(config, sort_keys=True)
-    log.info(
-        "model fingerprint: hashed %.1f MiB of loaded weights in %.3f s",
-        hashed / 2**20, time.perf_counter() - start,
-    )  # fmt: skip
-    return CacheIdentity(
-        model=name or _display_name(model) or type(model).__name__,
-        layout=layout,
-        extra={"config_sha256": hashlib.sha256(config_text.encode()).hexdigest()},
-        fingerprint=f"weights-xxh3-{digest.hexdigest()}",
-    )
-
-
-def _display_name(model: Any) -> str:
-    """The config's ``name_or_path``: a hub id as is, a local path by its display name."""
-    name = str(getattr(model.config, "name_or_path", "") or "")
-    return display_name(Path(name)) if is_local(name) else name
 
 
 @dataclass
@@ -169,6 +126,7 @@ class TieredModel:
         self.members = self._state_members()
         self._stores: dict[int, list[ChunkKey]] = {}
         self._events: list[KVEvent] = []
+        self._prefetched: tuple[list[int], list[ChunkKey]] = ([], [])  # the last prompt's keys
         self.trace = open_recorder(manager, self.layout.tokens_per_chunk)  # config.trace_path
 
     @torch.inference_mode()
@@ -195,7 +153,7 @@ class TieredModel:
         started = time.perf_counter()
         self._finish_stores()
         prompt = [int(t) for t in token_ids]
-        keys = chunk_keys(prompt, self.identity, self.salt)
+        keys = self._keys(prompt)
         restored = self._restore(keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk])
         cached = restored.end * self.layout.tokens_per_chunk
         stacked = torch.stack(restored.chunks) if restored.chunks else None
@@ -210,7 +168,7 @@ class TieredModel:
         if self.manager is not None:
             self.manager.report_request(ttft_s=first_token_s, itl_s=itl_s)
         restored.sources[RECOMPUTED] += len(prompt) - cached
-        self._store(prompt + tokens[:-1], session, restored.end, retention)
+        self._store(prompt + tokens[:-1], keys, session, restored.end, retention)
         if self.trace is not None:  # queued for the recorder's thread; never blocks
             self.trace.record(len(prompt), keys, len(tokens))
         return Generation(tokens, logits, cached, dict(restored.sources), first_token_s, itl_s)
@@ -226,8 +184,8 @@ class TieredModel:
         if self.manager is None or len(token_ids) < 2:
             return
         prompt = [int(t) for t in token_ids]
-        keys = chunk_keys(prompt, self.identity, self.salt)
-        keys = keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk]
+        self._prefetched = prompt, chunk_keys(prompt, self.identity, self.salt)
+        keys = self._prefetched[1][: (len(prompt) - 1) // self.layout.tokens_per_chunk]
         window = self.layout.window_chunks
         if window is None:
             keys = keys[self.device_cache.match(keys) :]
@@ -235,6 +193,11 @@ class TieredModel:
             return  # generate resumes from the device cache alone
         if keys:
             self.manager.prefetch(keys)
+
+    def _keys(self, prompt: list[int]) -> list[ChunkKey]:
+        """The prompt's chunk keys: those ``prefetch`` computed if it was given this prompt."""
+        known, self._prefetched = self._prefetched, ([], [])
+        return known[1] if known[0] == prompt else chunk_keys(prompt, self.identity, self.salt)
 
     def _decode(
         self, session: CacheSession, token: int, steps: int, stop: Collection[int]
@@ -341,15 +304,21 @@ class TieredModel:
 
     # -- store -------------------------------------------------------------------------------
     def _store(
-        self, tokens: list[int], session: CacheSession, first_chunk: int, retention: dict[str, Any]
+        self,
+        tokens: list[int],
+        prompt_keys: list[ChunkKey],
+        session: CacheSession,
+        first_chunk: int,
+        retention: dict[str, Any],
     ) -> None:
-        """Put chunks ``first_chunk ..`` of the tokens ``session`` has run everywhere.
+        """Put chunks ``first_chunk ..`` of the tokens ``session`` has run everywhere
+        (``prompt_keys``: the keys of the prompt these tokens start with).
 
         Afterwards every chunk of the sequence is marked used, its first chunk most recently,
         so that caches under pressure evict a conversation's tail before its prefix; in host
         memory, the whole sequence gets the request's ``retention`` (if it has one).
         """
-        all_keys = chunk_keys(tokens, self.identity, self.salt)
+        all_keys = chunk_keys(tokens, self.identity, self.salt, known=prompt_keys)
         keys = all_keys[first_chunk:]
         if keys:
             chunks = session.pack(first_chunk, len(keys))
