@@ -192,7 +192,10 @@ class FsStore:
     # -- reading and removing ----------------------------------------------------------------
     def read(self, ns: FsNamespace, name: str, size: int, scratch: Scratch) -> ChunkRead | None:
         """Chunk ``name`` read in ``READ_STEP`` pieces into ``scratch``, the payload of a
-        version-1 chunk hashed piece by piece; ``None`` when it is gone. Raises ``OSError``."""
+        version-1 chunk hashed piece by piece; ``None`` when it is gone. Raises ``OSError``.
+        Reads the header, then at most one byte more of payload than the header claims (none
+        when it is no kvtier header): a file longer than that (a huge sparse one) is judged
+        by what was read and never held in memory."""
         try:
             fd, found = self.open_chunk(ns, name)
         except FileNotFoundError:
@@ -200,8 +203,7 @@ class FsStore:
         try:
             with suppress(OSError):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            view = scratch.view(found.st_size)
-            head = _read_at(fd, view[: min(len(view), codec.HEADER_BYTES)], 0)
+            view, head = _header_first(fd, found.st_size, scratch)
             hasher = codec.filling(view[head:]) if _plain(view[:head]) else None
             end = head + _read_hashed(fd, view[head:], head, hasher)
             checksum = hasher.digest(end - head) if hasher is not None else None
@@ -244,6 +246,27 @@ class FsStore:
                 return True
         except OSError:
             return False
+
+
+def _header_first(fd: int, size: int, scratch: Scratch) -> tuple[memoryview, int]:
+    """A view of ``scratch`` for chunk file ``fd`` of ``size`` bytes, with its header read in
+    (the bytes read: the second value), as long as the header and one byte more of payload
+    than the header claims (no payload when it is no kvtier header), at most ``size``."""
+    first = scratch.view(min(size, codec.HEADER_BYTES))
+    head = _read_at(fd, first, 0)
+    view = scratch.view(min(size, codec.HEADER_BYTES + _claimed(first[:head]) + 1))
+    view[:head] = first[:head]  # the buffer may have been replaced by a larger one
+    return view, head
+
+
+def _claimed(header: memoryview) -> int:
+    """The payload length ``header`` (version 1 or 2) states; 0 when it is no kvtier header."""
+    try:
+        if codec.format_version(header) == codec.SEALED_VERSION:
+            return codec.decode_sealed(header).payload_len
+        return codec.decode_header(header).payload_len
+    except KVTierError:
+        return 0
 
 
 def _plain(header: memoryview) -> bool:

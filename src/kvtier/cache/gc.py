@@ -101,9 +101,11 @@ def collect_garbage(
 
 
 def _chosen(ns: Any, options: GcOptions) -> bool:
-    if options.identity is not None and ns.digest.startswith(options.identity.lower()):
+    """Whether ``ns`` is purged: its digest starts with ``identity`` (never an empty one) or
+    its identity.json names ``model`` (never a placeholder for an unknown model)."""
+    if options.identity and ns.digest.startswith(options.identity.lower()):
         return True
-    return options.model is not None and ns.info.model == options.model
+    return options.model is not None and ns.info.names_model(options.model)
 
 
 def _listed(store: Store[Any], ns: Any, problems: Problems, report: GcReport) -> list[Chunk]:
@@ -111,6 +113,17 @@ def _listed(store: Store[Any], ns: Any, problems: Problems, report: GcReport) ->
     report.chunks += len(chunks)
     report.bytes += sum(c[1] for c in chunks)
     return chunks
+
+
+def _linked(store: Store[Any], ns: Any, problems: Problems, report: GcReport) -> list[Chunk]:
+    """``ns``'s chunks, without their parents when part of ``ns`` could not be listed (an
+    errno counted meanwhile): a parent not seen may be there, so none is taken for
+    unreachable (deleted first); the bound then takes them by last use."""
+    failures = problems.failures()
+    chunks = _listed(store, ns, problems, report)
+    if problems.failures() == failures:
+        return chunks
+    return [(name, nbytes, mtime, None) for name, nbytes, mtime, _ in chunks]
 
 
 def _by_age_and_bound(
@@ -127,7 +140,7 @@ def _by_age_and_bound(
     where: dict[bytes, tuple[Any, float, int]] = {}
     for number, ns in enumerate(namespaces):
         tag = number.to_bytes(4, "big")
-        for name, nbytes, mtime, parent in _listed(store, ns, problems, report):
+        for name, nbytes, mtime, parent in _linked(store, ns, problems, report):
             if mtime < cutoff:
                 victims.append(_Victim(ns, name, nbytes, mtime, "age"))
                 continue

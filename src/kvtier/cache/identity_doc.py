@@ -20,6 +20,10 @@ from typing import Any
 MISSING = "no identity.json"
 #: identity.json is a few kilobytes; a larger one is not kvtier's.
 MAX_BYTES = 1 << 20
+#: The largest ``block_size`` or ``blocks_per_chunk`` taken from identity.json (larger: ``?``).
+MAX_FACTOR = 1 << 31
+#: What ``IdentityInfo`` shows for a field identity.json does not give, and for an empty one.
+UNKNOWN, EMPTY = "?", "-"
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,10 @@ class IdentityInfo:
     layout_digest: str = "?"
     tokens_per_chunk: int | None = None
     problem: str | None = None
+
+    def names_model(self, model: str) -> bool:
+        """Whether identity.json names ``model`` (the placeholders ``?`` and ``-`` name none)."""
+        return self.model == model and model not in (UNKNOWN, EMPTY)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -51,7 +59,7 @@ def parse_identity(raw: bytes | None) -> IdentityInfo:
         return IdentityInfo(problem=f"identity.json is over {MAX_BYTES} bytes")
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         return IdentityInfo(problem=f"identity.json is not JSON ({str(exc)[:80]})")
     identity = doc.get("identity", doc) if isinstance(doc, dict) else None
     if not isinstance(identity, dict):
@@ -74,14 +82,17 @@ def _from_description(identity: dict[str, Any]) -> IdentityInfo:
 
 
 def _text(value: Any) -> str:
-    return "?" if value is None else str(value) or "-"
+    return UNKNOWN if value is None else str(value) or EMPTY
 
 
 def _tokens(layout: dict[str, Any]) -> int | None:
-    block, blocks = layout.get("block_size"), layout.get("blocks_per_chunk")
-    if isinstance(block, int) and isinstance(blocks, int):
-        return block * blocks
-    return None
+    """Tokens per chunk; ``None`` unless both factors are integers from 1 to ``MAX_FACTOR``."""
+    block, blocks = _factor(layout.get("block_size")), _factor(layout.get("blocks_per_chunk"))
+    return None if block is None or blocks is None else block * blocks
+
+
+def _factor(value: Any) -> int | None:
+    return value if type(value) is int and 1 <= value <= MAX_FACTOR else None
 
 
 def problem_kind(info: IdentityInfo) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.cache.identity_doc import IdentityInfo
-from kvtier.cache.records import Problems, Usage
+from kvtier.cache.records import Problems, Usage, one_line
 from kvtier.cache.store import Store
 
 
@@ -112,6 +112,9 @@ def _usage_json(usage: Usage) -> dict[str, Any]:
 
 
 def _table(rows: list[list[str]]) -> list[str]:
+    """``rows`` as aligned columns; control characters (from identity.json, which anyone who
+    can write the cache writes) escaped, so every row is one line and none drives the terminal."""
+    rows = [[one_line(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
     return [line.rstrip() for line in lines]

@@ -10,6 +10,7 @@ Thread safety: ``Problems`` takes its lock in every method; ``Usage`` belongs to
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import numpy as np
 LINES_PER_KIND = 20
 #: Kinds that are not the cache's fault: counted and shown, but no reason for a failing status.
 BENIGN = frozenset({"foreign", "vanished", "in_progress", "sealed_unverified", "no_identity"})
+_ERRNO_NAMES = frozenset(errno.errorcode.values())
 
 
 class Problems:
@@ -47,6 +49,12 @@ class Problems:
         """How many problems are not ``BENIGN``."""
         with self._lock:
             return sum(n for kind, n in self.counts.items() if kind not in BENIGN)
+
+    def failures(self) -> int:
+        """How many problems are named by an errno (``EACCES``, ``EIO``...): something that
+        could not be opened, listed or read."""
+        with self._lock:
+            return sum(n for kind, n in self.counts.items() if kind in _ERRNO_NAMES)
 
     def summary(self) -> str:
         """``kind=n`` pairs, sorted by kind; empty when there were none."""

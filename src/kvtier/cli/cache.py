@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -100,7 +101,12 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
     gc.add_argument(
         "--older-than", type=_duration, metavar="DURATION", help="delete chunks unused this long"
     )
-    gc.add_argument("--identity", metavar="DIGEST", help="purge this identity (a digest prefix)")
+    gc.add_argument(
+        "--identity",
+        type=_digest_prefix,
+        metavar="DIGEST",
+        help="purge this identity (a digest prefix)",
+    )
     gc.add_argument("--model", metavar="NAME", help="purge every identity of this model")
     gc.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
     gc.add_argument(
@@ -118,6 +124,14 @@ def _bytes(text: str) -> int:
         return parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _digest_prefix(text: str) -> str:
+    """An identity digest or a prefix of it: 1 to 64 hex digits (an empty prefix would match
+    every identity)."""
+    if not re.fullmatch(r"[0-9a-fA-F]{1,64}", text):
+        raise argparse.ArgumentTypeError(f"expected 1 to 64 hex digits of a digest, got {text!r}")
+    return text.lower()
 
 
 def _duration(text: str) -> float:
@@ -159,7 +173,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    if not (args.max_bytes is not None or args.older_than or args.identity or args.model):
+    if args.max_bytes is None and args.older_than is None and not (args.identity or args.model):
         raise UsageError("say what to delete: --max-bytes, --older-than, --identity or --model")
     store, _ = open_store(args)
     return run_gc(args, store)

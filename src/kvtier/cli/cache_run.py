@@ -10,11 +10,13 @@ Thread safety: the main thread only (signal handlers are installed there).
 from __future__ import annotations
 
 import argparse
+import resource
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from kvtier.cache.gc import GcOptions, GcReport, collect_garbage
@@ -34,11 +36,24 @@ def reopen(args: argparse.Namespace) -> Store[Any]:
 
 
 def open_store(args: argparse.Namespace) -> tuple[Store[Any], str | None]:
+    """The target of ``args`` and its integrity key file; ``UsageError`` when it cannot be
+    opened. Raises the soft limit on open files first (``allow_open_files``)."""
+    allow_open_files()
     spec = TargetSpec(args.target, args.config, args.tier, args.endpoint, args.region)
     try:
         return open_target(spec)
     except KVTierError as exc:
         raise UsageError(str(exc)) from None
+
+
+def allow_open_files() -> None:
+    """Raise this process's soft limit on open files to its hard limit: an fs store keeps
+    every namespace's directory open while a command runs (``FsStore``), and whoever can write
+    the cache can make empty namespaces by the thousand. Left as it is where it cannot be."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def report_problems(problems: Problems) -> None:
