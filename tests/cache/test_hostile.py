@@ -181,3 +181,33 @@ def test_many_namespaces_do_not_exhaust_open_files(cache):
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, preexec_fn=few_files)
     assert done.returncode == 0 and "EMFILE" not in done.stderr
     assert json.loads(done.stdout)["total"]["chunks"] == 3
+
+
+@pytest.mark.parametrize("repair", [False, True])
+def test_a_chunk_over_the_read_bound_is_too_large_not_read_nor_removed(cache, capsys, repair):
+    """``--max-chunk-bytes`` bounds each reader's buffer (a header may claim any length):
+    a chunk of exactly the bound is read and judged, one byte more is counted ``too_large``,
+    fails the status, and stays, even with ``--repair`` (it may be a real, huge chunk)."""
+    a = make_identity("org/a")
+    big = 64 << 10
+    paths = cache.write_chain(a, chain(a, 2), size=big)
+    size = codec.HEADER_BYTES + big
+    flags = ["--progress", "none", *(["--repair"] if repair else [])]
+    code, out, err = run(capsys, "verify", str(cache.root), "--max-chunk-bytes", str(size), *flags)
+    assert code == 0 and "2 good" in out and "too_large" not in err
+    code, out, err = run(
+        capsys, "verify", str(cache.root), "--max-chunk-bytes", str(size - 1), *flags
+    )
+    assert code == 1 and "verified 0 chunks" in out and "too_large=2" in err
+    assert all(p.exists() for p in paths)
+
+
+@pytest.mark.parametrize("bound", ["4095", "0", "-1", "nan", "1e400"])
+def test_a_read_bound_below_a_header_or_not_a_size_is_refused(cache, capsys, bound):
+    cache.write_chain(make_identity("org/a"), chain(make_identity("org/a"), 1))
+    with pytest.raises(SystemExit) as stopped:
+        run(capsys, "verify", str(cache.root), "--max-chunk-bytes", bound)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "kvtier: error:" in err and "--max-chunk-bytes" in err
+    code, _, _ = run(capsys, "verify", str(cache.root), "--max-chunk-bytes", "4096")
+    assert code == 1, "a bound of one header block is accepted (the chunk is too large)"

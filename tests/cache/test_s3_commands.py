@@ -137,3 +137,15 @@ def test_a_bucket_that_does_not_exist_is_a_clear_error(s3_server, bucket, capsys
         run(capsys, "ls", "s3://no-such-bucket/x", "--endpoint", s3_server.endpoint)
     assert stopped.value.code == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_an_object_over_the_read_bound_is_too_large_and_stays(s3_server, bucket, prefix, capsys):
+    """Its listed size decides before any GET: a bucket writer cannot make verify allocate
+    what the object claims; at the bound itself the object is read and judged."""
+    names = put_chain(bucket, prefix, "org/a", 2)
+    where = target(s3_server, prefix)
+    code, out, err = run(capsys, "verify", *where, "--max-chunk-bytes", str(CHUNK - 1), "--repair")
+    assert code == 1 and "verified 0 chunks" in out and "too_large=2" in err
+    assert all(exists(bucket, name) for name in names)
+    code, out, _ = run(capsys, "verify", *where, "--max-chunk-bytes", str(CHUNK))
+    assert code == 0 and "2 good" in out

@@ -16,7 +16,10 @@ from typing import Protocol, TypeVar
 
 from kvtier.cache.identity_doc import IdentityInfo
 from kvtier.cache.records import Problems, Usage
+from kvtier.errors import KVTierError
 
+#: The largest chunk ``verify`` reads by default (a 405B model's 2048 tokens take about 1 GiB).
+MAX_CHUNK_BYTES = 2 << 30
 #: One chunk as ``gc`` sees it: name (key hex), size in bytes, last use, parent key or ``None``.
 Chunk = tuple[str, int, float, "bytes | None"]
 
@@ -41,14 +44,24 @@ class ChunkRead:
 NS = TypeVar("NS", bound=Namespace)
 
 
+class ChunkTooLarge(KVTierError):
+    """A chunk (as its size or its header says) larger than a reader may hold."""
+
+
 class Scratch:
     """A reader thread's reused buffer, replaced (never resized) when a larger one is needed,
-    so views handed out earlier stay valid. One per thread."""
+    so views handed out earlier stay valid; never larger than ``limit`` bytes (a file or
+    object anyone can write says how large it is). One per thread."""
 
-    def __init__(self) -> None:
-        self._buffer = bytearray()
+    def __init__(self, limit: int = MAX_CHUNK_BYTES) -> None:
+        self._buffer, self.limit = bytearray(), limit
 
     def view(self, nbytes: int) -> memoryview:
+        """``nbytes`` of the buffer; ``ChunkTooLarge`` past ``limit`` (nothing allocated)."""
+        if nbytes > self.limit:
+            raise ChunkTooLarge(
+                f"{nbytes} bytes, over the bound of {self.limit} (--max-chunk-bytes)"
+            )
         if len(self._buffer) < nbytes:
             self._buffer = bytearray(nbytes)
         return memoryview(self._buffer)[:nbytes]

@@ -8,9 +8,11 @@ an integrity key, the tag (version 2, ``sealing``). Without the key a sealed chu
 
 ``jobs`` reader threads each reuse one buffer (``Scratch``) as large as the largest chunk they
 read; at most ``2 * jobs`` chunks are queued, so memory is ``jobs`` chunks whatever the cache's
-size. A chunk deleted while verify runs (a server evicted it) is counted ``vanished``, which is
-not a fault of the cache. With ``repair`` a bad chunk is removed: only the chunk file or object
-that was read (fs: unless a writer replaced it meanwhile).
+size. A chunk larger than ``max_chunk_bytes`` (by its size, or by what its header claims) is
+not read: it is counted ``too_large``, neither good nor bad, and never removed. A chunk deleted
+while verify runs (a server evicted it) is counted ``vanished``, which is not a fault of the
+cache. With ``repair`` a bad chunk is removed: only the chunk file or object that was read (fs:
+unless a writer replaced it meanwhile).
 
 Thread safety: ``Verifier.run`` runs on the caller's thread and starts its readers; counters
 are kept under ``Problems``'s and the report's lock.
@@ -26,7 +28,7 @@ from typing import Any
 
 from kvtier.cache.progress import Progress
 from kvtier.cache.records import Problems
-from kvtier.cache.store import ChunkRead, Scratch, Store
+from kvtier.cache.store import MAX_CHUNK_BYTES, ChunkRead, ChunkTooLarge, Scratch, Store
 from kvtier.errors import IntegrityError, KVTierError
 from kvtier.tiers.fs.paths import failure_reason
 from kvtier.tiers.shared import codec
@@ -65,9 +67,11 @@ class Verifier:
         jobs: int = 4,
         repair: bool = False,
         sealer: Sealer | None = None,
+        max_chunk_bytes: int = MAX_CHUNK_BYTES,
     ) -> None:
         self._store, self._problems, self._progress = store, problems, progress
         self._jobs, self._repair, self._sealer = jobs, repair, sealer
+        self._max_chunk_bytes = max_chunk_bytes
         self._local = threading.local()
         self.report = VerifyReport()
 
@@ -107,6 +111,9 @@ class Verifier:
             got = self._store.read(ns, name, size, scratch)
         except IntegrityError as exc:  # an object longer than listed
             self._bad(ns, name, where, None, f"{exc.reason}: {exc}")
+            return
+        except ChunkTooLarge as exc:  # neither read nor judged: maybe a real, huge chunk
+            self._problems.note("too_large", where, f"not read: {exc}")
             return
         except (OSError, KVTierError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else str(exc)
@@ -153,5 +160,5 @@ class Verifier:
     def _scratch(self) -> Scratch:
         scratch: Scratch | None = getattr(self._local, "scratch", None)
         if scratch is None:
-            scratch = self._local.scratch = Scratch()
+            scratch = self._local.scratch = Scratch(self._max_chunk_bytes)
         return scratch

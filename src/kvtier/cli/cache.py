@@ -22,9 +22,11 @@ from typing import Any
 from kvtier.cache.duration import parse_duration
 from kvtier.cache.inventory import as_json, du_lines, ls_lines, take_inventory
 from kvtier.cache.records import Problems
+from kvtier.cache.store import MAX_CHUNK_BYTES
 from kvtier.cli.cache_run import open_store, report_problems, run_gc, run_verify
 from kvtier.cli.common import UsageError, int_in, one_line
 from kvtier.errors import KVTierError
+from kvtier.tiers.shared.codec import HEADER_BYTES
 
 EPILOG = """\
 examples:
@@ -78,6 +80,13 @@ def _add_verify(verify: argparse.ArgumentParser) -> None:
         "--repair", action="store_true", help="remove bad chunks (kvtier chunk files only)"
     )
     verify.add_argument(
+        "--max-chunk-bytes",
+        type=_chunk_bound,
+        default=MAX_CHUNK_BYTES,
+        metavar="SIZE",
+        help="chunks larger than this are counted too_large, not read (2G)",
+    )
+    verify.add_argument(
         "--integrity-key-file",
         metavar="FILE",
         help="check sealed chunks' tags (without it they are counted, not verified)",
@@ -124,6 +133,14 @@ def _bytes(text: str) -> int:
         return parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _chunk_bound(text: str) -> int:
+    """``--max-chunk-bytes``: a size of at least one header block (no chunk is smaller)."""
+    size = _bytes(text)
+    if size < HEADER_BYTES:
+        raise argparse.ArgumentTypeError(f"expected at least {HEADER_BYTES} bytes, got {text!r}")
+    return size
 
 
 def _digest_prefix(text: str) -> str:

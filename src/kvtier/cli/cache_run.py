@@ -75,7 +75,13 @@ def run_verify(args: argparse.Namespace, store: Store[Any], key_file: str | None
         raise UsageError(f"--integrity-key-file: {exc}") from None
     problems = Problems()
     verifier = Verifier(
-        store, problems, Progress(args.progress), jobs=args.jobs, repair=args.repair, sealer=sealer
+        store,
+        problems,
+        Progress(args.progress),
+        jobs=args.jobs,
+        repair=args.repair,
+        sealer=sealer,
+        max_chunk_bytes=args.max_chunk_bytes,
     )
     try:
         report = verifier.run()
