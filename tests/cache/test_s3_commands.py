@@ -149,3 +149,29 @@ def test_an_object_over_the_read_bound_is_too_large_and_stays(s3_server, bucket,
     assert all(exists(bucket, name) for name in names)
     code, out, _ = run(capsys, "verify", *where, "--max-chunk-bytes", str(CHUNK))
     assert code == 0 and "2 good" in out
+
+
+def test_a_huge_identity_json_is_read_no_further_than_its_bound(
+    s3_server, bucket, prefix, capsys, monkeypatch
+):
+    """Anyone who can write the bucket chooses its size: ls reads 1 MiB and a piece of it,
+    never the whole body, and counts it as a bad identity."""
+    from kvtier.cache import s3_store
+
+    digest = put_chain(bucket, prefix, "org/a", 1)[0].split("/")[1]
+    obstore.put(bucket, f"{prefix}/{digest}/identity.json", b" " * (48 << 20))
+    pulled: list[int] = []
+    head_of = s3_store._head_of
+
+    def counted(pieces, limit):
+        def counting():
+            for piece in pieces:
+                pulled.append(len(memoryview(piece)))
+                yield piece
+
+        return head_of(counting(), limit)
+
+    monkeypatch.setattr(s3_store, "_head_of", counted)
+    _, _, err = run(capsys, "ls", *target(s3_server, prefix))
+    assert "bad_identity=1" in err and "over 1048576 bytes" in err
+    assert 1 << 20 < sum(pulled) < 8 << 20

@@ -20,9 +20,10 @@ and the ``remove_*`` methods may run on any.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import obstore
 
@@ -73,8 +74,13 @@ class _Client(ObjectClient):
         return None if data is None else bytes(data)
 
     def read_all(self, name: str, limit: int) -> bytes | None:
+        """Object ``name``, cut at ``limit`` bytes: the body is read only that far (anyone
+        who can write the bucket chooses its size); ``None`` when there is none."""
         result = self._call(obstore.get, self._store, name)
-        return None if result is None else bytes(self._call(result.bytes))[:limit]
+        if result is None:
+            return None
+        head: bytes = self._call(_head_of, result.stream(min_chunk_size=0), limit)
+        return head
 
     def remove(self, name: str) -> bool:
         try:
@@ -82,6 +88,16 @@ class _Client(ObjectClient):
         except TierError:
             return False
         return True
+
+
+def _head_of(pieces: Iterable[Any], limit: int) -> bytes:
+    """The first ``limit`` bytes of a body arriving in ``pieces``; the rest is not read."""
+    got = bytearray()
+    for piece in pieces:
+        got += memoryview(piece)[: limit - len(got)]
+        if len(got) >= limit:
+            break
+    return bytes(got)
 
 
 class S3Store:
