@@ -211,3 +211,27 @@ def test_a_read_bound_below_a_header_or_not_a_size_is_refused(cache, capsys, bou
     assert stopped.value.code == 2 and "kvtier: error:" in err and "--max-chunk-bytes" in err
     code, _, _ = run(capsys, "verify", str(cache.root), "--max-chunk-bytes", "4096")
     assert code == 1, "a bound of one header block is accepted (the chunk is too large)"
+
+
+def test_an_identity_prefix_that_starts_two_identities_deletes_nothing(cache, capsys):
+    """Like a short commit id: a prefix must name one identity, or gc fails (exit 1) before
+    it deletes anything; the digit that tells them apart is enough."""
+    a = make_identity("org/a")
+    b = next(  # another identity whose digest starts with the same digit
+        i
+        for i in (make_identity(f"org/b{n}") for n in range(256))
+        if i.hexdigest[0] == a.hexdigest[0]
+    )
+    cache.write_chain(a, chain(a, 2), mtime=NOW - 100)
+    cache.write_chain(b, chain(b, 3), mtime=NOW - 100)
+    before = chunk_files(cache.root)
+    shared = a.hexdigest[
+        : next(i for i, (x, y) in enumerate(zip(a.hexdigest, b.hexdigest)) if x != y)
+    ]
+    for prefix in (shared[:1], shared, shared.upper()):
+        code, _, err = run(capsys, "gc", str(cache.root), "--identity", prefix)
+        assert code == 1 and "starts 2 identities" in err and "nothing deleted" in err
+        assert chunk_files(cache.root) == before
+    code, out, _ = run(capsys, "gc", str(cache.root), "--identity", a.hexdigest[: len(shared) + 1])
+    assert code == 0 and "deleted 2 (purge=2)" in out
+    assert len(chunk_files(cache.root)) == len(before) - 2

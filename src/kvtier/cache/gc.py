@@ -2,7 +2,8 @@
 
 One round (``collect_garbage``) lists every namespace and decides victims in this order:
 
-1. ``identity``/``model``: every chunk of the chosen identities (a purge);
+1. ``identity``/``model``: every chunk of the chosen identities (a purge; a digest prefix
+   that starts more than one identity deletes nothing: ``AmbiguousIdentity``);
 2. ``older_than``: chunks last used before ``now - older_than``;
 3. ``max_bytes``: what is left, across every identity, goes through one ``ChunkIndex``
    (``kvtier.tiers.shared.chunk_index``, the eviction rule the tiers use): fed oldest use
@@ -31,8 +32,13 @@ from typing import Any
 
 from kvtier.cache.records import Problems
 from kvtier.cache.store import Chunk, Store
+from kvtier.errors import KVTierError
 from kvtier.keys import ChunkKey
 from kvtier.tiers.shared.chunk_index import ChunkIndex
+
+
+class AmbiguousIdentity(KVTierError):
+    """``--identity`` is a prefix of more than one identity's digest."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ def collect_garbage(
     """One round over ``store`` at time ``now``; see the module docstring."""
     report = GcReport()
     namespaces = store.namespaces(problems)
-    purged = [ns for ns in namespaces if _chosen(ns, options)]
+    purged = _purged(namespaces, options)
     victims = [
         _Victim(ns, name, nbytes, mtime, "purge")
         for ns in purged
@@ -100,12 +106,20 @@ def collect_garbage(
     return report
 
 
-def _chosen(ns: Any, options: GcOptions) -> bool:
-    """Whether ``ns`` is purged: its digest starts with ``identity`` (never an empty one) or
-    its identity.json names ``model`` (never a placeholder for an unknown model)."""
-    if options.identity and ns.digest.startswith(options.identity.lower()):
-        return True
-    return options.model is not None and ns.info.names_model(options.model)
+def _purged(namespaces: list[Any], options: GcOptions) -> list[Any]:
+    """The namespaces purged: the one whose digest starts with ``identity`` (never an empty
+    prefix; ``AmbiguousIdentity`` when it starts more than one) and those whose identity.json
+    names ``model`` (never a placeholder for an unknown model)."""
+    prefix = (options.identity or "").lower()
+    by_digest = [ns for ns in namespaces if prefix and ns.digest.startswith(prefix)]
+    if len(by_digest) > 1:
+        shown = ", ".join(ns.digest[:12] for ns in by_digest[:4])
+        raise AmbiguousIdentity(
+            f"--identity {prefix} starts {len(by_digest)} identities ({shown}...): "
+            "give more digits; nothing deleted"
+        )
+    model = options.model
+    return [ns for ns in namespaces if ns in by_digest or (model and ns.info.names_model(model))]
 
 
 def _listed(store: Store[Any], ns: Any, problems: Problems, report: GcReport) -> list[Chunk]:

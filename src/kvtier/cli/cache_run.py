@@ -116,11 +116,11 @@ def verify_summary(report: VerifyReport, problems: Problems) -> str:
 
 
 def run_gc(args: argparse.Namespace, store: Store[Any]) -> int:
-    """One round of gc, or (``--every``) rounds until a signal; exit status 0."""
+    """One round of gc (exit status 1 when it failed), or (``--every``) rounds until a
+    signal, a failed round logged and the next one run (exit status 0)."""
     options = GcOptions(args.max_bytes, args.older_than, args.identity, args.model, args.dry_run)
     if args.every is None:
-        _gc_round(store, options, None)
-        return 0
+        return 0 if _gc_round(store, options, None) else 1
     stop = threading.Event()
     with _stopping_on_signals(stop.set):
         while not stop.is_set():
@@ -132,17 +132,19 @@ def run_gc(args: argparse.Namespace, store: Store[Any]) -> int:
     return 0
 
 
-def _gc_round(store: Store[Any], options: GcOptions, stop: threading.Event | None) -> None:
+def _gc_round(store: Store[Any], options: GcOptions, stop: threading.Event | None) -> bool:
+    """One round, its problems and summary printed; whether it ran (else its error is)."""
     problems = Problems()
     try:
         report = collect_garbage(store, problems, options, time.time(), stop)
     except KVTierError as exc:
         print(f"kvtier: error: {one_line(str(exc))}", file=sys.stderr)
-        return
+        return False
     finally:
         store.close()
     report_problems(problems)
     print(gc_summary(report, options.dry_run), flush=True)
+    return True
 
 
 def gc_summary(report: GcReport, dry_run: bool) -> str:
