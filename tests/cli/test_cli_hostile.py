@@ -208,3 +208,17 @@ def test_events_skips_malformed_batches_and_goes_on():
     assert line.startswith("#0 stored") and key.hex()[:16] in line
     assert b"skipped malformed batch 0 (" in err
     assert err.count(b"kvtier events: skipped a malformed message") == 2
+
+
+def test_ctrl_c_is_one_line_and_status_130_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """A long verify (or any command) interrupted from the keyboard ends as shells expect."""
+    from kvtier.cli import cache_run
+
+    def interrupted(*args: object, **kwargs: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache_run.Verifier, "run", interrupted)
+    (tmp_path / "kv").mkdir()
+    code = main(["cache", "verify", str(tmp_path / "kv"), "--progress", "none"])
+    err = capsys.readouterr().err
+    assert code == 130 and err == "kvtier cache verify: interrupted\n"

@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status. Bad input exits with status 2 (``SystemExit``), with
     the usage of the (sub)command it was given to; a missing optional package is exit status 1
-    with the extra to install."""
+    with the extra to install; Ctrl-C is exit status 130 with one line, not a traceback."""
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -324,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"kvtier: error: {message}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"{args.command_parser.prog}: interrupted", file=sys.stderr)
+        return 130
     return code
 
 
