@@ -10,6 +10,7 @@ answers. SGLang 0.5.23 does not run HiCache on a CPU-only machine by itself: the
 folder (the repository's ``tests/integrations/sglang/shims``: a stand-in for SGLang's kernel
 package, sgl-kernel, and a plugin that allocates the host pool as plain memory and copies
 between device and host pools with torch indexing) goes first on its ``PYTHONPATH``.
+A killed bench takes its servers with it (``orphans.die_with_parent``).
 ``stop`` ends the session and removes the ``sglang*`` files in /dev/shm that appeared while
 it ran (stopped servers leave them).
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import kvtier
+from kvtier.bench.orphans import die_with_parent
 from kvtier.bench.vllm_strategies import free_port
 
 START_TIMEOUT_S = 420
@@ -90,7 +92,7 @@ class SglangServer:
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 command, env=self.environ, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
             )  # fmt: skip
         self._launched = time.perf_counter()
         return self

@@ -25,6 +25,7 @@ from typing import Any
 import kvtier
 from kvtier.bench import engine_bench, phase
 from kvtier.bench.engine_bench import EngineBenchOptions, EngineFailed
+from kvtier.bench.orphans import die_with_parent
 from kvtier.bench.vllm_strategies import (
     CEILING,
     FS_STRATEGIES,
@@ -180,6 +181,7 @@ class Engine:
                 stderr=log_file,
                 text=True,
                 start_new_session=True,
+                preexec_fn=die_with_parent(os.getpid()),
                 cwd=workdir,
             )
         return cls(proc, name, output, log)
