@@ -22,7 +22,8 @@ PACKAGE = SRC / "kvtier"
 #: else (``core``, ``control``, ``cli``, ``bench``, ``plan``, ``integrations``, the HTTP
 #: endpoint) sits above the tiers; a tier importing it would call back up.
 TIER_ALLOWED = (
-    "kvtier.tiers", "kvtier.config.checks", "kvtier.config.file_modes", "kvtier.config.parser",
+    "kvtier.tiers", "kvtier.config.checks", "kvtier.config.addresses",
+    "kvtier.config.file_modes", "kvtier.config.parser",
     "kvtier.errors", "kvtier.identity", "kvtier.keys", "kvtier.region", "kvtier.layout",
     "kvtier.telemetry.logs", "kvtier.telemetry.metrics",
 )  # fmt: skip

@@ -24,13 +24,8 @@ from kvtier.config import (
     PeerAddress,
     ServeConfig,
 )
-from kvtier.config.checks import (
-    check_fields,
-    field_marks,
-    listen_errors,
-    physical_memory_bytes,
-    redact_url,
-)
+from kvtier.config.addresses import redact_url
+from kvtier.config.checks import check_fields, field_marks, listen_errors, physical_memory_bytes
 from kvtier.errors import ConfigError, KVTierError
 from tests.conftest import config, free_port
 

@@ -58,7 +58,7 @@ def test_every_tier_is_built_as_config_region_identity(identity):
     ("entry", "message"),
     [
         ({"module_path": "no.such.module", "type": "X"}, "cannot import 'no.such.module'"),
-        ({"module_path": ".relative", "type": "X"}, "cannot import '.relative'"),
+        ({"module_path": ".relative", "type": "X"}, "expected a dotted module name"),
         ({"module_path": "tests.plugins.broken_at_import", "type": "X"}, "a bug at import"),
         ({"module_path": PLUGIN, "type": "Missing"}, "has no class 'Missing'"),
         ({"module_path": PLUGIN, "type": "NotATier"}, "is not a tier"),

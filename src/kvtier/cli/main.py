@@ -18,7 +18,7 @@ from kvtier.cli.about import missing_package, version_text
 from kvtier.cli.admin import add_admin_command
 from kvtier.cli.cache import add_cache_commands
 from kvtier.cli.common import CliFormatter, UsageError, add_model_shape, float_in, int_in, one_line
-from kvtier.config.checks import endpoint_problem
+from kvtier.config.addresses import endpoint_problem
 from kvtier.config.describe import config_warnings, describe_config
 from kvtier.config.schema import TieringConfig
 from kvtier.errors import KVTierError

@@ -1,4 +1,5 @@
-"""Static checks of configuration values: number ranges, host names, endpoints and URLs.
+"""Static checks of configuration values: number ranges, text, keys, modes and paths (host
+names, endpoints and URLs: ``addresses``).
 
 A check is attached to a dataclass field with ``typing.Annotated`` (``port: Port``). The parser
 applies it to every value it reads (so the error names the key path, e.g. ``serve.port``), and
@@ -15,15 +16,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import ipaddress
 import math
 import os
 import re
+import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
-from urllib.parse import urlsplit
+from typing import Annotated, Any, Literal, Protocol, Union
 
 from kvtier.config.file_modes import parse_mode
 from kvtier.errors import ConfigError, shown
@@ -106,56 +106,16 @@ def _is_unicode_text(text: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Host:
-    """An IP address or a host name (RFC 1123), not resolved; ``*`` (every interface) if ``any``."""
+class OneOf:
+    """One of ``values``, of the same type too (``1`` is not ``True``, ``"false"`` is not
+    ``False``): what ``check_fields`` applies to a ``Literal`` or ``bool`` field, which the
+    parser checks on its own."""
 
-    any: bool = False
-
-    def check(self, value: Any, path: str) -> None:
-        Text().check(value, path)
-        if not (self.any and value == "*") and not is_host(value):
-            raise ConfigError(f"{path}: expected an IP address or a host name, got {value!r}")
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A ZeroMQ endpoint ``tcp://HOST:PORT`` (IPv6 in brackets) or ``ipc://PATH``.
-
-    ``bind``: the host may be ``*`` (every interface).
-    """
-
-    bind: bool = True
+    values: tuple[Any, ...]
 
     def check(self, value: Any, path: str) -> None:
-        Text().check(value, path)
-        problem = endpoint_problem(value, self.bind)
-        if problem:
-            raise ConfigError(f"{path}: {problem}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class HttpUrl:
-    """An ``http://`` or ``https://`` URL with a valid host and port, and no whitespace or
-    control character anywhere (``urlsplit`` would drop some, the client would not);
-    credentials are redacted."""
-
-    def check(self, value: Any, path: str) -> None:
-        Text().check(value, path)
-        if not _is_http_url(value):
-            said = "a value with '@' (not shown)" if "@" in value else repr(redact_url(value))
-            raise ConfigError(f"{path}: expected a URL such as http://minio:9000, got {said}")
-
-
-def _is_http_url(text: str) -> bool:
-    if not text.isprintable() or any(c.isspace() for c in text):
-        return False
-    try:
-        url = urlsplit(text)
-        port_ok = url.port is None or url.port > 0
-    except ValueError:  # a bad port or a broken IPv6 address
-        return False
-    host_ok = url.hostname is not None and is_host(url.hostname)
-    return url.scheme in ("http", "https") and host_ok and port_ok
+        if not any(type(value) is type(v) and value == v for v in self.values):
+            raise ConfigError(f"{path}: expected one of {list(self.values)}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -224,8 +184,6 @@ Age = Annotated[
     float, Bounds(1, 36_500 * DAY_S, "a number of seconds from 1 to 3153600000", integer=False)
 ]
 DirMode = Annotated[str, OctalMode()]
-HostName = Annotated[str, Host()]
-BindHost = Annotated[str, Host(any=True)]
 #: A path on this machine: ``~`` expanded (``LocalPath``).
 FilePath = Annotated[str, LocalPath()]
 
@@ -255,12 +213,13 @@ def default_marks(hint: Any, name: str) -> tuple[Check, ...]:
 
 
 def check_fields(config: Any) -> None:
-    """Apply every field's marks to a config dataclass (``None`` values are not checked), and
-    store each ``LocalPath`` field expanded (``~``: the home directory), frozen or not."""
+    """Apply every field's marks to a config dataclass (a ``Literal`` or ``bool`` field's
+    ``OneOf`` too; ``None`` only where the field is optional, unchecked), and store each
+    ``LocalPath`` field expanded (``~``: the home directory), frozen or not."""
     hints = _field_hints(type(config))  # type: ignore[arg-type]
-    for name, marks in hints.items():
+    for name, (marks, optional) in hints.items():
         value = getattr(config, name)
-        if value is None:
+        if value is None and optional:
             continue
         for mark in marks:
             mark.check(value, name)
@@ -269,10 +228,28 @@ def check_fields(config: Any) -> None:
 
 
 @functools.cache
-def _field_hints(cls: type[Any]) -> dict[str, tuple[Check, ...]]:
+def _field_hints(cls: type[Any]) -> dict[str, tuple[tuple[Check, ...], bool]]:
+    """Per field with checks: its checks, and whether it may be ``None``."""
     hints = typing.get_type_hints(cls, include_extras=True)
     fields = (f.name for f in dataclasses.fields(cls))
-    return {name: marks for name in fields if (marks := field_marks(hints[name]))}
+    checked = {name: field_marks(hints[name]) + _choice_marks(hints[name]) for name in fields}
+    return {n: (marks, _is_optional(hints[n])) for n, marks in checked.items() if marks}
+
+
+def _is_optional(hint: Any) -> bool:
+    return typing.get_origin(hint) in (Union, types.UnionType) and type(None) in hint.__args__
+
+
+def _choice_marks(hint: Any) -> tuple[Check, ...]:
+    """A ``OneOf`` for a ``Literal`` or ``bool`` field (or an optional one), else none."""
+    members = [a for a in typing.get_args(hint) if a is not type(None)]
+    if _is_optional(hint) and len(members) == 1:
+        hint = members[0]
+    if hint is bool:
+        return (OneOf((True, False)),)
+    if typing.get_origin(hint) is Literal:
+        return (OneOf(typing.get_args(hint)),)
+    return ()
 
 
 def field_marks(hint: Any) -> tuple[Check, ...]:
@@ -281,79 +258,6 @@ def field_marks(hint: Any) -> tuple[Check, ...]:
     if typing.get_origin(hint) is not Annotated and len(members) == 1:
         return marks_of(members[0])
     return marks_of(hint)
-
-
-_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
-
-
-def is_loopback(address: str) -> bool:
-    """Whether ``address`` (an IP, ``[v6]``, ``v6%zone`` or ``localhost``) is this machine only;
-    a name other than ``localhost`` or a wildcard is taken as reachable from elsewhere."""
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.strip("[]").split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def is_host(text: str) -> bool:
-    """An IPv4 or IPv6 address, or an RFC 1123 host name whose last label is not all digits
-    (so ``999.1.1.1``, a broken IPv4 address, is not taken for a name)."""
-    try:
-        ipaddress.ip_address(text)
-        return True
-    except ValueError:
-        pass
-    name = text[:-1] if text.endswith(".") else text
-    labels = name.split(".")
-    if len(name) > 253 or re.fullmatch(r"[0-9]+", labels[-1]):
-        return False
-    return all(_LABEL.fullmatch(label) for label in labels)
-
-
-def endpoint_problem(endpoint: str, bind: bool) -> str | None:
-    """What is wrong with a ZeroMQ endpoint, or ``None``."""
-    scheme, sep, rest = endpoint.partition("://")
-    if sep and scheme == "ipc" and rest:
-        return None
-    if not sep or scheme != "tcp":
-        return "expected tcp://HOST:PORT (or ipc://PATH)"
-    host, colon, port = rest.rpartition(":")
-    if not colon or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
-        return "expected tcp://HOST:PORT with a port from 1 to 65535"
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1] if ":" in host else ""
-    elif ":" in host:
-        host = ""  # an IPv6 address must be in brackets
-    if (bind and host == "*") or is_host(host):
-        return None
-    where = "an IP address, a host name or *" if bind else "an IP address or a host name"
-    return f"expected tcp://HOST:PORT with HOST {where}"
-
-
-def redact_url(text: str) -> str:
-    """``text`` with any user:password of a URL shown as ``***`` and its query hidden."""
-    if "://" not in text:
-        return text
-    try:
-        url = urlsplit(text)
-        host = url.netloc.rpartition("@")[2]
-    except ValueError:
-        return "<unparseable URL>"
-    if "@" in url.netloc:
-        url = url._replace(netloc=f"***@{host}")
-    if url.query:
-        url = url._replace(query="***")
-    return url.geturl()
-
-
-_URL_USER = re.compile(r"(\b[a-zA-Z][\w+.-]*://)[^/\s@]*@")
-
-
-def redact_urls(text: str) -> str:
-    """``text`` with the user:password of every URL in it shown as ``***``."""
-    return _URL_USER.sub(r"\1***@", text)
 
 
 @contextlib.contextmanager

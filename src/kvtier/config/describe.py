@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from kvtier.config.checks import is_loopback, redact_url
+from kvtier.config.addresses import is_loopback, redact_url
 from kvtier.config.file_modes import DEFAULT_DIR_MODE, open_to_others, parse_mode
 from kvtier.config.schema import KVEventsConfig, TieringConfig
 from kvtier.layout import KVLayout

@@ -11,11 +11,13 @@ repeated in a message.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import stat
 import types
 import typing
+from collections import Counter
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union
@@ -46,7 +48,7 @@ def read_config_file(path: str | Path) -> str:
     blocks on a FIFO) of at most ``MAX_FILE_BYTES`` bytes of UTF-8."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+    except (OSError, ValueError, TypeError) as exc:  # a NUL in the path; not a path at all
         raise ConfigError(f"configuration file {path}: {error_reason(exc)}") from exc
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -69,14 +71,30 @@ def _read(file: Any, path: str | Path) -> bytes:
     return data
 
 
-def load_json(text: str) -> Any:
-    """``json.loads``, with every failure (syntax, nesting, huge numbers) a ``ConfigError``."""
+def load_json(text: str | bytes) -> Any:
+    """``json.loads``, with every failure a ``ConfigError``: not text (``str``, or UTF-8
+    ``bytes``), bad syntax, too deep a nesting, a huge number, or a key given twice in one
+    object (``json`` would keep the last silently, where a reader may believe the first)."""
+    if not isinstance(text, str | bytes | bytearray):
+        kind = type(text).__name__
+        raise ConfigError(f"configuration: expected JSON text (str or bytes), got {kind}")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except ConfigError:
+        raise
     except RecursionError:
         raise ConfigError(f"configuration: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
         raise ConfigError(f"configuration: not valid JSON ({exc})") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; ``ConfigError`` naming a key that comes twice."""
+    data = dict(pairs)
+    if len(data) < len(pairs):
+        twice = next(key for key, n in Counter(key for key, _ in pairs).items() if n > 1)
+        raise ConfigError(f"{twice}: given twice in one JSON object (give each key once)")
+    return data
 
 
 def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
@@ -103,7 +121,8 @@ def parse_config(cls: type[T], data: Mapping[str, Any]) -> T:
     if "kv_connector_extra_config" in data or "kv_connector" in data:
         unknown = first_unknown(data, VLLM_OUTER_KEYS)
         if unknown is not None:
-            raise ConfigError(f"{unknown}: unknown key of the vLLM kv-transfer-config")
+            hint = did_you_mean(unknown, VLLM_OUTER_KEYS)
+            raise ConfigError(f"{unknown}: unknown key of the vLLM kv-transfer-config{hint}")
         outer = {k: data[k] for k in ("kv_connector", "kv_role") if k in data}
         data = data.get("kv_connector_extra_config", {})
         if not isinstance(data, Mapping):
@@ -142,21 +161,31 @@ def _flatten_store_config(fields: Mapping[str, Any], path: str) -> dict[str, Any
 
 
 def _parse_external(data: Mapping[str, Any], path: str) -> ExternalTierConfig:
-    """An entry with ``module_path``: its module, class (``type``) and ``name`` are non-empty
-    strings ``Text`` accepts (as the built-in tiers' ``name``); the module is imported, and the
-    class looked up, when the tier starts (``kvtier.tiers.registry``)."""
+    """An entry with ``module_path``: its module is a dotted Python name, its class (``type``)
+    an identifier, and its ``name`` a non-empty string ``Text`` accepts (as the built-in tiers'
+    ``name``); the module is imported, and the class looked up, when the tier starts
+    (``kvtier.tiers.registry``)."""
     module_path, class_name = data["module_path"], data.get("type")
     if not isinstance(module_path, str) or not module_path:
         raise ConfigError(f"{path}.module_path: expected a dotted module name")
-    Text().check(module_path, f"{path}.module_path")
+    _check_python_name(module_path, f"{path}.module_path", dotted=True)
     if not isinstance(class_name, str) or not class_name:
         raise ConfigError(f"{path}.type: expected the tier's class name in module {module_path}")
-    Text().check(class_name, f"{path}.type")
+    _check_python_name(class_name, f"{path}.type", dotted=False)
     name = data.get("name")
     if name is not None:
         Text().check(name, f"{path}.name")
     options = {k: v for k, v in data.items() if k not in ("module_path", "type", "name")}
     return ExternalTierConfig(module_path, class_name, options, name)
+
+
+def _check_python_name(value: str, path: str, dotted: bool) -> None:
+    """``ConfigError`` unless ``value`` is text ``Text`` accepts and a Python identifier, or
+    (``dotted``) identifiers joined by dots, as ``importlib.import_module`` takes them."""
+    Text().check(value, path)
+    if not all(part.isidentifier() for part in (value.split(".") if dotted else [value])):
+        kind = "a dotted module name such as my_tiers.disk" if dotted else "a class name"
+        raise ConfigError(f"{path}: expected {kind}, got {value!r}")
 
 
 def parse_dataclass(cls: type[Any], data: Mapping[str, Any], path: str) -> Any:
@@ -166,7 +195,8 @@ def parse_dataclass(cls: type[Any], data: Mapping[str, Any], path: str) -> Any:
     prefix = f"{path}." if path else ""
     unknown = first_unknown(data, fields)
     if unknown is not None:
-        raise ConfigError(f"{prefix}{unknown}: unknown key (expected one of {sorted(fields)})")
+        hint = f"{did_you_mean(unknown, fields)} (expected one of {sorted(fields)})"
+        raise ConfigError(f"{prefix}{unknown}: unknown key{hint}")
     values = {k: _coerce_field(v, hints[k], f"{prefix}{k}", fields[k]) for k, v in data.items()}
     missing = [n for n, f in fields.items() if n not in values and _required(f)]
     if missing:
@@ -182,6 +212,12 @@ def first_unknown(data: Mapping[Any, Any], known: Collection[str]) -> str | None
     ``None`` if none. Keys of a dict built in Python may be of any type (``None``, ``1``)."""
     unknown = sorted(str(key) for key in data if key not in known)
     return unknown[0] if unknown else None
+
+
+def did_you_mean(key: str, known: Collection[str]) -> str:
+    """``", did you mean KNOWN?"`` for the known key closest to a typo'd ``key``, else ``""``."""
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.7)
+    return f", did you mean {close[0]}?" if close else ""
 
 
 def _coerce_field(value: Any, hint: Any, path: str, f: dataclasses.Field[Any]) -> Any:

@@ -13,19 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from kvtier.config.addresses import Endpoint, HostName, is_loopback
 from kvtier.config.checks import (
     Bounds,
     Count,
-    Endpoint,
     FilePath,
-    HostName,
     Messages,
     Port,
     PositiveBytes,
     RetentionPriority,
     Text,
     check_fields,
-    is_loopback,
     physical_memory_bytes,
 )
 from kvtier.config.integrity import resolve_keys

@@ -25,7 +25,7 @@ import urllib.parse
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvtier.config.checks import is_loopback
+from kvtier.config.addresses import is_loopback
 from kvtier.errors import ClosedError, InvalidArgumentError, KVTierError
 
 if TYPE_CHECKING:

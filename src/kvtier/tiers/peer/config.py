@@ -5,16 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvtier.config.checks import (
-    BindHost,
-    FilePath,
-    HostName,
-    Port,
-    Seconds,
-    Timeout,
-    check_fields,
-    is_loopback,
-)
+from kvtier.config.addresses import BindHost, HostName, is_loopback
+from kvtier.config.checks import FilePath, Port, Seconds, Timeout, check_fields
 from kvtier.errors import ConfigError
 
 

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import obstore
 from obstore.store import S3Store
 
-from kvtier.config.checks import redact_url, redact_urls
+from kvtier.config.addresses import redact_url, redact_urls
 from kvtier.errors import ConfigError, IntegrityError, TierError, TierUnavailable
 from kvtier.tiers.s3.config import ObjTierConfig
 

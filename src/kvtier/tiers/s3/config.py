@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
+from kvtier.config.addresses import HttpUrl
 from kvtier.config.checks import (
     Age,
     Count,
     FilePath,
-    HttpUrl,
     PositiveBytes,
     Seconds,
     Threads,
