@@ -6,6 +6,7 @@ Credentials never appear: ``repr=False`` fields are left out and URLs lose their
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -130,12 +131,17 @@ def config_warnings(config: TieringConfig) -> Iterator[str]:
 
 
 def _open_cache_dirs(tiers: Iterable[TierConfig]) -> Iterator[str]:
-    """An fs tier's existing ``root_dir`` more open than its ``dir_mode``."""
+    """An fs tier's existing ``root_dir`` that is no directory, or more open than its
+    ``dir_mode``."""
     for tier in tiers:
-        if isinstance(tier, FsTierConfig):
-            problem = open_to_others(tier.root_dir, parse_mode(tier.dir_mode) or DEFAULT_DIR_MODE)
-            if problem:
-                yield f"fs root_dir {tier.root_dir}: {problem} (chunks hold prompt content)"
+        if not isinstance(tier, FsTierConfig):
+            continue
+        if os.path.lexists(tier.root_dir) and not os.path.isdir(tier.root_dir):
+            yield f"fs root_dir {tier.root_dir}: not a directory; the fs tier cannot start"
+            continue
+        problem = open_to_others(tier.root_dir, parse_mode(tier.dir_mode) or DEFAULT_DIR_MODE)
+        if problem:
+            yield f"fs root_dir {tier.root_dir}: {problem} (chunks hold prompt content)"
 
 
 def _unsealed_group_caches(tiers: Iterable[TierConfig]) -> Iterator[str]:

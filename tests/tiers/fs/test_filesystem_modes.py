@@ -141,3 +141,23 @@ def test_config_check_warns_about_an_open_root_dir(tmp_path, capsys):
     assert (
         f"kvtier: warning: fs root_dir {root}: mode 0755 lets its group and other" in captured.err
     )
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling link"])
+def test_config_check_says_a_root_dir_that_is_no_directory_cannot_serve(tmp_path, capsys, kind):
+    """Not a mode warning about a file: the tier cannot start on it at all."""
+    root = tmp_path / "cache"
+    if kind == "file":
+        root.write_text("not a directory")
+        root.chmod(0o644)
+    else:
+        root.symlink_to(tmp_path / "gone")
+    config = tmp_path / "kv.json"
+    config.write_text(
+        f'{{"cpu_bytes_to_use": 1073741824, "secondary_tiers": '
+        f'[{{"type": "fs", "root_dir": "{root}"}}]}}'
+    )
+    assert main(["config", "check", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert f"fs root_dir {root}: not a directory; the fs tier cannot start" in err
+    assert "lets its group" not in err
