@@ -200,7 +200,7 @@ def test_a_broken_policy_drops_its_offers_and_never_fails_the_engine(identity, t
     ("admission", "match"),
     [([{"level": "nope"}], r"admission\[0\]\.level"),
      ([{"module_path": "tests.plugins.admission_policy", "type": "Missing"}], "Missing"),
-     ([{"module_path": ".admission_policy", "type": "Broken"}], r"module_path.*relative"),
+     ([{"module_path": ".admission_policy", "type": "Broken"}], r"module_path: expected a dotted"),
      ([{"module_path": "tests.plugins.broken_at_import", "type": "X"}], r"module_path.*a bug"),
      ([{"module_path": "tests.plugins.admission_policy", "type": "EvenFirstByte",
         "options": {"bogus": 1}}], "options")],

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvtier import ChunkKey, TieringManager
+from kvtier import ChunkKey, ConfigError, TieringConfig, TieringManager
+from kvtier.control.admission import AdmissionConfig
 from kvtier.control.admission.sketch import FrequencySketch
 from tests.conftest import config, fill, make_keys
 
@@ -105,3 +106,25 @@ def test_the_sketch_halves_at_exactly_decay_every_sightings():
     assert sketch.estimate([key])[0] == 2  # 3 sightings: not yet
     sketch.record([others[1]])
     assert sketch.estimate([key])[0] == 1  # the 4th halves
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("module_path", "no such", "dotted module name"),
+        ("module_path", ".relative", "dotted module name"),
+        ("module_path", "a..b", "dotted module name"),
+        ("type", "Two Words", "class name"),
+        ("type", "a.B", "class name"),
+    ],
+)
+def test_a_policy_of_your_own_is_named_in_python_when_read_not_when_started(key, value, expected):
+    """Read from JSON or built by hand, a name no import could take is refused at once (before
+    it was only found when the manager started); names that are Python names pass."""
+    entry = {"level": "host", "module_path": "my_policies.keep", "type": "KeepAll", key: value}
+    with pytest.raises(ConfigError, match=rf"admission\[0\]\.{key}: expected a {expected}"):
+        TieringConfig.from_dict({"cpu_bytes_to_use": 1 << 24, "admission": [entry]})
+    with pytest.raises(ConfigError, match=rf"{key}: expected a {expected}"):
+        AdmissionConfig(**entry)
+    entry[key] = {"module_path": "my_policies.keep", "type": "KeepAll"}[key]
+    assert AdmissionConfig(**entry).type == "KeepAll"

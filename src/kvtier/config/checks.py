@@ -106,6 +106,20 @@ def _is_unicode_text(text: str) -> bool:
 
 
 @dataclass(frozen=True)
+class PythonName:
+    """A class name (an identifier), or with ``dotted`` a module name (identifiers joined by
+    dots, as ``importlib.import_module`` takes them): checked when read, imported later."""
+
+    dotted: bool = False
+
+    def check(self, value: Any, path: str) -> None:
+        Text().check(value, path)
+        if not all(part.isidentifier() for part in (value.split(".") if self.dotted else [value])):
+            kind = "a dotted module name such as my_tiers.disk" if self.dotted else "a class name"
+            raise ConfigError(f"{path}: expected {kind}, got {value!r}")
+
+
+@dataclass(frozen=True)
 class OneOf:
     """One of ``values``, of the same type too (``1`` is not ``True``, ``"false"`` is not
     ``False``): what ``check_fields`` applies to a ``Literal`` or ``bool`` field, which the

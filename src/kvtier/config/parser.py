@@ -22,7 +22,14 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from kvtier.config.checks import Check, Text, default_marks, error_reason, marks_of
+from kvtier.config.checks import (
+    Check,
+    PythonName,
+    Text,
+    default_marks,
+    error_reason,
+    marks_of,
+)
 from kvtier.errors import ConfigError, shown
 from kvtier.tiers.base import TierConfig
 from kvtier.tiers.catalog import TIER_TYPES, ExternalTierConfig
@@ -168,24 +175,15 @@ def _parse_external(data: Mapping[str, Any], path: str) -> ExternalTierConfig:
     module_path, class_name = data["module_path"], data.get("type")
     if not isinstance(module_path, str) or not module_path:
         raise ConfigError(f"{path}.module_path: expected a dotted module name")
-    _check_python_name(module_path, f"{path}.module_path", dotted=True)
+    PythonName(dotted=True).check(module_path, f"{path}.module_path")
     if not isinstance(class_name, str) or not class_name:
         raise ConfigError(f"{path}.type: expected the tier's class name in module {module_path}")
-    _check_python_name(class_name, f"{path}.type", dotted=False)
+    PythonName().check(class_name, f"{path}.type")
     name = data.get("name")
     if name is not None:
         Text().check(name, f"{path}.name")
     options = {k: v for k, v in data.items() if k not in ("module_path", "type", "name")}
     return ExternalTierConfig(module_path, class_name, options, name)
-
-
-def _check_python_name(value: str, path: str, dotted: bool) -> None:
-    """``ConfigError`` unless ``value`` is text ``Text`` accepts and a Python identifier, or
-    (``dotted``) identifiers joined by dots, as ``importlib.import_module`` takes them."""
-    Text().check(value, path)
-    if not all(part.isidentifier() for part in (value.split(".") if dotted else [value])):
-        kind = "a dotted module name such as my_tiers.disk" if dotted else "a class name"
-        raise ConfigError(f"{path}: expected {kind}, got {value!r}")
 
 
 def parse_dataclass(cls: type[Any], data: Mapping[str, Any], path: str) -> Any:

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
-from kvtier.config.checks import Bounds
+from kvtier.config.checks import Bounds, PythonName, check_fields
 from kvtier.errors import ConfigError
 from kvtier.keys import ChunkKey
 
@@ -41,11 +41,12 @@ class AdmissionConfig:
     min_frequency: int = 1
     frequency_window: int = 100_000
     min_prefix_chunks: Annotated[int, Bounds(0, MAX_CHUNKS, "an integer from 0 to 2**40")] = 0
-    module_path: str | None = None
-    type: str | None = None
+    module_path: Annotated[str, PythonName(dotted=True)] | None = None
+    type: Annotated[str, PythonName()] | None = None
     options: Any = field(default_factory=dict)  # keyword arguments of the policy's class
 
     def __post_init__(self) -> None:
+        check_fields(self)  # the marks, for a config built by hand (the parser applied them)
         for name in ("min_reuse", "min_frequency"):
             _check_int(name, getattr(self, name), 1, MAX_COUNT)
         _check_int("frequency_window", self.frequency_window, 1, MAX_CHUNKS)
