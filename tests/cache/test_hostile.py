@@ -235,3 +235,28 @@ def test_an_identity_prefix_that_starts_two_identities_deletes_nothing(cache, ca
     code, out, _ = run(capsys, "gc", str(cache.root), "--identity", a.hexdigest[: len(shared) + 1])
     assert code == 0 and "deleted 2 (purge=2)" in out
     assert len(chunk_files(cache.root)) == len(before) - 2
+
+
+def test_du_says_unreachable_is_unknown_where_a_level_cannot_be_listed(cache, capsys, monkeypatch):
+    """A chain whose head sits in a level that cannot be listed is not unreachable: du shows
+    ``?`` for that identity and the total instead of a count that would be wrong."""
+    a, b = make_identity("org/a"), make_identity("org/b")
+    keys = chain(a, 3)
+    cache.write_chain(a, keys)
+    cache.write_chain(b, chain(b, 2))
+    hidden = f"{keys[0][0]:02x}"
+    real = fs_records.open_level_dir
+
+    def failing(name: str, dir_fd: int) -> int:
+        if name == hidden:
+            raise PermissionError(errno.EACCES, "Permission denied", name)
+        return real(name, dir_fd)
+
+    _, out, _ = run(capsys, "du", str(cache.root), "--json")
+    assert [e["unreachable"] for e in json.loads(out)["identities"]] == [0, 0]
+    monkeypatch.setattr(fs_records, "open_level_dir", failing)
+    _, out, err = run(capsys, "du", str(cache.root), "--json")
+    doc = json.loads(out)
+    unknown = {e["digest"][:12]: e["unreachable"] for e in doc["identities"]}
+    assert "EACCES" in err and unknown[a.hexdigest[:12]] is None
+    assert unknown[b.hexdigest[:12]] == 0 and doc["total"]["unreachable"] is None

@@ -161,8 +161,9 @@ class FsStore:
                 problems.note("foreign", f"{base}/{entry.name}", "not kvtier's; left alone")
 
     def usage(self, ns: FsNamespace, problems: Problems, *, links: bool) -> Usage:
-        """``ns``'s totals; with ``links``, also its unreachable chunks."""
-        usage = Usage()
+        """``ns``'s totals; with ``links``, also its unreachable chunks (unknown when part of
+        ``ns`` could not be listed)."""
+        usage, failures = Usage(), problems.failures()
         for rows in self.records(ns, problems, links=links):
             if not len(rows):
                 continue
@@ -174,7 +175,7 @@ class FsStore:
                 usage.keys += rows["key"].tobytes()
                 usage.parents += parent_bytes(rows)
         if links:
-            usage.settle_links()
+            usage.settle_links(complete=problems.failures() == failures)
         return usage
 
     def chunks(self, ns: FsNamespace, problems: Problems) -> Iterator[Chunk]:

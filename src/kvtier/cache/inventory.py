@@ -39,10 +39,12 @@ def take_inventory(store: Store[Any], problems: Problems, *, links: bool) -> lis
 
 
 def total(entries: list[Entry]) -> Usage:
-    """The sum of every entry's usage."""
+    """The sum of every entry's usage (unreachable chunks unknown where one entry's are)."""
     whole = Usage()
     for entry in entries:
         whole.merge(entry.usage)
+    if any(entry.usage.unreachable is None for entry in entries):
+        whole.unreachable = None
     return whole
 
 

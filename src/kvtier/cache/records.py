@@ -21,7 +21,7 @@ import numpy as np
 LINES_PER_KIND = 20
 #: Kinds that are not the cache's fault: counted and shown, but no reason for a failing status.
 BENIGN = frozenset({"foreign", "vanished", "in_progress", "sealed_unverified", "no_identity"})
-_ERRNO_NAMES = frozenset(errno.errorcode.values())
+_FAILURES = frozenset(errno.errorcode.values()) | {"unreadable"}
 
 
 class Problems:
@@ -51,10 +51,10 @@ class Problems:
             return sum(n for kind, n in self.counts.items() if kind not in BENIGN)
 
     def failures(self) -> int:
-        """How many problems are named by an errno (``EACCES``, ``EIO``...): something that
-        could not be opened, listed or read."""
+        """How many problems are named by an errno (``EACCES``, ``EIO``...) or ``unreadable``
+        (a bucket's answer): something that could not be opened, listed or read."""
         with self._lock:
-            return sum(n for kind, n in self.counts.items() if kind in _ERRNO_NAMES)
+            return sum(n for kind, n in self.counts.items() if kind in _FAILURES)
 
     def summary(self) -> str:
         """``kind=n`` pairs, sorted by kind; empty when there were none."""
@@ -93,9 +93,12 @@ class Usage:
         if other.unreachable is not None:
             self.unreachable = (self.unreachable or 0) + other.unreachable
 
-    def settle_links(self) -> None:
-        """Count unreachable chunks from ``keys``/``parents`` and drop them (frees memory)."""
-        self.unreachable = count_unreachable(bytes(self.keys), bytes(self.parents))
+    def settle_links(self, complete: bool = True) -> None:
+        """Count unreachable chunks from ``keys``/``parents`` and drop them (frees memory);
+        not ``complete`` (part of the identity could not be listed: a predecessor not seen may
+        be there), the count is unknown (``None``)."""
+        found = count_unreachable(bytes(self.keys), bytes(self.parents)) if complete else None
+        self.unreachable = found
         self.keys, self.parents = bytearray(), bytearray()
 
 

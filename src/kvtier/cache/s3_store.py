@@ -162,7 +162,8 @@ class S3Store:
             yield chunks
 
     def usage(self, ns: S3Namespace, problems: Problems, *, links: bool) -> Usage:
-        usage = Usage()
+        """As ``FsStore.usage``."""
+        usage, failures = Usage(), problems.failures()
         for page in self._objects(ns, problems):
             for _, nbytes, when in page:
                 usage.chunks += 1
@@ -174,7 +175,7 @@ class S3Store:
                     usage.keys += bytes.fromhex(name[0])
                     usage.parents += parent or _NO_PARENT
         if links:
-            usage.settle_links()
+            usage.settle_links(complete=problems.failures() == failures)
         return usage
 
     def chunks(self, ns: S3Namespace, problems: Problems) -> Iterator[Chunk]:
