@@ -66,7 +66,8 @@ class Problems:
 class Usage:
     """One identity's chunks: count, bytes (file sizes), bytes on disk (allocated blocks),
     oldest and newest use (modification times; ``None`` with no chunk), unreachable chunks
-    (``None``: not computed) and in-progress writes."""
+    (``None``: not computed, or not known). Writes in progress are counted in ``Problems``
+    (``in_progress``), not here."""
 
     chunks: int = 0
     bytes: int = 0
@@ -74,7 +75,6 @@ class Usage:
     oldest: float | None = None
     newest: float | None = None
     unreachable: int | None = None
-    in_progress: int = 0
     keys: bytearray = field(default_factory=bytearray, repr=False)
     parents: bytearray = field(default_factory=bytearray, repr=False)
 
@@ -87,7 +87,6 @@ class Usage:
         self.chunks += other.chunks
         self.bytes += other.bytes
         self.disk_bytes += other.disk_bytes
-        self.in_progress += other.in_progress
         if other.oldest is not None and other.newest is not None:
             self.add_times(other.oldest, other.newest)
         if other.unreachable is not None:
