@@ -8,22 +8,25 @@ Thread safety: none; it belongs to the engine's thread.
 
 from __future__ import annotations
 
+import numbers
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
 
+from kvtier.errors import InvalidArgumentError, shown
 from kvtier.keys import ChunkKey
 
 
 class DeviceChunkCache:
     """The engine's accelerator-side prefix cache: chunk key -> canonical chunk tensor, LRU.
 
-    ``capacity`` counts chunks; ``None`` never evicts, ``0`` keeps nothing.
+    ``capacity`` counts chunks; ``None`` never evicts, ``0`` keeps nothing
+    (``InvalidArgumentError`` for anything but ``None`` or an integer >= 0).
     """
 
     def __init__(self, capacity: int | None) -> None:
-        self.capacity = capacity
+        self.capacity = _checked_capacity(capacity)
         self._chunks: OrderedDict[ChunkKey, torch.Tensor] = OrderedDict()
         self.num_evicted = 0
 
@@ -68,3 +71,14 @@ class DeviceChunkCache:
         while self.capacity is not None and len(self._chunks) > self.capacity:
             self._chunks.popitem(last=False)
             self.num_evicted += 1
+
+
+def _checked_capacity(capacity: object) -> int | None:
+    """``capacity`` as ``None`` or an int >= 0 (never a bool, a float or NaN)."""
+    if capacity is None:
+        return None
+    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity < 0:
+        raise InvalidArgumentError(
+            f"capacity: expected None or an integer >= 0, got {shown(capacity)}"
+        )
+    return int(capacity)

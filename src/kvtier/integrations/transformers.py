@@ -50,11 +50,19 @@ import torch
 from kvtier.control.retention import expiry, request_priority
 from kvtier.core.manager import TieringManager
 from kvtier.device.transfer import TransferEngine
-from kvtier.errors import ConfigError, KVTierError
+from kvtier.errors import ClosedError, ConfigError, InvalidArgumentError, KVTierError
 from kvtier.identity import CacheIdentity
 from kvtier.integrations.device_chunk_cache import DeviceChunkCache
 from kvtier.integrations.hf_cache import CacheSession, StateMember, layout_for, probe
 from kvtier.integrations.hf_identity import identity_for
+from kvtier.integrations.hf_requests import (
+    ModelLimits,
+    key_salt,
+    new_token_count,
+    prompt_ids,
+    retry_timeout,
+    stop_set,
+)
 from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.plan.recorder import open_recorder
 from kvtier.telemetry.kv_events import EventKind, KVEvent
@@ -100,8 +108,10 @@ class _Restored:
 class TieredModel:
     """A causal LM whose prompt prefixes come from a device cache and kvtier when they can.
 
-    ``manager`` (optional) must share ``identity``; without it only the device cache serves.
-    ``salt`` seeds every key chain (``chunk_keys``): requests under another salt share nothing.
+    ``manager`` (optional) must share ``identity``, whose layout must be the model's
+    (``layout_for``; else ``ConfigError``); without it only the device cache serves.
+    ``salt`` (text or bytes) seeds every key chain (``chunk_keys``): requests under another salt
+    share nothing. ``retry_timeout_s``: finite, >= 0. Bad arguments: ``InvalidArgumentError``.
     """
 
     def __init__(
@@ -116,10 +126,14 @@ class TieredModel:
     ) -> None:
         if manager is not None and manager.identity.digest != identity.digest:
             raise ConfigError("identity: the manager was built for another cache identity")
+        self.retry_timeout_s, self.salt = retry_timeout(retry_timeout_s), key_salt(salt)
         self.model, self.identity, self.manager = model, identity, manager
         self.layout = identity.layout
+        layout = self.layout
+        if layout_for(model, layout.block_size, layout.blocks_per_chunk) != layout:
+            raise ConfigError("layout: the identity's layout is not the model's (layout_for)")
+        self.limits = ModelLimits.of(model)
         self.device_cache = DeviceChunkCache(0) if device_cache is None else device_cache
-        self.retry_timeout_s, self.salt = retry_timeout_s, salt
         self.transfer = (
             None if manager is None else TransferEngine(self.layout, manager.region, model.device)
         )
@@ -141,18 +155,21 @@ class TieredModel:
     ) -> Generation:
         """Greedy-decode up to ``max_new_tokens`` after ``token_ids``, reusing cached prefixes.
 
-        Decoding ends early after a token of ``stop_tokens`` (e.g. the end-of-sequence token).
+        Decoding ends early after a token of ``stop_tokens`` (e.g. the end-of-sequence token),
+        or when the sequence fills the model's ``max_position_embeddings``.
         ``priority`` (0-100) and ``duration_s``: the retention of the request's chunks in host
-        memory (``InvalidArgumentError`` before any work when out of range).
+        memory. Every argument is checked before any work (``InvalidArgumentError``,
+        ``hf_requests``); ``ClosedError`` once the manager is closed.
         """
-        if not token_ids or max_new_tokens < 1:
-            raise ValueError("generate needs a non-empty prompt and max_new_tokens >= 1")
-        request_priority(priority)  # both checked before any work (InvalidArgumentError)
+        prompt, stop = prompt_ids(token_ids, self.limits), stop_set(stop_tokens)
+        steps = self.limits.decode_steps(len(prompt), new_token_count(max_new_tokens))
+        request_priority(priority)
         expiry(duration_s)
+        if self.manager is not None and self.manager.runtime.closed:
+            raise ClosedError("generate: the manager is closed")
         retention = {"priority": priority, "duration_s": duration_s}
         started = time.perf_counter()
         self._finish_stores()
-        prompt = [int(t) for t in token_ids]
         keys = self._keys(prompt)
         restored = self._restore(keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk])
         cached = restored.end * self.layout.tokens_per_chunk
@@ -161,8 +178,8 @@ class TieredModel:
         logits = session.forward(prompt[cached:])
         tokens = [int(logits[-1].argmax())]
         first_token_s = time.perf_counter() - started
-        if tokens[0] not in stop_tokens:
-            tokens += self._decode(session, tokens[0], max_new_tokens - 1, stop_tokens)
+        if tokens[0] not in stop:
+            tokens += self._decode(session, tokens[0], steps, stop)
         decoded_s = time.perf_counter() - started - first_token_s
         itl_s = decoded_s / (len(tokens) - 1) if len(tokens) > 1 else None
         if self.manager is not None:
@@ -178,12 +195,17 @@ class TieredModel:
         return at once: a serving loop calls it for the request after the one it is about to
         run, so that the tiers' reads overlap this request's forward pass instead of delaying
         the next one's first token (``TieringManager.prefetch``). Chunks already in the device
-        cache are skipped. Without a manager it does nothing; wrong ids are ``generate``'s
-        business (nothing is validated or served here).
+        cache are skipped. Without a manager, or for a prompt ``generate`` would refuse, it does
+        nothing: wrong ids are ``generate``'s business (it raises, this never does for ids).
         """
-        if self.manager is None or len(token_ids) < 2:
+        if self.manager is None:
             return
-        prompt = [int(t) for t in token_ids]
+        try:
+            prompt = prompt_ids(token_ids, self.limits)
+        except InvalidArgumentError:
+            return
+        if len(prompt) < 2:
+            return
         self._prefetched = prompt, chunk_keys(prompt, self.identity, self.salt)
         keys = self._prefetched[1][: (len(prompt) - 1) // self.layout.tokens_per_chunk]
         window = self.layout.window_chunks
