@@ -163,7 +163,7 @@ class FsStore:
     def usage(self, ns: FsNamespace, problems: Problems, *, links: bool) -> Usage:
         """``ns``'s totals; with ``links``, also its unreachable chunks (unknown when part of
         ``ns`` could not be listed)."""
-        usage, failures = Usage(), problems.failures()
+        usage, watch = Usage(), problems.watch()
         for rows in self.records(ns, problems, links=links):
             if not len(rows):
                 continue
@@ -175,7 +175,7 @@ class FsStore:
                 usage.keys += rows["key"].tobytes()
                 usage.parents += parent_bytes(rows)
         if links:
-            usage.settle_links(complete=problems.failures() == failures)
+            usage.settle_links(complete=not watch.failed)
         return usage
 
     def chunks(self, ns: FsNamespace, problems: Problems) -> Iterator[Chunk]:

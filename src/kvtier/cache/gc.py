@@ -133,9 +133,9 @@ def _linked(store: Store[Any], ns: Any, problems: Problems, report: GcReport) ->
     """``ns``'s chunks, without their parents when part of ``ns`` could not be listed (an
     errno counted meanwhile): a parent not seen may be there, so none is taken for
     unreachable (deleted first); the bound then takes them by last use."""
-    failures = problems.failures()
+    watch = problems.watch()
     chunks = _listed(store, ns, problems, report)
-    if problems.failures() == failures:
+    if not watch.failed:
         return chunks
     return [(name, nbytes, mtime, None) for name, nbytes, mtime, _ in chunks]
 

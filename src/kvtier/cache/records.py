@@ -56,10 +56,27 @@ class Problems:
         with self._lock:
             return sum(n for kind, n in self.counts.items() if kind in _FAILURES)
 
+    def watch(self) -> FailureWatch:
+        """A watch whose ``failed`` says whether a failure was noted after this call: a listing
+        that failed meanwhile is partial, and what was not seen may still be there."""
+        return FailureWatch(self, self.failures())
+
     def summary(self) -> str:
         """``kind=n`` pairs, sorted by kind; empty when there were none."""
         with self._lock:
             return " ".join(f"{kind}={n}" for kind, n in sorted(self.counts.items()))
+
+
+@dataclass(frozen=True)
+class FailureWatch:
+    """See ``Problems.watch``."""
+
+    problems: Problems
+    start: int
+
+    @property
+    def failed(self) -> bool:
+        return self.problems.failures() != self.start
 
 
 @dataclass

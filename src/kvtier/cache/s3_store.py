@@ -163,7 +163,7 @@ class S3Store:
 
     def usage(self, ns: S3Namespace, problems: Problems, *, links: bool) -> Usage:
         """As ``FsStore.usage``."""
-        usage, failures = Usage(), problems.failures()
+        usage, watch = Usage(), problems.watch()
         for page in self._objects(ns, problems):
             for _, nbytes, when in page:
                 usage.chunks += 1
@@ -175,7 +175,7 @@ class S3Store:
                     usage.keys += bytes.fromhex(name[0])
                     usage.parents += parent or _NO_PARENT
         if links:
-            usage.settle_links(complete=problems.failures() == failures)
+            usage.settle_links(complete=not watch.failed)
         return usage
 
     def chunks(self, ns: S3Namespace, problems: Problems) -> Iterator[Chunk]:

@@ -128,8 +128,7 @@ class TieredModel:
             raise ConfigError("identity: the manager was built for another cache identity")
         self.retry_timeout_s, self.salt = retry_timeout(retry_timeout_s), key_salt(salt)
         self.model, self.identity, self.manager = model, identity, manager
-        self.layout = identity.layout
-        layout = self.layout
+        self.layout = layout = identity.layout
         if layout_for(model, layout.block_size, layout.blocks_per_chunk) != layout:
             raise ConfigError("layout: the identity's layout is not the model's (layout_for)")
         self.limits = ModelLimits.of(model)
