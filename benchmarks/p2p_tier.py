@@ -36,6 +36,7 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ from kvtier.tiers.base import TransferJob
 from kvtier.tiers.peer.config import P2PTierConfig
 from kvtier.tiers.peer.curve_keys import read_key, write_keypair
 from kvtier.tiers.peer.link import MAX_IN_FLIGHT
-from kvtier.tiers.peer.tier import PeerTier, fetch_batch
+from kvtier.tiers.peer.protocol import fetch_batch
+from kvtier.tiers.peer.tier import PeerTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 
 BLOCKS_PER_CHUNK = {2 << 20: 4, 8 << 20: 16}
@@ -95,8 +97,10 @@ def make_keys(folder: Path) -> Keys:
 
 
 # -- serving processes ------------------------------------------------------------------------
-def serve_tier(chunk_bytes: int, n: int, port: int, keys: Keys, conn: Connection) -> None:
-    serve: dict[str, Any] = {"port": port}
+def serve_tier(
+    chunk_bytes: int, n: int, port: int, transport: str, keys: Keys, conn: Connection
+) -> None:
+    serve: dict[str, Any] = {"port": port, "transport": transport}
     if keys:
         serve |= {
             "curve_secret_key_file": keys["server_secret"],
@@ -183,8 +187,9 @@ def raw_dealer(context: zmq.Context[Any], port: int, keys: Keys) -> zmq.Socket[b
     return dealer
 
 
-def peer_tier(chunk_bytes: int, n: int, port: int, keys: Keys) -> PeerTier:
+def peer_tier(chunk_bytes: int, n: int, port: int, keys: Keys, transport: str) -> PeerTier:
     config = P2PTierConfig(
+        transport=transport,  # type: ignore[arg-type]
         host="127.0.0.1",
         port=port,
         timeout_s=10.0,
@@ -194,67 +199,79 @@ def peer_tier(chunk_bytes: int, n: int, port: int, keys: Keys) -> PeerTier:
     return PeerTier(config, HostRegion(n, chunk_bytes, pin=False), identity_for(chunk_bytes))
 
 
-def start_servers(chunk_bytes: int, n: int, keys: Keys) -> tuple[list[Any], int, int]:
+def start_servers(chunk_bytes: int, n: int, keys: Keys, transports: list[str]) -> list[Any]:
+    """The raw server, then a tier server per transport: (process, pipe, port) each."""
     ctx = mp.get_context("spawn")
-    tier_port, raw_port = free_port(), free_port()
     servers = []
-    for target, args in (
-        (serve_tier, (chunk_bytes, n, tier_port)),
-        (serve_raw, (chunk_bytes, n, raw_port)),
-    ):
+    targets: list[tuple[Any, tuple[Any, ...]]] = [(serve_raw, ())]
+    targets += [(serve_tier, (transport,)) for transport in transports]
+    for target, args in targets:
         here, there = ctx.Pipe()
-        proc = ctx.Process(target=target, args=(*args, keys, there))
+        port = free_port()
+        proc = ctx.Process(target=target, args=(chunk_bytes, n, port, *args, keys, there))
         proc.start()
         assert here.recv() == "ready"
-        servers.append((proc, here))
-    return servers, tier_port, raw_port
+        servers.append((proc, here, port))
+    return servers
 
 
-def measure(chunk_bytes: int, total_mib: int, repeats: int, keys: Keys) -> dict[str, Any]:
+def measure(
+    chunk_bytes: int, total_mib: int, repeats: int, keys: Keys, transports: list[str]
+) -> dict[str, Any]:
+    """One row: raw, raw into slots and the tier over each of ``transports``, side by side."""
     n = max(1, (total_mib << 20) // chunk_bytes)
-    servers, tier_port, raw_port = start_servers(chunk_bytes, n, keys)
-    tier, context = peer_tier(chunk_bytes, n, tier_port, keys), zmq.Context()
-    dealer = raw_dealer(context, raw_port, keys)
-    slots = HostRegion(n, chunk_bytes, pin=False)
-    sides = [
-        lambda round_: raw_round(dealer, chunk_bytes, n),
-        lambda round_: raw_round(dealer, chunk_bytes, n, slots),
-        lambda round_: tier_round(tier, n, round_),
+    servers = start_servers(chunk_bytes, n, keys, transports)
+    tiers = [
+        peer_tier(chunk_bytes, n, port, keys, t)
+        for (_, _, port), t in zip(servers[1:], transports, strict=True)
     ]
-    rounds: list[tuple[float, float, float]] = []
+    context = zmq.Context()
+    dealer = raw_dealer(context, servers[0][2], keys)
+    slots = HostRegion(n, chunk_bytes, pin=False)
+    sides: dict[str, Callable[[int], float]] = {
+        "raw": lambda round_: raw_round(dealer, chunk_bytes, n),
+        "raw_into_slots": lambda round_: raw_round(dealer, chunk_bytes, n, slots),
+    }
+    for transport, tier in zip(transports, tiers, strict=True):
+        sides[TIER_SIDE[transport]] = lambda round_, tier=tier: tier_round(tier, n, round_)
+    names = list(sides)
+    rounds: list[dict[str, float]] = []
     try:
         for round_ in range(repeats + 1):  # who goes first rotates, so none gains by it
-            seconds = [0.0, 0.0, 0.0]
-            for side in range(round_, round_ + 3):
-                seconds[side % 3] = sides[side % 3](round_)
-            rounds.append((seconds[0], seconds[1], seconds[2]))
+            order = names[round_ % len(names) :] + names[: round_ % len(names)]
+            rounds.append({name: sides[name](round_) for name in order})
     finally:
-        tier.close()
+        for tier in tiers:
+            tier.close()
         context.destroy(linger=0)
-        for proc, here in servers:
+        for proc, here, _ in servers:
             here.send("stop")
             proc.join()
     row = {"chunk_mib": chunk_bytes >> 20, "curve": bool(keys), "chunks": n}
     return row | summary(n * chunk_bytes, rounds[1:])
 
 
-def summary(payload: int, rounds: list[tuple[float, float, float]]) -> dict[str, float]:
-    """Medians and bests of (raw, raw into slots, tier) seconds per round; ``ratio`` and
-    ``ratio_into_slots``: the median of each round's tier/raw throughput ratio, so that load
-    that changes between rounds cancels out."""
-    raw_s, slots_s, tier_s = ([r[i] for r in rounds] for i in range(3))
+#: The JSON name of the tier side over each transport (``tier``: ZeroMQ, as before 2026-12-05).
+TIER_SIDE = {"zmq": "tier", "tcp": "tier_tcp"}
+
+
+def summary(payload: int, rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Medians (and, for raw and each tier, bests) of each side's GB/s; ``ratio`` and
+    ``ratio_into_slots`` (``tcp_ratio``...: the tier over TCP): the median of each round's
+    tier / raw (raw into slots) throughput ratio, so that load that changes between rounds
+    cancels out."""
     mid = statistics.median
-    gbps = {
-        "raw_gbps": payload / mid(raw_s),
-        "raw_into_slots_gbps": payload / mid(slots_s),
-        "tier_gbps": payload / mid(tier_s),
-        "raw_best_gbps": payload / min(raw_s),
-        "tier_best_gbps": payload / min(tier_s),
-    }
-    ratios = {
-        "ratio": mid(r / t for r, _, t in rounds),
-        "ratio_into_slots": mid(s / t for _, s, t in rounds),
-    }
+    gbps: dict[str, float] = {}
+    ratios: dict[str, float] = {}
+    for side in rounds[0]:
+        seconds = [r[side] for r in rounds]
+        gbps[f"{side}_gbps"] = payload / mid(seconds)
+        if side != "raw_into_slots":
+            gbps[f"{side}_best_gbps"] = payload / min(seconds)
+        if side.startswith("tier"):
+            prefix = "" if side == "tier" else "tcp_"
+            ratios[f"{prefix}ratio"] = mid(r["raw"] / r[side] for r in rounds)
+            ratios[f"{prefix}ratio_into_slots"] = mid(r["raw_into_slots"] / r[side] for r in rounds)
     return {k: round(v / 1e9, 3) for k, v in gbps.items()} | {
         k: round(v, 3) for k, v in ratios.items()
     }
@@ -265,13 +282,17 @@ def main() -> None:
     parser.add_argument("--total-mib", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--curve", choices=("off", "on", "both"), default="both")
+    parser.add_argument("--transport", choices=("zmq", "tcp", "both"), default="both")
     args = parser.parse_args()
+    transports = ["zmq", "tcp"] if args.transport == "both" else [args.transport]
     load_start, rows = os.getloadavg()[0], []
     with tempfile.TemporaryDirectory() as folder:
         keys = make_keys(Path(folder))
         for curve in {"off": [False], "on": [True], "both": [False, True]}[args.curve]:
-            for size in sorted(BLOCKS_PER_CHUNK):
-                rows.append(measure(size, args.total_mib, args.repeats, keys if curve else {}))
+            usable = [t for t in transports if not curve or t == "zmq"]  # TCP: no CURVE
+            for size in sorted(BLOCKS_PER_CHUNK) if usable else []:
+                row = measure(size, args.total_mib, args.repeats, keys if curve else {}, usable)
+                rows.append(row)
     load = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     print(
         json.dumps(

@@ -1,6 +1,7 @@
 """A kvtier instance in its own process that serves its host tier to peers (for the p2p tests).
 
-``python -m tests.tiers.peer_node PORT [--store N --seed S] [--accept-stores] [--curve DIR]``
+``python -m tests.tiers.peer_node PORT [--store N --seed S] [--accept-stores] [--curve DIR]
+[--transport tcp]``
 stores N chunks (``chunk_pattern`` bytes) of the small test layout, prints ``READY <port>``, and
 runs idle (never polling) until SIGTERM: the peer server's own driver answers. ``PORT`` 0: the
 node picks a free port itself (another one if that is taken before it binds) and reports the
@@ -110,11 +111,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fs")
     parser.add_argument("--integrity-key", help="the top-level integrity_key_file")
     parser.add_argument("--model", default="test/model")
+    parser.add_argument("--transport", default="zmq")
     return parser.parse_args()
 
 
 def serve_config(args: argparse.Namespace, port: int) -> dict[str, object]:
-    serve: dict[str, object] = {"port": port, "accept_stores": args.accept_stores}
+    serve: dict[str, object] = {
+        "port": port,
+        "accept_stores": args.accept_stores,
+        "transport": args.transport,
+    }
     if args.curve:
         serve["curve_secret_key_file"] = f"{args.curve}/server.secret"
         serve["curve_client_keys_dir"] = f"{args.curve}/clients"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from kvtier.config.addresses import BindHost, HostName, is_loopback
 from kvtier.config.checks import FilePath, Port, Seconds, Timeout, check_fields
 from kvtier.errors import ConfigError
+
+#: How peers connect: ZeroMQ (CURVE possible) or plain TCP (one copy fewer, never encrypted).
+Transport = Literal["zmq", "tcp"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,9 @@ class P2PTierConfig:
     """``type: "p2p"``: fetch chunks from the host memory of peer instances.
 
     Peers are ``host`` + ``port`` and/or ``peers``. With CURVE, give both this client's secret
-    key file and the server's public key file (as written by ``kvtier peer keygen``). With
+    key file and the server's public key file (as written by ``kvtier peer keygen``).
+    ``transport``: ``"zmq"`` (ZeroMQ, with CURVE if configured) or ``"tcp"`` (plain TCP,
+    faster, never encrypted: ``tcp_transport``); it must be the peers' ``serve.transport``. With
     ``integrity_key_file`` (``None``: the configuration's top-level key), fetched chunks must
     carry a tag made with it, and stored ones are sealed with it
     (``kvtier.tiers.shared.sealing``).
@@ -40,9 +45,11 @@ class P2PTierConfig:
     curve_server_key_file: FilePath | None = None
     integrity_key_file: FilePath | None = None
     name: str | None = None
+    transport: Transport = "zmq"
 
     def __post_init__(self) -> None:
         check_fields(self)
+        _check_transport(self.transport, self.curve_secret_key_file)
         if (self.host is None) != (self.port is None):
             raise ConfigError("host, port: give both (or list the peers under peers)")
         if self.host is None and not self.peers:
@@ -68,7 +75,7 @@ class ServeConfig:
     reaches the port could write the cache) unless ``allow_insecure_stores`` forces it.
     ``hold_timeout_s`` bounds how long a slow client pins a slot. With ``integrity_key_file``
     (``None``: the configuration's top-level key) a stored chunk is taken only with a tag made
-    with that key, and fetched chunks carry one.
+    with that key, and fetched chunks carry one. ``transport`` as ``P2PTierConfig``'s.
     """
 
     port: Port
@@ -79,10 +86,12 @@ class ServeConfig:
     hold_timeout_s: Timeout = 5.0
     allow_insecure_stores: bool = False
     integrity_key_file: FilePath | None = None
+    transport: Transport = "zmq"
 
     def __post_init__(self) -> None:
         check_fields(self)
         _check_pair("curve_secret_key_file", "curve_client_keys_dir", self)
+        _check_transport(self.transport, self.curve_secret_key_file)
         insecure = self.curve_secret_key_file is None and not self.loopback
         if self.accept_stores and insecure and not self.allow_insecure_stores:
             raise ConfigError(
@@ -112,3 +121,11 @@ class ServeConfig:
 def _check_pair(first: str, second: str, config: object) -> None:
     if (getattr(config, first) is None) != (getattr(config, second) is None):
         raise ConfigError(f"{first}, {second}: CURVE needs both (or neither)")
+
+
+def _check_transport(transport: str, curve_secret_key_file: str | None) -> None:
+    if transport == "tcp" and curve_secret_key_file is not None:
+        raise ConfigError(
+            'transport: "tcp" encrypts nothing; CURVE keys need transport "zmq" (or drop the '
+            "keys on a network only trusted hosts reach)"
+        )

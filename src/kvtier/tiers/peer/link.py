@@ -232,8 +232,8 @@ class PeerLink:
         return bool(self._in_flight or self._queued) or self.state is not State.UP
 
     def _open(self, state: State) -> None:
-        max_frame = max(self._chunk_bytes, proto.MAX_META_BYTES)
-        self._channel = self._transport.connect(self.host, self.port, max_frame)
+        limits = proto.reply_limits(self._chunk_bytes)
+        self._channel = self._transport.connect(self.host, self.port, limits)
         self._hello(state)
 
     def _hello(self, state: State) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import msgpack
 
 from kvtier.keys import KEY_BYTES, ChunkKey
+from kvtier.tiers.peer.transport import MessageLimits
 from kvtier.tiers.shared.codec import HEADER_BYTES
 
 PROTOCOL_VERSION = 2
@@ -45,6 +46,8 @@ MAX_REASON_CHARS = 256
 MAX_REQ_ID = (1 << 63) - 1
 #: Payload bytes of one STORE message; a chunk bigger than this travels alone.
 MAX_STORE_BYTES = 8 << 20
+#: Payload bytes one FETCH asks for; a chunk bigger than this is fetched alone.
+FETCH_BATCH_BYTES = 32 << 20
 
 Chunk = tuple[memoryview, memoryview]  # (codec header, payload)
 
@@ -105,6 +108,19 @@ class Refused:
 def max_store_keys(chunk_bytes: int) -> int:
     """How many chunks of ``chunk_bytes`` one STORE message may carry (at least one)."""
     return max(1, min(MAX_KEYS, MAX_STORE_BYTES // (chunk_bytes + HEADER_BYTES)))
+
+
+def fetch_batch(chunk_bytes: int) -> int:
+    """How many chunks of ``chunk_bytes`` one FETCH asks for (at least one)."""
+    return max(1, min(MAX_KEYS, FETCH_BATCH_BYTES // chunk_bytes))
+
+
+def reply_limits(chunk_bytes: int) -> MessageLimits:
+    """What one reply a client takes may be: metadata, then a header and a payload for each
+    chunk of one FETCH (every other reply is metadata alone)."""
+    keys = fetch_batch(chunk_bytes)
+    frame = max(chunk_bytes, MAX_META_BYTES)
+    return MessageLimits(frame, 1 + 2 * keys, MAX_META_BYTES + keys * (HEADER_BYTES + chunk_bytes))
 
 
 # -- encoding ---------------------------------------------------------------------------------

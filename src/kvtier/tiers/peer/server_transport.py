@@ -11,6 +11,7 @@ import logging
 from kvtier.tiers.peer import protocol as proto
 from kvtier.tiers.peer.config import ServeConfig
 from kvtier.tiers.peer.curve_keys import server_keys
+from kvtier.tiers.peer.tcp_transport import TcpTransport
 from kvtier.tiers.peer.transport import Listener, MessageLimits, Transport
 from kvtier.tiers.peer.zmq_transport import ZmqTransport
 from kvtier.tiers.shared import codec
@@ -29,15 +30,20 @@ def request_limits(accept_stores: bool, chunk_bytes: int) -> MessageLimits:
     return MessageLimits(frame, 1 + 2 * keys, meta + keys * chunk)
 
 
+def _server_transport(config: ServeConfig) -> Transport:
+    if config.transport == "tcp":
+        return TcpTransport()
+    curve = None
+    if config.curve_secret_key_file and config.curve_client_keys_dir:
+        curve = server_keys(config.curve_secret_key_file, config.curve_client_keys_dir)
+    return ZmqTransport(curve_server=curve)
+
+
 def listen(
     config: ServeConfig, chunk_bytes: int, transport: Transport | None
 ) -> tuple[Transport, Listener]:
-    """The transport (a ``ZmqTransport`` unless given) and its listener on ``config``'s port."""
-    if transport is None:
-        curve = None
-        if config.curve_secret_key_file and config.curve_client_keys_dir:
-            curve = server_keys(config.curve_secret_key_file, config.curve_client_keys_dir)
-        transport = ZmqTransport(curve_server=curve)
+    """The transport (``config.transport``'s unless given) and its listener on ``config``'s port."""
+    transport = transport or _server_transport(config)
     limits = request_limits(config.accept_stores, chunk_bytes)
     try:
         listener = transport.listen(config.host, config.port, limits)

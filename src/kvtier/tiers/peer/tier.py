@@ -54,6 +54,7 @@ from kvtier.tiers.peer.config import P2PTierConfig
 from kvtier.tiers.peer.curve_keys import client_keys
 from kvtier.tiers.peer.link import PeerLink, PeerRequest, State
 from kvtier.tiers.peer.probes import Probes
+from kvtier.tiers.peer.tcp_transport import TcpTransport
 from kvtier.tiers.peer.transport import Transport
 from kvtier.tiers.peer.zmq_transport import ZmqTransport
 from kvtier.tiers.shared.answers import Answers
@@ -64,7 +65,6 @@ log = logging.getLogger(__name__)
 
 LOOKUP_BATCH_S = 0.0005
 MISS_TTL_S = 0.5
-FETCH_BATCH_BYTES = 32 << 20
 MAX_PEERS = 64
 MAX_HINTS = 1 << 16
 USABLE = (State.UP, State.CONNECTING)
@@ -96,12 +96,7 @@ class PeerTier(SecondaryTier):
         self.name = config.name or "p2p"
         self._region, self._digest = region, identity.digest
         self._sealer = make_sealer(config.integrity_key_file, decrypts=False)
-        if transport is None:
-            curve = None
-            if config.curve_secret_key_file and config.curve_server_key_file:
-                curve = client_keys(config.curve_secret_key_file, config.curve_server_key_file)
-            transport = ZmqTransport(curve_client=curve)
-        self._transport = transport
+        self._transport = transport or _client_transport(config)
         keyed = self._sealer.keyed  # a tag is checked: no checksum as payloads land
         self._settings = (identity.digest, region.slot_bytes, config.timeout_s, not keyed)
         self._answers = Answers(MISS_TTL_S, hit_ttl_s=config.hit_ttl_s)
@@ -271,7 +266,7 @@ class PeerTier(SecondaryTier):
         per_link: dict[str, list[tuple[ChunkKey, int]]] = {}
         for key, slot in zip(job.keys, job.slots, strict=True):
             per_link.setdefault(self._source_of(key), []).append((key, slot))
-        batch = fetch_batch(self._region.slot_bytes)
+        batch = proto.fetch_batch(self._region.slot_bytes)
         requests = [(a, part) for a, pairs in per_link.items() for part in _batches(pairs, batch)]
         self._start_job(_Job(job, "load", len(requests)))
         for address, part in requests:
@@ -371,9 +366,13 @@ class PeerTier(SecondaryTier):
         self._results.put(result)
 
 
-def fetch_batch(chunk_bytes: int) -> int:
-    """How many chunks of ``chunk_bytes`` one FETCH asks for (at least one)."""
-    return max(1, min(proto.MAX_KEYS, FETCH_BATCH_BYTES // chunk_bytes))
+def _client_transport(config: P2PTierConfig) -> Transport:
+    if config.transport == "tcp":
+        return TcpTransport()
+    curve = None
+    if config.curve_secret_key_file and config.curve_server_key_file:
+        curve = client_keys(config.curve_secret_key_file, config.curve_server_key_file)
+    return ZmqTransport(curve_client=curve)
 
 
 def _batches(items: list[Any], size: int) -> list[list[Any]]:

@@ -1,12 +1,17 @@
 """Transports for the peer tier: frames between processes, behind a small interface.
 
 The peer tier and the peer server use only ``Transport``, ``Channel`` and ``Listener``; a
-transport moves lists of frames (buffers) and never looks inside them. ``ZmqTransport``
-(``zmq_transport``) is the TCP implementation: a DEALER per connected peer, one ROUTER per
-listener, ``copy=False`` both ways (a payload frame is sent straight out of the caller's
-buffer, whose release is reported by a ``SendReceipt``; received frames are views of ZeroMQ's
-own message buffers, or land in a buffer the receiver chose with a ``Place``). An RDMA
-transport (UCX, NIXL) implements the same three protocols.
+transport moves lists of frames (buffers) and never looks inside them. Two implement them, both
+sending a payload frame straight out of the caller's buffer (its release reported by a
+``SendReceipt``) and landing a received frame in a buffer the receiver chose with a ``Place``:
+
+* ``ZmqTransport`` (``zmq_transport``, ``transport: "zmq"``, the default): a DEALER per
+  connected peer, one ROUTER per listener, ``copy=False`` both ways, CURVE if configured. A
+  landed frame is copied out of ZeroMQ's own message buffer;
+* ``TcpTransport`` (``tcp_transport``, ``transport: "tcp"``): plain TCP sockets, never
+  encrypted; a landed frame comes straight from the kernel, one copy fewer.
+
+An RDMA transport (UCX, NIXL) would implement the same three protocols.
 
 CURVE (``CurveClient``/``CurveServer``, in ``curve_keys``) encrypts and authenticates: a
 listener with a ``CurveServer`` admits only clients whose public key is in ``allowed``; the
@@ -99,7 +104,9 @@ class Listener(Protocol):
 
 
 class Transport(Protocol):
-    def connect(self, host: str, port: int, max_frame_bytes: int) -> Channel: ...
+    def connect(self, host: str, port: int, limits: MessageLimits) -> Channel:
+        """A channel to ``host:port`` whose incoming messages (replies) stay within ``limits``."""
+        ...
 
     def listen(self, host: str, port: int, limits: MessageLimits) -> Listener: ...
 

@@ -84,8 +84,9 @@ class ZmqTransport:
         os.set_blocking(self._wake_w, False)
         self._poller.register(self._wake_r, zmq.POLLIN)
 
-    def connect(self, host: str, port: int, max_frame_bytes: int) -> Channel:
-        socket = self._socket(zmq.DEALER, max_frame_bytes)
+    def connect(self, host: str, port: int, limits: MessageLimits) -> Channel:
+        """Only ``limits.max_frame_bytes`` is enforced (by libzmq), on every frame."""
+        socket = self._socket(zmq.DEALER, limits.max_frame_bytes)
         socket.setsockopt(zmq.RECONNECT_IVL, 100)
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         if self._curve_client is not None:

@@ -33,6 +33,10 @@ from kvtier.tiers.s3.config import ObjTierConfig
 #: One object of a listing: its name, size in bytes, and last modified time (Unix seconds).
 Listed = tuple[str, int, float]
 
+#: How much of a client error's text is read: an endpoint chooses its error bodies, and the
+#: client puts them whole in the text (status and S3 code come first).
+MAX_ERROR_TEXT = 4096
+
 _STATUS = re.compile(r"status code: (\d{3})")
 _S3_CODE = re.compile(r"<Code>(\w+)</Code>")
 _CREDENTIAL_CODES = frozenset(
@@ -66,8 +70,9 @@ class ObjectClient:
             raise ConfigError(f"obj tier: cannot build the S3 client: {reason}") from None
 
     def put(self, name: str, data: memoryview) -> None:
-        """Write ``data`` as object ``name`` in one request."""
-        self._call(obstore.put, self._store, name, data, use_multipart=False)
+        """Write ``data`` as object ``name`` in one request. A put answered 404 stored nothing:
+        an error (``ObjectRefused`` for a missing bucket), never "not there"."""
+        self._call(obstore.put, self._store, name, data, use_multipart=False, missing=False)
 
     def get_into(
         self, name: str, views: Iterable[memoryview], last: Any | None = None
@@ -116,11 +121,15 @@ class ObjectClient:
         """List at most one object: proves the endpoint, the bucket and the credentials."""
         self._call(lambda: next(iter(obstore.list(self._store, probe_name, chunk_size=1)), None))
 
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, fn: Any, *args: Any, missing: bool = True, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, errors translated; ``None`` for an object that is not there
+        (a 404) where ``missing`` says that answer means that, else a 404 is an error too."""
         try:
             return fn(*args, **kwargs)
-        except FileNotFoundError:
-            return None
+        except FileNotFoundError as exc:
+            if missing:
+                return None
+            raise self._translate(exc) from None
         except IntegrityError:
             raise
         except (KeyboardInterrupt, SystemExit):
@@ -129,7 +138,7 @@ class ObjectClient:
             raise self._translate(exc) from None
 
     def _translate(self, exc: BaseException) -> TierError:
-        text = str(exc)
+        text = str(exc)[:MAX_ERROR_TEXT]
         status = _STATUS.search(text)
         code = _S3_CODE.search(text)
         reason = code.group(1) if code else f"HTTP {status.group(1)}" if status else ""
@@ -145,6 +154,7 @@ class ObjectClient:
         return TierUnavailable(f"{self.endpoint}: {self._first_line(text)}")
 
     def _first_line(self, text: str) -> str:
+        text = text[:MAX_ERROR_TEXT]
         line = text.strip().splitlines()[0] if text.strip() else "request failed"
         for secret in self._secrets:
             line = line.replace(secret, "***")

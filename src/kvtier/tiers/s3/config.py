@@ -51,8 +51,21 @@ class ObjTierConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        _check_prefix(self.prefix)
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ConfigError(
                 f"reconnect_max_s: expected at least reconnect_min_s ({self.reconnect_min_s}), "
                 f"got {self.reconnect_max_s}"
             )
+
+
+def _check_prefix(prefix: str) -> None:
+    """Object names are ``<prefix>/...``: the client refuses empty, ``.`` and ``..`` segments
+    and control characters in every request, which would look like an endpoint that is down."""
+    segments = prefix.strip("/").split("/") if prefix.strip("/") else []
+    bad = [s for s in segments if s in ("", ".", "..")]
+    if bad or any(ord(c) < 0x20 or ord(c) == 0x7F for c in prefix):
+        raise ConfigError(
+            f"prefix: expected names separated by single '/', without '.' or '..' segments "
+            f"or control characters, got {prefix!r}"
+        )

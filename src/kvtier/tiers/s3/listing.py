@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from kvtier.errors import TierError
 from kvtier.keys import KEY_BYTES, ChunkKey
 from kvtier.tiers.s3.bound import ListedChunk, ObjectBound
 from kvtier.tiers.s3.client import Listed, ObjectClient
@@ -71,10 +72,20 @@ class ListedChunks:
 
 
 class NamespaceListing:
-    """One listing of ``namespace`` (``<prefix>/<digest hex>``) into ``chunks``; resumable."""
+    """One listing of ``namespace`` (``<prefix>/<digest hex>``) into ``chunks``; resumable.
 
-    def __init__(self, client: ObjectClient, namespace: str) -> None:
+    A chunk name whose size is not ``object_bytes`` (when given) cannot be a chunk of this tier:
+    it is counted (``listing_wrong_size``) and left out, never deleted, as foreign names are;
+    its size, the store's word, must not make the bound evict the real ones. A name that does
+    not sort after the one before it (a store that repeats its pages) fails the listing
+    (``TierError``), so that a listing never holds a name twice.
+    """
+
+    def __init__(
+        self, client: ObjectClient, namespace: str, object_bytes: int | None = None
+    ) -> None:
         self._client, self._namespace = client, namespace
+        self._object_bytes = object_bytes
         self._start = len(namespace) + 1
         self.chunks = ListedChunks()
         self.after: str | None = None  # the last name seen: a retry lists after it
@@ -94,14 +105,17 @@ class NamespaceListing:
     def _take(self, page: list[Listed]) -> None:
         self.counts["listing_pages"] += 1
         for name, size, when in page:
+            if self.after is not None and name <= self.after:
+                raise TierError(f"the listing went back to {name!r} after {self.after!r}")
+            self.after = name
             rest = name[self._start :]
-            if name.startswith(f"{self._namespace}/") and _CHUNK_NAME.fullmatch(rest):
+            if not (name.startswith(f"{self._namespace}/") and _CHUNK_NAME.fullmatch(rest)):
+                self.counts["listing_ignored"] += 1
+            elif self._object_bytes is not None and size != self._object_bytes:
+                self.counts["listing_wrong_size"] += 1
+            else:
                 self.chunks.add(bytes.fromhex(rest), size, when)
                 self.counts["listing_chunks"] += 1
-            else:
-                self.counts["listing_ignored"] += 1
-        if page:
-            self.after = page[-1][0]
 
     def merge_into(self, bound: ObjectBound, stop: threading.Event) -> bool:
         """Merge what was listed into ``bound``'s index, newest first (see the module);

@@ -88,7 +88,9 @@ class ObjectStoreTier(SecondaryTier):
     """Chunks in ``config.bucket``; see the module docstring for naming, lookups and outages."""
 
     def __init__(self, config: ObjTierConfig, region: HostRegion, identity: CacheIdentity) -> None:
-        _check_room(config.max_bytes, codec.HEADER_BYTES + region.slot_bytes)
+        #: The size of every object of this tier: header and payload (sealed or not).
+        self._object_bytes = codec.HEADER_BYTES + region.slot_bytes
+        _check_room(config.max_bytes, self._object_bytes)
         self.name = config.name or "obj"
         self._region = region
         sealer = make_sealer(config.integrity_key_file, config.encrypt)
@@ -129,7 +131,7 @@ class ObjectStoreTier(SecondaryTier):
         bound = ObjectBound(
             config.max_bytes, config.max_age_s, self._delete, self._submit, self._known.missing
         )
-        listing = NamespaceListing(self._client, self._prefix)
+        listing = NamespaceListing(self._client, self._prefix, self._object_bytes)
         return bound, Upkeep(self.name, bound, listing, self._breaker.allow, self._count)
 
     def _start(self) -> None:
@@ -196,6 +198,9 @@ class ObjectStoreTier(SecondaryTier):
             self._count("probe_error")
             return
         self._breaker.record_success()
+        if size is not None and size != self._object_bytes:  # never loads: not indexed by it
+            self._count("probe_wrong_size")
+            size = None
         if size is not None and self._bound is not None:
             self._bound.found(key, size)
         (self._known.missing if size is None else self._known.found)(key)

@@ -1,0 +1,311 @@
+"""TcpTransport: the peer tier's ``Transport`` over plain TCP sockets (``transport: "tcp"``).
+
+Why: a fetched payload lands in its host slot straight from the kernel (``recv_into``), one
+copy where ZeroMQ makes two (the kernel's into libzmq's message, then ``recv_into`` out of it).
+Nothing is encrypted or authenticated: CURVE needs ``transport: "zmq"`` (the configuration
+refuses both at once), so this is for loopback or a network only trusted hosts reach.
+
+Everything runs on the thread that owns the transport: ``wait`` polls every socket, accepts
+new connections, finishes connects and writes queued bytes as sockets take them; ``recv`` reads
+what has arrived without blocking. The wire format and its bounds are ``tcp_wire``'s. A
+listener keeps at most ``MAX_CONNECTIONS`` (more are closed at once,
+``connections_dropped_over_limit``), drops a connection that breaks the format or its
+``MessageLimits`` (``connections_dropped_<reason>``), and one whose greeting or unfinished
+message is older than ``UNFINISHED_S`` (``connections_dropped_stalled``): what a client sends
+is held one message at a time, and never for long. A client's channel that breaks is closed;
+its requests then time out (``timeout_s``) and the link reconnects.
+
+Thread safety: a transport and everything it created belong to one thread, except ``wake``,
+which any thread may call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import select
+import socket
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+from kvtier.errors import ConfigError
+from kvtier.tiers.peer.tcp_wire import (
+    GREETING,
+    Closed,
+    Incoming,
+    Outgoing,
+    Receipt,
+    Violation,
+    encode,
+)
+from kvtier.tiers.peer.transport import Buffer, MessageLimits, Place, SendReceipt
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 1024
+UNFINISHED_S = 30.0
+_IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
+_STREAM = socket.SOCK_STREAM
+
+
+class _Conn:
+    """One TCP connection: its socket, what it is receiving, what waits to be written."""
+
+    def __init__(self, sock: socket.socket, limits: MessageLimits, peer: bytes = b"") -> None:
+        self.sock, self.peer, self.fd = sock, peer, sock.fileno()
+        self.incoming, self.outgoing = Incoming(limits), Outgoing()
+        self.outgoing.put([memoryview(GREETING)])
+        self.connecting = self.closed = self.ready = False
+        self.since: float | None = time.monotonic()  # the greeting is due
+
+    def pump(self, place: Place | None) -> list[memoryview] | None:
+        """The next whole message (``Closed``, ``Violation``); notes when one is unfinished."""
+        if self.connecting:
+            return None
+        message = self.incoming.pump(self.sock, place)
+        self.since = None if not self.incoming.started else self.since or time.monotonic()
+        self.ready = message is not None
+        return message
+
+
+class _Channel:
+    """``Channel``: a connection to one server."""
+
+    def __init__(self, transport: TcpTransport, conn: _Conn) -> None:
+        self._transport, self._conn = transport, conn
+
+    def send(self, frames: Sequence[Buffer]) -> bool:
+        if self._conn.closed:
+            return False
+        self._conn.outgoing.put(encode(frames))
+        self._transport.flush(self._conn)
+        return not self._conn.closed
+
+    def recv(self, place: Place | None = None) -> list[memoryview] | None:
+        if self._conn.closed:
+            return None
+        try:
+            return self._conn.pump(place)
+        except Closed as exc:  # the link times its requests out, then reconnects
+            log.debug("peer connection closed: %s", exc)
+        except Violation as exc:
+            log.warning("peer sent what the wire does not allow (%s); disconnected", exc.reason)
+        self._transport.drop(self._conn)
+        return None
+
+    def close(self) -> None:
+        self._transport.drop(self._conn)
+
+
+class TcpListener:
+    """``Listener`` on one port; see the module docstring."""
+
+    def __init__(self, transport: TcpTransport, sock: socket.socket, limits: MessageLimits):
+        self.port: int = sock.getsockname()[1]
+        self.sock, self.fd = sock, sock.fileno()
+        self._transport, self._limits = transport, limits
+        self._conns: dict[bytes, _Conn] = {}
+        self._counters: Counter[str] = Counter()
+        self._ids = itertools.count(1)
+
+    def accept(self) -> None:
+        """Take every waiting connection (the transport's ``wait``, on this socket's POLLIN)."""
+        while True:
+            try:
+                sock, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: the client retries
+                self._counters["accept_failures"] += 1
+                log.warning("peer server: cannot accept a connection: %s", exc)
+                return
+            if len(self._conns) >= MAX_CONNECTIONS:
+                self._counters["connections_dropped_over_limit"] += 1
+                sock.close()
+                continue
+            _nonblocking(sock)  # an accepted socket blocks whatever its listener does
+            conn = _Conn(sock, self._limits, b"tcp:%d" % next(self._ids))
+            self._conns[conn.peer] = conn
+            self._transport.add(conn)
+
+    def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt:
+        conn = self._conns.get(peer)
+        if conn is None or conn.closed:
+            return Receipt(done=True)  # gone: nothing will read the buffers
+        receipt = conn.outgoing.put(encode(frames))
+        self._transport.flush(conn)
+        return receipt
+
+    def recv(self) -> tuple[bytes, list[memoryview], bytes | None] | None:
+        """The next whole message of a connection that has bytes waiting, or ``None``."""
+        self._drop_stalled(time.monotonic())
+        for conn in [c for c in self._conns.values() if c.ready]:
+            try:
+                message = conn.pump(None)
+            except (Closed, Violation) as exc:
+                if isinstance(exc, Violation):
+                    self._counters[f"connections_dropped_{exc.reason}"] += 1
+                self.forget(conn)
+                continue
+            if message is not None:
+                self._conns[conn.peer] = self._conns.pop(conn.peer)  # the others go first next
+                return conn.peer, message, None
+        return None
+
+    def _drop_stalled(self, now: float) -> None:
+        for conn in list(self._conns.values()):
+            if conn.since is not None and now - conn.since > UNFINISHED_S:
+                self._counters["connections_dropped_stalled"] += 1
+                self.forget(conn)
+
+    def forget(self, conn: _Conn) -> None:
+        self._conns.pop(conn.peer, None)
+        self._transport.drop(conn)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._counters)
+
+    def close(self) -> None:
+        for conn in list(self._conns.values()):
+            self.forget(conn)
+        self._transport.unlisten(self)
+
+
+class TcpTransport:
+    """Plain TCP; see the module docstring. Owns every socket it made."""
+
+    def __init__(self) -> None:
+        self._poller = select.poll()
+        self._masks: dict[int, int] = {}
+        self._conns: dict[int, _Conn] = {}
+        self._listeners: dict[int, TcpListener] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller.register(self._wake_r, select.POLLIN)
+
+    def connect(self, host: str, port: int, limits: MessageLimits) -> _Channel:
+        """A channel to ``host:port``, connecting in the background (bytes sent meanwhile wait);
+        an address that does not resolve gives a closed channel (its sends fail)."""
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(host, port, 0, _STREAM)[0]
+        except (OSError, UnicodeError) as exc:
+            log.warning("peer %s:%d: cannot resolve the address: %s", host, port, exc)
+            family, kind, proto, address = socket.AF_INET, socket.SOCK_STREAM, 0, None
+        conn = _Conn(_stream(family, kind, proto), limits)
+        self.add(conn)
+        error = conn.sock.connect_ex(address) if address is not None else errno.EADDRNOTAVAIL
+        conn.connecting = error in (errno.EINPROGRESS, errno.EAGAIN)
+        if error and not conn.connecting:
+            self.drop(conn)
+        return _Channel(self, conn)
+
+    def listen(self, host: str, port: int, limits: MessageLimits) -> TcpListener:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        host = "" if host == "*" else host  # ZeroMQ's "every interface"
+        sock = _stream(family, socket.SOCK_STREAM, 0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(128)
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(
+                f"serve.host, serve.port: cannot listen on {host}:{port} ({exc})"
+            ) from exc
+        listener = TcpListener(self, sock, limits)
+        self._listeners[listener.fd] = listener
+        self._poller.register(listener.fd, select.POLLIN)
+        return listener
+
+    def add(self, conn: _Conn) -> None:
+        self._conns[conn.fd] = conn
+        self._masks[conn.fd] = 0
+        self._poller.register(conn.fd, 0)
+
+    def drop(self, conn: _Conn) -> None:
+        """Close ``conn``; what it had queued is abandoned (its receipts are done)."""
+        if conn.closed:
+            return
+        conn.closed = True
+        conn.outgoing.abandon()
+        if self._conns.pop(conn.fd, None) is not None:
+            self._masks.pop(conn.fd, None)
+            self._poller.unregister(conn.fd)
+        conn.sock.close()
+
+    def unlisten(self, listener: TcpListener) -> None:
+        if self._listeners.pop(listener.fd, None) is not None:
+            self._poller.unregister(listener.fd)
+            listener.sock.close()
+
+    def flush(self, conn: _Conn) -> None:
+        """Write what ``conn`` has queued, as far as its socket takes it now."""
+        if conn.connecting or conn.closed:
+            return
+        try:
+            conn.outgoing.flush(conn.sock)
+        except Closed as exc:
+            log.debug("peer connection closed while sending: %s", exc)
+            self.drop(conn)
+
+    def wait(self, timeout_s: float) -> None:
+        self._update_masks()
+        for fd, events in self._poller.poll(max(0, int(timeout_s * 1000))):
+            if fd == self._wake_r:
+                self._drain_wakes()
+            elif fd in self._listeners:
+                self._listeners[fd].accept()
+            elif (conn := self._conns.get(fd)) is not None:
+                self._on_events(conn, events)
+
+    def _on_events(self, conn: _Conn, events: int) -> None:
+        if conn.connecting and events & (_OUT | select.POLLERR | select.POLLHUP):
+            error = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                log.debug("peer connection failed: %s", os.strerror(error))
+                self.drop(conn)
+                return
+            conn.connecting = False
+        if events & _OUT:
+            self.flush(conn)
+        if events & ~_OUT:
+            conn.ready = True
+
+    def _update_masks(self) -> None:
+        for fd, conn in self._conns.items():
+            mask = _OUT if conn.connecting else _IN | (_OUT if conn.outgoing.pending else 0)
+            if self._masks[fd] != mask:
+                self._masks[fd] = mask
+                self._poller.modify(fd, mask)
+
+    def _drain_wakes(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # a full pipe: a wake-up is pending anyway
+            os.write(self._wake_w, b"w")
+
+    def close(self) -> None:
+        for listener in list(self._listeners.values()):
+            listener.close()
+        for conn in list(self._conns.values()):
+            self.drop(conn)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def _stream(family: int, kind: int, proto: int) -> socket.socket:
+    return _nonblocking(socket.socket(family, kind, proto))
+
+
+def _nonblocking(sock: socket.socket) -> socket.socket:
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock

@@ -1,0 +1,448 @@
+"""The peer tier over plain TCP (``transport: "tcp"``): real processes and real sockets.
+
+Loads between processes, payloads landing in the caller's buffers, send receipts, and a
+listener under hostile clients that speak the wire directly: every bound is tested at its value
+and one past it, and an honest client is still answered afterwards.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from kvtier import RETRY, ConfigError, TieringManager
+from kvtier.config import P2PTierConfig, TieringConfig
+from kvtier.region import HostRegion
+from kvtier.tiers.base import MISS, TransferJob
+from kvtier.tiers.peer import protocol as proto
+from kvtier.tiers.peer import tcp_transport
+from kvtier.tiers.peer.config import ServeConfig
+from kvtier.tiers.peer.tcp_transport import TcpListener, TcpTransport
+from kvtier.tiers.peer.tcp_wire import GREETING
+from kvtier.tiers.peer.tier import PeerTier
+from kvtier.tiers.peer.transport import MessageLimits
+from tests.conftest import collect, holds, make_keys, settle_lookup, wait_for
+from tests.tiers.peer_node import PeerNode
+
+LIMITS = MessageLimits(max_frame_bytes=1000, max_frames=4, max_message_bytes=2000)
+
+
+@pytest.fixture
+def node() -> Iterator[PeerNode]:
+    """A process serving 8 chunks over TCP."""
+    node = PeerNode(0, "--store", "8", "--transport", "tcp").start()
+    yield node
+    node.kill()
+
+
+def test_chunks_load_byte_identical_over_tcp_between_processes(node, identity):
+    keys = make_keys(identity, 8)
+    region = HostRegion(8, identity.layout.chunk_bytes)
+    tier = node.tier(region, identity, transport="tcp", timeout_s=20.0)
+    try:
+        tier.submit_load(TransferJob(1, tuple(keys), tuple(range(8))))
+        result = collect(tier, [1])[1]
+        assert result.ok and set(result.succeeded) == set(keys)
+        assert all(holds(region, slot, key) for slot, key in enumerate(keys))
+        assert tier.stats()["fetched_chunks"] == 8
+    finally:
+        tier.close()
+
+
+def test_a_zmq_client_of_a_tcp_server_gets_misses_not_a_hang(node, identity):
+    """Transports differ: no handshake, so every lookup is a miss within ``timeout_s``."""
+    tier = node.tier(HostRegion(2, identity.layout.chunk_bytes), identity, timeout_s=0.5)
+    try:
+        assert settle_lookup(tier, make_keys(identity, 1)[0]) is MISS
+    finally:
+        tier.close()
+
+
+def test_a_tcp_client_of_a_zmq_server_gets_misses_not_a_hang(identity):
+    node = PeerNode(0, "--store", "2").start()
+    region = HostRegion(2, identity.layout.chunk_bytes)
+    tier = node.tier(region, identity, transport="tcp", timeout_s=0.5)
+    try:
+        assert settle_lookup(tier, make_keys(identity, 1)[0]) is MISS
+    finally:
+        tier.close()
+        node.kill()
+
+
+# -- configuration ----------------------------------------------------------------------------
+def test_tcp_refuses_curve_keys_on_both_sides(tmp_path):
+    key = tmp_path / "k"
+    key.write_text("x")
+    with pytest.raises(ConfigError, match="transport"):
+        P2PTierConfig(
+            host="127.0.0.1",
+            port=5,
+            transport="tcp",
+            curve_secret_key_file=str(key),
+            curve_server_key_file=str(key),
+        )
+    with pytest.raises(ConfigError, match="transport"):
+        ServeConfig(
+            port=5, transport="tcp", curve_secret_key_file=str(key), curve_client_keys_dir="."
+        )
+    assert ServeConfig(port=5).transport == "zmq"
+
+
+@pytest.mark.parametrize("value", ["udp", "TCP", "", 1, None])
+def test_an_unknown_transport_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="transport"):
+        TieringConfig.from_dict(
+            {"cpu_bytes_to_use": 1 << 20, "serve": {"port": 5, "transport": value}}
+        )
+
+
+# -- the transport itself ---------------------------------------------------------------------
+class Pair:
+    """A listener and a client channel of two transports on this thread."""
+
+    def __init__(self, limits: MessageLimits = LIMITS) -> None:
+        self.server, self.client = TcpTransport(), TcpTransport()
+        self.listener = self.server.listen("127.0.0.1", 0, limits)
+        self.channel = self.client.connect("127.0.0.1", self.listener.port, limits)
+
+    def turn(self) -> None:
+        self.client.wait(0.005)
+        self.server.wait(0.005)
+
+    def request(self, timeout: float = 5.0) -> tuple[bytes, list[memoryview], bytes | None]:
+        deadline = time.monotonic() + timeout
+        while (message := self.listener.recv()) is None:
+            assert time.monotonic() < deadline, "no request arrived"
+            self.turn()
+        return message
+
+    def reply(self, place=None, timeout: float = 5.0) -> list[memoryview]:
+        deadline = time.monotonic() + timeout
+        while (message := self.channel.recv(place)) is None:
+            assert time.monotonic() < deadline, "no reply arrived"
+            self.turn()
+        return message
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    pair = Pair()
+    yield pair
+    pair.close()
+
+
+def test_messages_keep_their_frames_both_ways(pair):
+    assert pair.channel.send([b"meta", b"", b"x" * 1000])
+    peer, frames, user = pair.request()
+    assert [bytes(f) for f in frames] == [b"meta", b"", b"x" * 1000] and user is None
+    pair.listener.send(peer, [b"ok"])
+    assert [bytes(f) for f in pair.reply()] == [b"ok"]
+
+
+def test_a_frame_lands_in_the_buffer_place_gives_and_one_too_long_comes_back_empty(pair):
+    """Frame 1 fits its buffer exactly (received into it); frame 2 is one byte longer than its
+    buffer: cut off, returned empty, and the frame after it still arrives whole."""
+    peer = _connected(pair)
+    fits, short = bytearray(300), bytearray(299)
+    asked = []
+
+    def place(index, frames):
+        asked.append((index, [bytes(f) for f in frames]))
+        return {1: memoryview(fits), 2: memoryview(short)}.get(index)
+
+    pair.listener.send(peer, [b"m", b"a" * 300, b"b" * 300, b"tail"])
+    frames = pair.reply(place)
+    assert bytes(fits) == b"a" * 300 and frames[1].obj is fits
+    assert len(frames[2]) == 0 and bytes(short) == bytes(299)
+    assert bytes(frames[3]) == b"tail"
+    assert asked[0] == (1, [b"m"]) and [i for i, _ in asked] == [1, 2, 3]
+
+
+def test_a_receipt_is_done_only_once_the_kernel_has_every_byte(pair):
+    peer = _connected(pair)
+    payload = bytearray(64 << 20)
+    big = Pair(MessageLimits(64 << 20, 2, 65 << 20))
+    try:
+        peer = _connected(big)
+        receipt = big.listener.send(peer, [b"m", payload])
+        for _ in range(20):
+            big.server.wait(0.005)  # nobody reads on the client side
+        assert not receipt.done, "64 MiB cannot all be in the kernel's buffers"
+        frames = big.reply(timeout=30)
+        assert len(frames[1]) == 64 << 20
+        wait_for(lambda: (big.server.wait(0.005), receipt.done)[1], what="receipt done")
+    finally:
+        big.close()
+
+
+def test_a_closed_client_channel_refuses_sends(pair):
+    pair.channel.close()
+    assert pair.channel.send([b"x"]) is False
+    assert pair.channel.recv() is None
+
+
+def test_an_address_that_does_not_resolve_gives_a_closed_channel():
+    transport = TcpTransport()
+    try:
+        channel = transport.connect("no-such-host.invalid", 1, LIMITS)
+        assert channel.send([b"x"]) is False
+    finally:
+        transport.close()
+
+
+def test_listening_on_a_taken_port_is_a_config_error(pair):
+    other = TcpTransport()
+    try:
+        with pytest.raises(ConfigError, match="cannot listen"):
+            other.listen("127.0.0.1", pair.listener.port, LIMITS)
+    finally:
+        other.close()
+
+
+# -- hostile clients --------------------------------------------------------------------------
+def _connected(pair: Pair) -> bytes:
+    """The listener's id for ``pair``'s channel (after one message)."""
+    pair.channel.send([b"hi"])
+    return pair.request()[0]
+
+
+def raw_client(listener: TcpListener, greeting: bytes = GREETING) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", listener.port))
+    sock.sendall(greeting)
+    return sock
+
+
+def message(frames: list[bytes], lengths: list[int] | None = None) -> bytes:
+    lengths = [len(f) for f in frames] if lengths is None else lengths
+    prefix = struct.pack("<I", len(lengths)) + struct.pack(f"<{len(lengths)}Q", *lengths)
+    return prefix + b"".join(frames)
+
+
+def served(pair: Pair, sock: socket.socket, data: bytes) -> bool:
+    """Send ``data`` from ``sock``: whether the listener delivered a message, or (``False``)
+    dropped the connection; an honest client is answered either way."""
+    sock.sendall(data)
+    delivered = False
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        pair.turn()
+        got = pair.listener.recv()
+        if got is not None:
+            delivered = True
+            break
+        if sum(pair.listener.stats().values()):
+            break
+    pair.channel.send([b"honest"])
+    assert bytes(pair.request()[1][0]) == b"honest"
+    return delivered
+
+
+@pytest.mark.parametrize(
+    ("frames", "lengths", "reason"),
+    [
+        ([b"x"] * 4, None, None),
+        ([b"x"] * 5, None, "too_many_frames"),
+        ([], [], "empty_message"),
+        ([b"y" * 1000], None, None),
+        ([b"y" * 1001], None, "oversized_frame"),
+        ([b"z" * 1000, b"z" * 1000], None, None),
+        ([b"z" * 1000, b"z" * 1000, b"z"], None, "oversized_message"),
+        ([], [2**64 - 1], "oversized_frame"),
+        ([], [1000, 1000, 1000, 2**63], "oversized_frame"),
+    ],
+)
+def test_every_bound_holds_at_its_value_and_one_past_it(pair, frames, lengths, reason):
+    _connected(pair)
+    sock = raw_client(pair.listener)
+    try:
+        delivered = served(pair, sock, message(frames, lengths))
+    finally:
+        sock.close()
+    stats = pair.listener.stats()
+    if reason is None:
+        assert delivered and not stats
+    else:
+        assert not delivered and stats == {f"connections_dropped_{reason}": 1}
+
+
+def test_a_client_with_another_greeting_is_dropped(pair):
+    _connected(pair)
+    sock = raw_client(pair.listener, b"\xff\xfeZMTP!!")  # 8 bytes, not ours
+    try:
+        assert not served(pair, sock, b"")
+    finally:
+        sock.close()
+    assert pair.listener.stats() == {"connections_dropped_bad_greeting": 1}
+
+
+def test_unfinished_messages_and_silent_connections_are_dropped(pair, monkeypatch):
+    monkeypatch.setattr(tcp_transport, "UNFINISHED_S", 0.3)
+    _connected(pair)
+    silent = socket.create_connection(("127.0.0.1", pair.listener.port))  # never greets
+    partial = raw_client(pair.listener)
+    partial.sendall(message([b"a" * 100])[:-1])  # one byte short, forever
+    idle = raw_client(pair.listener)
+    idle.sendall(message([b"done"]))  # whole, then idle: kept
+    try:
+        pair.request()
+        wait_for(
+            lambda: (
+                (pair.turn(), pair.listener.recv(), pair.listener.stats())[2].get(
+                    "connections_dropped_stalled"
+                )
+                == 2
+            ),
+            what="two stalled connections dropped",
+        )
+        idle.sendall(message([b"again"]))
+        assert bytes(pair.request()[1][0]) == b"again"
+    finally:
+        for sock in (silent, partial, idle):
+            sock.close()
+
+
+def test_connections_past_the_limit_are_closed_at_once(pair, monkeypatch):
+    monkeypatch.setattr(tcp_transport, "MAX_CONNECTIONS", 3)
+    _connected(pair)  # one
+    socks = [raw_client(pair.listener) for _ in range(3)]
+    try:
+        wait_for(
+            lambda: (
+                (pair.turn(), pair.listener.stats())[1].get("connections_dropped_over_limit") == 1
+            ),
+            what="the fourth connection dropped",
+        )
+        pair.channel.send([b"still here"])
+        assert bytes(pair.request()[1][0]) == b"still here"
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_a_client_flooding_messages_does_not_starve_another(pair):
+    _connected(pair)
+    flood = raw_client(pair.listener)
+    try:
+        flood.sendall(message([b"spam"]) * 2000)
+        pair.channel.send([b"honest"])
+        seen = [bytes(pair.request()[1][0]) for _ in range(40)]
+        assert b"honest" in seen
+    finally:
+        flood.close()
+
+
+# -- a hostile server -------------------------------------------------------------------------
+class RawServer:
+    """A listening socket that greets each client with ``greeting`` and then sends ``data``."""
+
+    def __init__(self, greeting: bytes, data: bytes) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.greeting, self.data = greeting, data
+        self.clients: list[socket.socket] = []
+
+    def serve(self) -> None:
+        self.sock.settimeout(5)
+        client, _ = self.sock.accept()
+        client.sendall(self.greeting + self.data)
+        self.clients.append(client)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("greeting", "data"),
+    [
+        (b"NOTKVTIER", b""),
+        (GREETING, message([], [2**64 - 1])),
+        (GREETING, message([], [1] * 10_000)),
+    ],
+    ids=["greeting", "huge_frame", "many_frames"],
+)
+def test_a_hostile_server_closes_the_channel(greeting, data):
+    server, client = RawServer(greeting, data), TcpTransport()
+    try:
+        channel = client.connect("127.0.0.1", server.port, LIMITS)
+        server.serve()
+        deadline = time.monotonic() + 5
+        while channel.send([b"x"]):
+            assert time.monotonic() < deadline, "the channel stayed open"
+            client.wait(0.01)
+            assert channel.recv() is None
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_hostile_server_costs_the_tier_a_miss(identity):
+    """A server that greets and then claims a huge reply: the load fails, nothing hangs."""
+    server = RawServer(GREETING, message([], [2**40]))
+    region = HostRegion(2, identity.layout.chunk_bytes)
+    p2p = P2PTierConfig(host="127.0.0.1", port=server.port, transport="tcp", timeout_s=0.5)
+    tier = PeerTier(p2p, region, identity)
+    try:
+        server.serve()
+        tier.submit_load(TransferJob(1, tuple(make_keys(identity, 1)), (0,)))
+        assert not collect(tier, [1])[1].ok
+    finally:
+        tier.close()
+        server.close()
+
+
+def test_reply_limits_admit_a_full_fetch_and_no_more():
+    chunk = 1 << 20
+    limits = proto.reply_limits(chunk)
+    keys = proto.fetch_batch(chunk)
+    assert limits.max_frames == 1 + 2 * keys
+    assert limits.max_message_bytes >= proto.MAX_META_BYTES + keys * (4096 + chunk)
+    assert limits.max_frame_bytes == max(chunk, proto.MAX_META_BYTES)
+
+
+def test_a_manager_loads_from_a_serving_manager_over_tcp(identity):
+    """Both ends configured as operators do: ``serve.transport`` and the p2p tier's."""
+    keys = make_keys(identity, 4)
+    node = PeerNode(0, "--store", "4", "--transport", "tcp").start()
+    tier_entry = {"type": "p2p", "host": "127.0.0.1", "port": node.port, "transport": "tcp"}
+    config = TieringConfig.from_dict(
+        {"cpu_bytes_to_use": 16 << 20, "secondary_tiers": [tier_entry]}
+    )
+    try:
+        with TieringManager(config, identity) as manager:
+            deadline = time.monotonic() + 20
+            while (found := manager.lookup(keys)) is RETRY:
+                assert time.monotonic() < deadline, "lookup kept answering RETRY"
+                time.sleep(0.005)
+            assert found == len(keys)
+            slots = manager.prepare_load(keys)
+            assert all(holds(manager.region, s, k) for s, k in zip(slots, keys, strict=True))
+            manager.complete_load(keys)
+    finally:
+        node.kill()
+
+
+@pytest.mark.parametrize("host", ["*", "::1"])
+def test_a_listener_binds_every_interface_or_ipv6(host):
+    server, client = TcpTransport(), TcpTransport()
+    try:
+        listener = server.listen(host, 0, LIMITS)
+        channel = client.connect("::1" if host == "::1" else "127.0.0.1", listener.port, LIMITS)
+        channel.send([b"x"])
+        deadline = time.monotonic() + 5
+        while listener.recv() is None:
+            assert time.monotonic() < deadline
+            client.wait(0.005)
+            server.wait(0.005)
+    finally:
+        client.close()
+        server.close()
