@@ -446,3 +446,35 @@ def test_a_listener_binds_every_interface_or_ipv6(host):
     finally:
         client.close()
         server.close()
+
+
+def test_a_host_name_is_resolved_and_a_hanging_resolver_costs_a_bounded_wait(monkeypatch):
+    server, client = TcpTransport(), TcpTransport()
+    try:
+        listener = server.listen("127.0.0.1", 0, LIMITS)
+        channel = client.connect("localhost", listener.port, LIMITS)
+        assert channel.send([b"by name"])
+        deadline = time.monotonic() + 5
+        while (got := listener.recv()) is None:
+            assert time.monotonic() < deadline
+            client.wait(0.005)
+            server.wait(0.005)
+        assert bytes(got[1][0]) == b"by name"
+
+        real = socket.getaddrinfo
+
+        def hanging(host, *args, **kwargs):
+            numeric = len(args) >= 5 and args[4] & socket.AI_NUMERICHOST
+            if host == "slow.example" and not numeric:  # a resolver that never answers
+                time.sleep(30)
+            return real(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", hanging)
+        monkeypatch.setattr(tcp_transport, "RESOLVE_TIMEOUT_S", 0.2)
+        started = time.monotonic()
+        channel = client.connect("slow.example", listener.port, LIMITS)
+        assert time.monotonic() - started < 10, "the resolver held the transport's thread"
+        assert channel.send([b"x"]) is False
+    finally:
+        client.close()
+        server.close()

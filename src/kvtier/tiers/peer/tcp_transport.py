@@ -13,7 +13,8 @@ listener keeps at most ``MAX_CONNECTIONS`` (more are closed at once,
 ``MessageLimits`` (``connections_dropped_<reason>``), and one whose greeting or unfinished
 message is older than ``UNFINISHED_S`` (``connections_dropped_stalled``): what a client sends
 is held one message at a time, and never for long. A client's channel that breaks is closed;
-its requests then time out (``timeout_s``) and the link reconnects.
+its requests then time out (``timeout_s``) and the link reconnects. A peer named by a host
+name is resolved on a thread of its own, waited for at most ``RESOLVE_TIMEOUT_S``.
 
 Thread safety: a transport and everything it created belong to one thread, except ``wake``,
 which any thread may call.
@@ -28,9 +29,11 @@ import logging
 import os
 import select
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from kvtier.errors import ConfigError
 from kvtier.tiers.peer.tcp_wire import (
@@ -48,6 +51,9 @@ log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 1024
 UNFINISHED_S = 30.0
+SWEEP_S = 0.1  # how often a listener looks for stalled connections
+#: Longest the owner's thread waits for a host name to resolve (an IP address never waits).
+RESOLVE_TIMEOUT_S = 2.0
 _IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
 _STREAM = socket.SOCK_STREAM
 
@@ -111,6 +117,7 @@ class TcpListener:
         self._conns: dict[bytes, _Conn] = {}
         self._counters: Counter[str] = Counter()
         self._ids = itertools.count(1)
+        self._sweep_at = 0.0
 
     def accept(self) -> None:
         """Take every waiting connection (the transport's ``wait``, on this socket's POLLIN)."""
@@ -142,7 +149,10 @@ class TcpListener:
 
     def recv(self) -> tuple[bytes, list[memoryview], bytes | None] | None:
         """The next whole message of a connection that has bytes waiting, or ``None``."""
-        self._drop_stalled(time.monotonic())
+        now = time.monotonic()
+        if now >= self._sweep_at:
+            self._sweep_at = now + SWEEP_S
+            self._drop_stalled(now)
         for conn in [c for c in self._conns.values() if c.ready]:
             try:
                 message = conn.pump(None)
@@ -191,12 +201,11 @@ class TcpTransport:
     def connect(self, host: str, port: int, limits: MessageLimits) -> _Channel:
         """A channel to ``host:port``, connecting in the background (bytes sent meanwhile wait);
         an address that does not resolve gives a closed channel (its sends fail)."""
-        try:
-            family, kind, proto, _, address = socket.getaddrinfo(host, port, 0, _STREAM)[0]
-        except (OSError, UnicodeError) as exc:
-            log.warning("peer %s:%d: cannot resolve the address: %s", host, port, exc)
-            family, kind, proto, address = socket.AF_INET, socket.SOCK_STREAM, 0, None
-        conn = _Conn(_stream(family, kind, proto), limits)
+        found = _resolve(host, port)
+        if isinstance(found, str):
+            log.warning("peer %s:%d: cannot resolve the address: %s", host, port, found)
+        family, address = found if not isinstance(found, str) else (socket.AF_INET, None)
+        conn = _Conn(_stream(family, _STREAM, 0), limits)
         self.add(conn)
         error = conn.sock.connect_ex(address) if address is not None else errno.EADDRNOTAVAIL
         conn.connecting = error in (errno.EINPROGRESS, errno.EAGAIN)
@@ -309,3 +318,30 @@ def _nonblocking(sock: socket.socket) -> socket.socket:
     sock.setblocking(False)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def _resolve(host: str, port: int) -> tuple[int, Any] | str:
+    """``(family, address)`` of ``host:port``, or why not. An IP address is read at once; a
+    name is resolved on a thread of its own for at most ``RESOLVE_TIMEOUT_S``, so a resolver
+    that hangs never stalls the transport's thread for longer."""
+    try:
+        return _first(socket.getaddrinfo(host, port, 0, _STREAM, 0, socket.AI_NUMERICHOST))
+    except (OSError, UnicodeError):
+        pass
+    answer: list[tuple[int, Any] | str] = []
+
+    def lookup() -> None:
+        try:
+            answer.append(_first(socket.getaddrinfo(host, port, 0, _STREAM)))
+        except (OSError, UnicodeError) as exc:
+            answer.append(str(exc))
+
+    thread = threading.Thread(target=lookup, name="kvtier-peer-resolve", daemon=True)
+    thread.start()
+    thread.join(RESOLVE_TIMEOUT_S)
+    return answer[0] if answer else f"no answer within {RESOLVE_TIMEOUT_S:g} s"
+
+
+def _first(infos: list[Any]) -> tuple[int, Any]:
+    family, _, _, _, address = infos[0]
+    return family, address

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Sequence
-from socket import socket
+from socket import MSG_NOSIGNAL, socket
 
 from kvtier.tiers.peer.transport import Buffer, MessageLimits, Place
 
@@ -173,7 +173,7 @@ class Outgoing:
         while self._queue:
             buffers, receipt = self._queue[0]
             try:
-                sent = sock.sendmsg(buffers[:MAX_IOV])
+                sent = sock.sendmsg(buffers[:MAX_IOV], (), MSG_NOSIGNAL)  # EPIPE, not SIGPIPE
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
