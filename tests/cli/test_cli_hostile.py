@@ -222,3 +222,14 @@ def test_ctrl_c_is_one_line_and_status_130_not_a_traceback(tmp_path, monkeypatch
     code = main(["cache", "verify", str(tmp_path / "kv"), "--progress", "none"])
     err = capsys.readouterr().err
     assert code == 130 and err == "kvtier cache verify: interrupted\n"
+
+
+def test_config_check_says_a_tcp_server_is_plain_and_warns_beyond_loopback(tmp_path, capsys):
+    data = {
+        "cpu_bytes_to_use": 1 << 30,
+        "serve": {"host": "0.0.0.0", "port": 5710, "transport": "tcp"},
+    }
+    code, out, err = check(["config", "check", write(tmp_path, data)], capsys)
+    assert code == 0
+    assert "tcp://0.0.0.0:5710, plain TCP (unauthenticated, unencrypted)" in out
+    assert "serve listens on 0.0.0.0 without CURVE" in err

@@ -82,14 +82,17 @@ def describe_services(config: TieringConfig) -> list[str]:
 def _describe_serve(serve: ServeConfig | None) -> str:
     if serve is None:
         return "off"
-    curve = "off (unauthenticated, unencrypted)"
-    if serve.curve_secret_key_file is not None:
-        curve = (
-            f"on (secret key {serve.curve_secret_key_file}, clients {serve.curve_client_keys_dir})"
+    security = "CURVE off (unauthenticated, unencrypted)"
+    if serve.transport == "tcp":
+        security = "plain TCP (unauthenticated, unencrypted)"
+    elif serve.curve_secret_key_file is not None:
+        security = (
+            f"CURVE on (secret key {serve.curve_secret_key_file}, "
+            f"clients {serve.curve_client_keys_dir})"
         )
     stores = "accepted" if serve.accept_stores else "refused"
     return (
-        f"tcp://{_host_port(serve.host, serve.port)}, CURVE {curve}, stores from peers "
+        f"tcp://{_host_port(serve.host, serve.port)}, {security}, stores from peers "
         f"{stores}, hold_timeout_s {serve.hold_timeout_s:g}"
     )
 
