@@ -64,8 +64,15 @@ class PeerNode:
         self.port = int(port)
         return self
 
+    @property
+    def transport(self) -> str:
+        """The node's ``serve.transport`` (``--transport``, else ``zmq``)."""
+        args = list(self.args)
+        return args[args.index("--transport") + 1] if "--transport" in args else "zmq"
+
     def tier(self, region: HostRegion, identity: CacheIdentity, **options: object) -> PeerTier:
-        """A client tier of this node."""
+        """A client tier of this node, over the node's transport unless ``options`` name one."""
+        options = {"transport": self.transport, **options}
         p2p = P2PTierConfig(host="127.0.0.1", port=self.port, **options)  # type: ignore[arg-type]
         return PeerTier(p2p, region, identity)
 

@@ -26,10 +26,11 @@ def region(identity: CacheIdentity) -> HostRegion:
     return HostRegion(32, identity.layout.chunk_bytes)
 
 
-@pytest.fixture
-def producer() -> Iterator[PeerNode]:
-    """Another process that stored the 8 chunks of ``make_keys(identity, 8)`` and serves them."""
-    node = PeerNode(0, "--store", "8").start()
+@pytest.fixture(params=["zmq", "tcp"])
+def producer(request: pytest.FixtureRequest) -> Iterator[PeerNode]:
+    """Another process that stored the 8 chunks of ``make_keys(identity, 8)`` and serves them,
+    over each transport."""
+    node = PeerNode(0, "--store", "8", "--transport", request.param).start()
     yield node
     node.kill()
 
@@ -50,7 +51,9 @@ def p2p(port: int, **options: object) -> dict[str, object]:
 def test_chunks_stored_by_one_process_load_byte_identical_in_another(producer, identity):
     """The consumer's manager promotes every chunk from the producer's host memory."""
     keys = make_keys(identity, 8)
-    with TieringManager(config(16, secondary_tiers=[p2p(producer.port)]), identity) as m:
+    with TieringManager(
+        config(16, secondary_tiers=[p2p(producer.port, transport=producer.transport)]), identity
+    ) as m:
         assert settle(m, keys) == 8
         slots = m.prepare_load(keys)
         assert all(holds(m.region, slot, key) for key, slot in zip(keys, slots))
@@ -62,7 +65,9 @@ def test_chunks_stored_by_one_process_load_byte_identical_in_another(producer, i
 
 def test_unknown_chunks_are_misses_and_the_prefix_stops_there(producer, identity):
     keys = make_keys(identity, 8)[:4] + make_keys(identity, 2, seed=77)
-    with TieringManager(config(16, secondary_tiers=[p2p(producer.port)]), identity) as m:
+    with TieringManager(
+        config(16, secondary_tiers=[p2p(producer.port, transport=producer.transport)]), identity
+    ) as m:
         assert settle(m, keys) == 4
 
 
@@ -106,7 +111,7 @@ def test_producer_killed_mid_fetch_then_restarted(producer, identity, region):
         assert settle_lookup(tier, keys[0]) is MISS
         assert tier.stats()["peer_failures"] >= 1
 
-        restarted = PeerNode(producer.port, "--store", "8").start()
+        restarted = PeerNode(producer.port, *producer.args).start()
         try:
             wait_for(lambda: settle_lookup(tier, keys[0]) is HIT, timeout=30)
             region.numpy(20)[:] = 0
@@ -121,7 +126,7 @@ def test_producer_killed_mid_fetch_then_restarted(producer, identity, region):
 
 def test_a_hint_names_a_peer_outside_the_config(producer, identity, region):
     """The configured peer holds nothing; the hinted one does, and serves the load."""
-    empty = PeerNode(0).start()
+    empty = PeerNode(0, "--transport", producer.transport).start()
     tier = empty.tier(region, identity)
     try:
         keys = make_keys(identity, 8)
@@ -182,7 +187,9 @@ def test_a_store_for_a_peer_that_refuses_stores_never_leaves_this_process(identi
 
 def test_peers_that_refuse_stores_get_no_write_through_and_no_failure(producer, identity):
     keys = make_keys(identity, 4, seed=11)
-    with TieringManager(config(16, secondary_tiers=[p2p(producer.port)]), identity) as m:
+    with TieringManager(
+        config(16, secondary_tiers=[p2p(producer.port, transport=producer.transport)]), identity
+    ) as m:
         assert settle(m, make_keys(identity, 1)) == 1  # the peer's handshake was answered
         plan = m.prepare_store(keys)
         assert plan is not None
