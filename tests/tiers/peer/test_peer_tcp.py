@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from kvtier import RETRY, ConfigError, TieringManager
+from kvtier import RETRY, CacheIdentity, ConfigError, KVLayout, TieringManager
 from kvtier.config import P2PTierConfig, TieringConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import MISS, TransferJob
@@ -25,7 +26,15 @@ from kvtier.tiers.peer.tcp_transport import TcpListener, TcpTransport
 from kvtier.tiers.peer.tcp_wire import GREETING
 from kvtier.tiers.peer.tier import PeerTier
 from kvtier.tiers.peer.transport import MessageLimits
-from tests.conftest import collect, holds, make_keys, settle_lookup, wait_for
+from tests.conftest import (
+    collect,
+    holds,
+    make_keys,
+    on_a_free_port,
+    settle_lookup,
+    store,
+    wait_for,
+)
 from tests.tiers.peer_node import PeerNode
 
 LIMITS = MessageLimits(max_frame_bytes=1000, max_frames=4, max_message_bytes=2000)
@@ -55,7 +64,8 @@ def test_chunks_load_byte_identical_over_tcp_between_processes(node, identity):
 
 def test_a_zmq_client_of_a_tcp_server_gets_misses_not_a_hang(node, identity):
     """Transports differ: no handshake, so every lookup is a miss within ``timeout_s``."""
-    tier = node.tier(HostRegion(2, identity.layout.chunk_bytes), identity, timeout_s=0.5)
+    region = HostRegion(2, identity.layout.chunk_bytes)
+    tier = node.tier(region, identity, transport="zmq", timeout_s=0.5)
     try:
         assert settle_lookup(tier, make_keys(identity, 1)[0]) is MISS
     finally:
@@ -478,3 +488,43 @@ def test_a_host_name_is_resolved_and_a_hanging_resolver_costs_a_bounded_wait(mon
     finally:
         client.close()
         server.close()
+
+
+def test_payloads_are_verified_with_the_checksum_taken_as_they_landed(monkeypatch):
+    """1 MiB chunks: a reply arrives over many reads; each payload is hashed as it lands, and
+    the tier's I/O thread never hashes it a second time to verify it."""
+    from kvtier.tiers.shared import codec
+
+    layout = KVLayout(4, 8, 128, "float16", block_size=16, blocks_per_chunk=4)
+    identity = CacheIdentity(model="test/big", layout=layout)
+    second_passes = []
+    real = codec.checksum
+
+    def counted(data):
+        if threading.current_thread().name.endswith("-io"):  # the client's I/O thread
+            second_passes.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(codec, "checksum", counted)
+    keys = make_keys(identity, 4)
+
+    def serving(port: int) -> TieringManager:
+        serve = {"port": port, "transport": "tcp"}
+        config = {"cpu_bytes_to_use": 8 * layout.chunk_bytes, "serve": serve}
+        return TieringManager(TieringConfig.from_dict(config), identity)
+
+    with on_a_free_port(serving)[0] as server:
+        store(server, keys)
+        assert server.peer_server is not None
+        region = HostRegion(4, layout.chunk_bytes)
+        p2p = P2PTierConfig(
+            host="127.0.0.1", port=server.peer_server.port, transport="tcp", timeout_s=20.0
+        )
+        tier = PeerTier(p2p, region, identity)
+        try:
+            tier.submit_load(TransferJob(1, tuple(keys), tuple(range(4))))
+            assert collect(tier, [1])[1].succeeded == frozenset(keys)
+        finally:
+            tier.close()
+    assert all(holds(region, slot, key) for slot, key in enumerate(keys))
+    assert second_passes == [], f"{len(second_passes)} payloads hashed a second time"

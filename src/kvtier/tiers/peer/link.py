@@ -10,7 +10,7 @@ lost our session (it restarted): the link shakes hands again.
 A FETCH request may name a ``landing`` buffer per key (its host slot): the payload frames of
 its reply are then received straight into them (``transport.Place``), but only while the request
 is in flight here, so a late reply never writes into a slot that was given back. Each landed
-payload is checksummed (xxh3-128) as soon as it has landed, while its bytes are still in the CPU
+payload is checksummed (xxh3-128) piece by piece as it lands, while its bytes are still in the CPU
 cache (unless the tier checks a tag instead), and the request's ``checksums`` map that payload's
 buffer to its checksum; landed bytes are not verified yet: the caller verifies them (header and
 checksum or tag) before it reports success.
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.tiers.peer import protocol as proto
-from kvtier.tiers.peer.transport import Buffer, Channel, Transport
+from kvtier.tiers.peer.transport import Buffer, Channel, Landing, Transport
 from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.circuit import Backoff
 
@@ -97,6 +97,7 @@ class PeerLink:
         self._backoff, self._retry_at = Backoff(MIN_BACKOFF_S, MAX_BACKOFF_S), 0.0
         self._landing: list[memoryview] = []  # of the reply being received
         self._landed_at = 0  # frame index of that reply's last payload received into _landing
+        self._filling: Any = None  # that payload's checksum as it lands (codec.filling)
         self._checksums: dict[int, tuple[memoryview, bytes | None]] = {}  # of its payloads
         self._open(State.CONNECTING)
 
@@ -131,11 +132,11 @@ class PeerLink:
     def receive(self) -> None:
         """Handle every reply that has arrived."""
         while self._channel is not None:
-            self._landed_at, self._checksums = 0, {}
-            frames = self._channel.recv(self._place)
+            frames = self._channel.recv(self._place)  # a message may take several calls
             if frames is None:
                 return
             self._checksum_landed(frames, len(frames))
+            checksums, self._landed_at, self._checksums = self._checksums, 0, {}
             try:
                 reply = proto.decode_reply(frames, self._chunk_bytes)
             except proto.ProtocolError as exc:
@@ -147,24 +148,29 @@ class PeerLink:
             elif isinstance(reply, proto.Refused):
                 self._on_refused(reply)
             else:
-                self._on_reply(reply)
+                self._on_reply(reply, checksums)
 
-    def _place(self, index: int, frames: Sequence[memoryview]) -> memoryview | None:
-        """Frame ``index`` of a reply: a payload of an in-flight FETCH lands in its buffer."""
-        if index == 1:
+    def _place(self, index: int, frames: Sequence[memoryview]) -> Landing | None:
+        """Frame ``index`` of a reply: a payload of an in-flight FETCH lands in its buffer,
+        checksummed piece by piece as it lands."""
+        if index == 1:  # a new message: nothing of another one carries over
             self._landing = self._landing_for(frames[0])
+            self._landed_at, self._checksums, self._filling = 0, {}, None
         self._checksum_landed(frames, index)
         found = index // 2 - 1  # frames: meta, then header and payload per found key
         if index % 2 or found >= len(self._landing):
             return None
         self._landed_at = index
-        return self._landing[found]
+        buffer = self._landing[found]
+        self._filling = codec.filling(buffer) if self._checksum else None
+        return Landing(buffer, self._filling.feed if self._filling is not None else None)
 
     def _checksum_landed(self, frames: Sequence[memoryview], received: int) -> None:
-        """Checksum frame ``received - 1`` if it landed: its bytes are still in the CPU cache."""
+        """The checksum of frame ``received - 1`` if it landed (folded in as it landed)."""
         if self._landed_at and self._landed_at == received - 1:
             payload = frames[self._landed_at]
-            digest = codec.checksum(payload) if self._checksum else None
+            filling, self._filling = self._filling, None
+            digest = filling.digest(len(payload)) if filling is not None else None
             self._checksums[id(payload)] = (payload, digest)
 
     def _landing_for(self, meta: memoryview) -> list[memoryview]:
@@ -202,7 +208,9 @@ class PeerLink:
             )
             self._hello(State.CONNECTING)
 
-    def _on_reply(self, reply: proto.Reply) -> None:
+    def _on_reply(
+        self, reply: proto.Reply, checksums: dict[int, tuple[memoryview, bytes | None]]
+    ) -> None:
         request = self._in_flight.pop(reply.req_id, None)
         if request is None:
             self._counters["stale_replies"] += 1
@@ -211,7 +219,7 @@ class PeerLink:
             self._counters["mismatched_replies"] += 1
             self._on_done(self, request, None)
         else:
-            request.checksums = self._checksums
+            request.checksums = checksums
             self._on_done(self, request, reply)
         self._flush()
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from socket import MSG_NOSIGNAL, socket
 
-from kvtier.tiers.peer.transport import Buffer, MessageLimits, Place
+from kvtier.tiers.peer.transport import Buffer, MessageLimits, Place, landing
 
 GREETING = b"KVTIER\x01\x00"
 _COUNT = struct.Struct("<I")
@@ -80,6 +80,7 @@ class Incoming:
         self._lengths: list[int] = []
         self._frames: list[memoryview] = []
         self._discard = 0  # bytes of a frame too long for its landing, still to skip
+        self._feed: Callable[[int], object] | None = None  # the landing frame's
 
     @property
     def started(self) -> bool:
@@ -96,6 +97,8 @@ class Incoming:
             elif self._got < len(self._buffer):
                 n = _read(sock, self._buffer[self._got :])
                 self._got += n
+                if n and self._feed is not None:
+                    self._feed(self._got)
             else:
                 message = self._advance(place)
                 if message is not None:
@@ -135,15 +138,15 @@ class Incoming:
 
     def _next_frame(self, place: Place | None) -> None:
         """Where frame ``len(self._frames)`` lands: the caller's buffer, or one of its own."""
-        index, self._got = len(self._frames), 0
+        index, self._got, self._feed = len(self._frames), 0, None
         length = self._lengths[index]
-        landing = place(index, self._frames) if place is not None and index else None
-        if landing is None:
+        land = landing(place(index, self._frames)) if place is not None and index else None
+        if land is None:
             self._buffer = memoryview(bytearray(length))
-        elif len(landing) >= length:
-            self._buffer = landing[:length]
+        elif len(land.buffer) >= length:
+            self._buffer, self._feed = land.buffer[:length], land.feed
         else:  # cut off: it comes back empty, its bytes skipped
-            self._buffer, self._discard = landing[:0], length
+            self._buffer, self._discard = land.buffer[:0], length
 
 
 class Receipt:

@@ -42,11 +42,28 @@ RECV_QUEUE_MESSAGES = 4
 FRAME_MARGIN_BYTES = 256
 
 Buffer = bytes | memoryview
+
+
+@dataclass(frozen=True)
+class Landing:
+    """Where a frame lands: ``buffer``, and ``feed(filled)`` (if given), called each time more
+    of the frame has landed (``buffer[:filled]``), so that a streaming checksum takes each piece
+    while it is still in the CPU cache."""
+
+    buffer: memoryview
+    feed: Callable[[int], object] | None = None
+
+
 #: ``place(i, frames)``: called before frame ``i >= 1`` of a message is received, with frames
-#: ``0..i-1``; returns a writable buffer for frame ``i`` to land in, or ``None`` (the frame is then
-#: received as usual). A landed frame comes back as that buffer cut to the frame's length; a frame
-#: longer than its buffer is cut off and comes back empty.
-Place = Callable[[int, Sequence[memoryview]], memoryview | None]
+#: ``0..i-1``; returns where frame ``i`` lands (a ``Landing``, or a writable buffer), or ``None``
+#: (the frame is then received as usual). A landed frame comes back as that buffer cut to the
+#: frame's length; a frame longer than its buffer is cut off and comes back empty.
+Place = Callable[[int, Sequence[memoryview]], "Landing | memoryview | None"]
+
+
+def landing(found: Landing | memoryview | None) -> Landing | None:
+    """What a ``Place`` returned, as a ``Landing``."""
+    return Landing(found) if isinstance(found, memoryview) else found
 
 
 class SendReceipt(Protocol):

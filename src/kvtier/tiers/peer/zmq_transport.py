@@ -24,9 +24,11 @@ from kvtier.tiers.peer.transport import (
     RECV_QUEUE_MESSAGES,
     Buffer,
     Channel,
+    Landing,
     Listener,
     MessageLimits,
     Place,
+    landing,
 )
 from kvtier.tiers.peer.zmq_listener import ZmqListener
 
@@ -52,15 +54,19 @@ class _Dealer:
         frames = [first.buffer]
         more = first.more  # ZeroMQ delivers a message whole: its other frames are here already
         while more:
-            frames.append(self._next_frame(place(len(frames), frames) if place else None))
+            frames.append(self._next_frame(landing(place(len(frames), frames)) if place else None))
             more = bool(self._socket.getsockopt(zmq.RCVMORE))
         return frames
 
-    def _next_frame(self, landing: memoryview | None) -> memoryview:
-        if landing is None:
+    def _next_frame(self, land: Landing | None) -> memoryview:
+        if land is None:
             return self._socket.recv(copy=False).buffer
-        size = self._socket.recv_into(landing)  # one copy, without the GIL
-        return landing[:size] if size <= len(landing) else landing[:0]
+        size = self._socket.recv_into(land.buffer)  # one copy, without the GIL
+        if size > len(land.buffer):
+            return land.buffer[:0]
+        if land.feed is not None:
+            land.feed(size)
+        return land.buffer[:size]
 
     def close(self) -> None:
         self._transport.forget(self._socket)
