@@ -12,13 +12,14 @@ chunks in its host tier and this process loads all of them:
   slot (what the tier must do with a chunk, less the verification and the protocol);
 * tier: a ``PeerTier`` loads every chunk from a ``TieringManager`` with ``serve`` (answered by
   the manager's own driver thread, as on an idle prefill node): the full path (lookup answers,
-  slot holds, header + xxh3-128 checksum on the server, verification and one copy into the host
-  slot here).
+  slot holds, header + xxh3-128 checksum on the server, verification here), over ZeroMQ
+  (``tier``: one copy out of libzmq's message into the host slot) and, without CURVE, over
+  plain TCP (``tier_tcp``: received straight into the slot); ``--transport`` picks.
 
-Each row runs ``--repeats`` rounds after one untimed warm-up round, the three sides back to
-back in every round (which goes first rotates); it reports the median and the best round of
-each side, and ``ratio`` (``ratio_into_slots``), the median over rounds of tier / raw (raw into
-slots) throughput in that round. Before 2026-12-03 the raw server sent one 2 or 8 MiB buffer
+Each row runs ``--repeats`` rounds after one untimed warm-up round, the sides back to back in
+every round (which goes first rotates); it reports the median (and for raw and the tiers the
+best) round of each side, and ``ratio`` (``ratio_into_slots``; ``tcp_ratio``... for the tier
+over TCP), the median over rounds of tier / raw (raw into slots) throughput in that round. Before 2026-12-03 the raw server sent one 2 or 8 MiB buffer
 for every chunk, always in the CPU cache, which the tier's 256 MiB of slots never are.
 Throughput is payload bytes per second (GB = 1e9). ``load`` is the 1-minute load average at
 start and end: on a shared machine, compare only ratios, never absolute figures across runs.
