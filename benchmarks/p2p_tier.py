@@ -19,8 +19,9 @@ chunks in its host tier and this process loads all of them:
 Each row runs ``--repeats`` rounds after one untimed warm-up round, the sides back to back in
 every round (which goes first rotates); it reports the median (and for raw and the tiers the
 best) round of each side, and ``ratio`` (``ratio_into_slots``; ``tcp_ratio``... for the tier
-over TCP), the median over rounds of tier / raw (raw into slots) throughput in that round. Before 2026-12-03 the raw server sent one 2 or 8 MiB buffer
-for every chunk, always in the CPU cache, which the tier's 256 MiB of slots never are.
+over TCP), the median over rounds of tier / raw (raw into slots) throughput in that round.
+Before 2026-12-03 the raw server sent one 2 or 8 MiB buffer for every chunk, always in the CPU
+cache, which the tier's 256 MiB of slots never are.
 Throughput is payload bytes per second (GB = 1e9). ``load`` is the 1-minute load average at
 start and end: on a shared machine, compare only ratios, never absolute figures across runs.
 """
