@@ -58,10 +58,18 @@ class _Client(ObjectClient):
     """The tier's client, with the listing and ranged reads the cache commands need."""
 
     def pages(self, prefix: str) -> Iterator[list[tuple[str, int, float]]]:
+        """The objects under ``prefix``, a page at a time. S3 lists names in increasing order:
+        a name that does not sort after the one before it (a store that repeats its pages)
+        ends the listing with a ``TierError`` instead of a listing without end."""
         stream = self._call(obstore.list, self._store, prefix, chunk_size=PAGE)
-        pages = iter(stream)
+        pages, last = iter(stream), ""
         while (page := self._call(next, pages, None)) is not None:
-            yield [(m["path"], int(m["size"]), m["last_modified"].timestamp()) for m in page]
+            rows = [(m["path"], int(m["size"]), m["last_modified"].timestamp()) for m in page]
+            for name, _, _ in rows:
+                if name <= last:
+                    raise TierError(f"the listing went back to {name!r} after {last!r}")
+                last = name
+            yield rows
 
     def delimited(self, prefix: str) -> tuple[list[str], list[str]]:
         """Common prefixes and object names right under ``prefix``."""

@@ -439,3 +439,31 @@ def test_a_prefix_the_client_cannot_name_is_a_config_error(prefix):
 @pytest.mark.parametrize("prefix", ["", "/", "a/b", "/a/b/", "a b", "ü", "a%b", "...", "a.b"])
 def test_prefixes_the_client_can_name_are_accepted(prefix):
     assert ObjTierConfig(bucket="b", prefix=prefix).prefix == prefix
+
+
+def test_kvtier_cache_stops_a_listing_that_repeats_its_pages(hostile, identity):
+    """``kvtier cache``'s walk of a prefix (``S3Store.pages``) against the same page forever:
+    it fails with a ``TierError`` at the first name that goes back (the client gathers up to
+    ``PAGE`` names from the store's pages before it hands over one page: at most that many)."""
+    from kvtier.cache.s3_store import PAGE, _Client
+    from kvtier.errors import TierError
+
+    namespace = f"p/{identity.hexdigest}"
+    names = [f"{namespace}/{i:064x}" for i in range(10)]
+    served = [0]
+
+    def the_same_page_forever(request: Request, conn: socket.socket) -> bool:
+        if request.is_list:
+            served[0] += 1
+            hostile.send(conn, "200 OK", [], hostile.list_xml(names, truncated=True))
+            return True
+        return False
+
+    hostile.hook = the_same_page_forever
+    client = _Client(ObjTierConfig(**options(hostile)))
+    listed = []
+    with pytest.raises(TierError, match="went back"):
+        for page in client.pages(f"{namespace}/"):
+            listed += page
+            assert len(listed) <= 10 * len(names), "the listing never ended"
+    assert len(listed) <= len(names) and served[0] <= PAGE // len(names) + 2
