@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -46,14 +45,6 @@ def layout() -> KVLayout:
 @pytest.fixture
 def region(identity: CacheIdentity) -> HostRegion:
     return HostRegion(SLOTS, identity.layout.chunk_bytes)
-
-
-@pytest.fixture
-def tiers() -> Iterator[list[ObjectStoreTier]]:
-    made: list[ObjectStoreTier] = []
-    yield made
-    for tier in made:
-        tier.close()
 
 
 @pytest.fixture

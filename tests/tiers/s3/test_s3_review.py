@@ -166,14 +166,6 @@ def region(identity: CacheIdentity) -> HostRegion:
     return HostRegion(8, identity.layout.chunk_bytes)
 
 
-@pytest.fixture
-def tiers() -> Iterator[list[ObjectStoreTier]]:
-    made: list[ObjectStoreTier] = []
-    yield made
-    for tier in made:
-        tier.close()
-
-
 def options(server: HostileS3, **extra: Any) -> dict[str, Any]:
     return {
         "bucket": "b",

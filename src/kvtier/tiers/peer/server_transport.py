@@ -11,9 +11,8 @@ import logging
 from kvtier.tiers.peer import protocol as proto
 from kvtier.tiers.peer.config import ServeConfig
 from kvtier.tiers.peer.curve_keys import server_keys
-from kvtier.tiers.peer.tcp_transport import TcpTransport
 from kvtier.tiers.peer.transport import Listener, MessageLimits, Transport
-from kvtier.tiers.peer.zmq_transport import ZmqTransport
+from kvtier.tiers.peer.transports import transport_for
 from kvtier.tiers.shared import codec
 
 log = logging.getLogger("kvtier.tiers.peer.server")
@@ -31,12 +30,10 @@ def request_limits(accept_stores: bool, chunk_bytes: int) -> MessageLimits:
 
 
 def _server_transport(config: ServeConfig) -> Transport:
-    if config.transport == "tcp":
-        return TcpTransport()
     curve = None
     if config.curve_secret_key_file and config.curve_client_keys_dir:
         curve = server_keys(config.curve_secret_key_file, config.curve_client_keys_dir)
-    return ZmqTransport(curve_server=curve)
+    return transport_for(config.transport, server=curve)
 
 
 def listen(

@@ -54,9 +54,8 @@ from kvtier.tiers.peer.config import P2PTierConfig
 from kvtier.tiers.peer.curve_keys import client_keys
 from kvtier.tiers.peer.link import PeerLink, PeerRequest, State
 from kvtier.tiers.peer.probes import Probes
-from kvtier.tiers.peer.tcp_transport import TcpTransport
 from kvtier.tiers.peer.transport import Transport
-from kvtier.tiers.peer.zmq_transport import ZmqTransport
+from kvtier.tiers.peer.transports import transport_for
 from kvtier.tiers.shared.answers import Answers
 from kvtier.tiers.shared.jobs import drain
 from kvtier.tiers.shared.sealing import make_sealer
@@ -367,12 +366,10 @@ class PeerTier(SecondaryTier):
 
 
 def _client_transport(config: P2PTierConfig) -> Transport:
-    if config.transport == "tcp":
-        return TcpTransport()
     curve = None
     if config.curve_secret_key_file and config.curve_server_key_file:
         curve = client_keys(config.curve_secret_key_file, config.curve_server_key_file)
-    return ZmqTransport(curve_client=curve)
+    return transport_for(config.transport, client=curve)
 
 
 def _batches(items: list[Any], size: int) -> list[list[Any]]:
