@@ -7,6 +7,7 @@ and one past it, and an honest client is still answered afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -521,3 +522,18 @@ def test_payloads_are_verified_with_the_checksum_taken_as_they_landed(monkeypatc
             tier.close()
     assert all(holds(region, slot, key) for slot, key in enumerate(keys))
     assert second_passes == [], f"{len(second_passes)} payloads hashed a second time"
+
+
+@pytest.mark.parametrize("transport", ["zmq", "tcp"])
+def test_a_job_submitted_after_close_writes_nowhere(identity, transport, tmp_path):
+    """``close`` then ``submit_load``: the wake-up of a closed transport writes to no file,
+    even one that took the number of its pipe."""
+    region = HostRegion(2, identity.layout.chunk_bytes)
+    p2p = P2PTierConfig(host="127.0.0.1", port=9, transport=transport, timeout_s=0.2)
+    tier = PeerTier(p2p, region, identity)
+    tier.close()
+    with contextlib.ExitStack() as files:  # these may take the numbers of the pipe's fds
+        for i in range(8):
+            files.enter_context(open(tmp_path / f"f{i}", "wb"))
+        tier.submit_load(TransferJob(1, tuple(make_keys(identity, 1)), (0,)))
+    assert all((tmp_path / f"f{i}").read_bytes() == b"" for i in range(8))

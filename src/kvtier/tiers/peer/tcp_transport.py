@@ -22,7 +22,6 @@ which any thread may call.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import itertools
 import logging
@@ -46,6 +45,7 @@ from kvtier.tiers.peer.tcp_wire import (
     encode,
 )
 from kvtier.tiers.peer.transport import Buffer, MessageLimits, Place, SendReceipt
+from kvtier.tiers.peer.wake_pipe import WakePipe
 
 log = logging.getLogger(__name__)
 
@@ -193,10 +193,8 @@ class TcpTransport:
         self._masks: dict[int, int] = {}
         self._conns: dict[int, _Conn] = {}
         self._listeners: dict[int, TcpListener] = {}
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._poller.register(self._wake_r, select.POLLIN)
+        self._wakes = WakePipe()
+        self._poller.register(self._wakes.fd, select.POLLIN)
 
     def connect(self, host: str, port: int, limits: MessageLimits) -> _Channel:
         """A channel to ``host:port``, connecting in the background (bytes sent meanwhile wait);
@@ -265,8 +263,8 @@ class TcpTransport:
     def wait(self, timeout_s: float) -> None:
         self._update_masks()
         for fd, events in self._poller.poll(max(0, int(timeout_s * 1000))):
-            if fd == self._wake_r:
-                self._drain_wakes()
+            if fd == self._wakes.fd:
+                self._wakes.drain()
             elif fd in self._listeners:
                 self._listeners[fd].accept()
             elif (conn := self._conns.get(fd)) is not None:
@@ -292,22 +290,15 @@ class TcpTransport:
                 self._masks[fd] = mask
                 self._poller.modify(fd, mask)
 
-    def _drain_wakes(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wake_r, 4096):
-                pass
-
     def wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # a full pipe: a wake-up is pending anyway
-            os.write(self._wake_w, b"w")
+        self._wakes.wake()
 
     def close(self) -> None:
         for listener in list(self._listeners.values()):
             listener.close()
         for conn in list(self._conns.values()):
             self.drop(conn)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._wakes.close()
 
 
 def _stream(family: int, kind: int, proto: int) -> socket.socket:

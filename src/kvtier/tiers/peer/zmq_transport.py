@@ -9,9 +9,7 @@ not thread-safe), except ``wake``, which any thread may call.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from collections.abc import Sequence
 
 import zmq
@@ -30,6 +28,7 @@ from kvtier.tiers.peer.transport import (
     Place,
     landing,
 )
+from kvtier.tiers.peer.wake_pipe import WakePipe
 from kvtier.tiers.peer.zmq_listener import ZmqListener
 
 log = logging.getLogger(__name__)
@@ -85,10 +84,8 @@ class ZmqTransport:
         self._curve_client, self._curve_server = curve_client, curve_server
         self._auth: ThreadAuthenticator | None = None
         self.num_refused_keys = 0
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._wakes = WakePipe()
+        self._poller.register(self._wakes.fd, zmq.POLLIN)
 
     def connect(self, host: str, port: int, limits: MessageLimits) -> Channel:
         """Only ``limits.max_frame_bytes`` is enforced (by libzmq), on every frame."""
@@ -152,17 +149,11 @@ class ZmqTransport:
         socket.close(linger=0)
 
     def wait(self, timeout_s: float) -> None:
-        if dict(self._poller.poll(max(0, int(timeout_s * 1000)))).pop(self._wake_r, None):
-            while True:
-                try:
-                    if not os.read(self._wake_r, 4096):
-                        return
-                except BlockingIOError:
-                    return
+        if dict(self._poller.poll(max(0, int(timeout_s * 1000)))).pop(self._wakes.fd, None):
+            self._wakes.drain()
 
     def wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # a full pipe: a wake-up is pending anyway
-            os.write(self._wake_w, b"w")
+        self._wakes.wake()
 
     def close(self) -> None:
         for listener in list(self._listeners):
@@ -172,8 +163,7 @@ class ZmqTransport:
         if self._auth is not None:
             self._auth.stop()
         self._context.term()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._wakes.close()
 
 
 def _bracket(host: str) -> str:
