@@ -8,6 +8,7 @@ and one past it, and an honest client is still answered afterwards.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import struct
 import threading
@@ -537,3 +538,34 @@ def test_a_job_submitted_after_close_writes_nowhere(identity, transport, tmp_pat
             files.enter_context(open(tmp_path / f"f{i}", "wb"))
         tier.submit_load(TransferJob(1, tuple(make_keys(identity, 1)), (0,)))
     assert all((tmp_path / f"f{i}").read_bytes() == b"" for i in range(8))
+
+
+def test_a_listener_out_of_descriptors_rests_instead_of_spinning_then_accepts(pair):
+    """With no descriptor left (EMFILE) a waiting connection cannot be accepted; the listener
+    is not polled again for a while (``accept_failures`` stays small, where a spinning
+    ``poll`` would count hundreds), and it takes the connection once descriptors are free."""
+    import resource
+
+    _connected(pair)
+    waiting = raw_client(pair.listener)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                fillers.append(os.open("/dev/null", os.O_RDONLY))
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            pair.server.wait(0.05)
+        failures = pair.listener.stats().get("accept_failures", 0)
+        assert 1 <= failures <= 3, f"{failures} failed accepts in 0.3 s"
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    waiting.sendall(message([b"let in"]))
+    try:
+        assert bytes(pair.request(timeout=10)[1][0]) == b"let in"
+    finally:
+        waiting.close()

@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 1024
 UNFINISHED_S = 30.0
 SWEEP_S = 0.1  # how often a listener looks for stalled connections
+ACCEPT_PAUSE_S = 0.5  # a listener that failed to accept (EMFILE) rests this long
 #: Longest the owner's thread waits for a host name to resolve (an IP address never waits).
 RESOLVE_TIMEOUT_S = 2.0
 _IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
@@ -118,6 +119,7 @@ class TcpListener:
         self._counters: Counter[str] = Counter()
         self._ids = itertools.count(1)
         self._sweep_at = 0.0
+        self.resume_at = 0.0  # after a failed accept, not polled before then
 
     def accept(self) -> None:
         """Take every waiting connection (the transport's ``wait``, on this socket's POLLIN)."""
@@ -126,8 +128,9 @@ class TcpListener:
                 sock, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # EMFILE and the like: the client retries
+            except OSError as exc:  # EMFILE and the like: the client waits in the backlog
                 self._counters["accept_failures"] += 1
+                self.resume_at = time.monotonic() + ACCEPT_PAUSE_S  # else poll spins on it
                 log.warning("peer server: cannot accept a connection: %s", exc)
                 return
             if len(self._conns) >= MAX_CONNECTIONS:
@@ -226,7 +229,8 @@ class TcpTransport:
             ) from exc
         listener = TcpListener(self, sock, limits)
         self._listeners[listener.fd] = listener
-        self._poller.register(listener.fd, select.POLLIN)
+        self._masks[listener.fd] = _IN
+        self._poller.register(listener.fd, _IN)
         return listener
 
     def add(self, conn: _Conn) -> None:
@@ -247,6 +251,7 @@ class TcpTransport:
 
     def unlisten(self, listener: TcpListener) -> None:
         if self._listeners.pop(listener.fd, None) is not None:
+            self._masks.pop(listener.fd, None)
             self._poller.unregister(listener.fd)
             listener.sock.close()
 
@@ -284,9 +289,14 @@ class TcpTransport:
             conn.ready = True
 
     def _update_masks(self) -> None:
-        for fd, conn in self._conns.items():
-            mask = _OUT if conn.connecting else _IN | (_OUT if conn.outgoing.pending else 0)
-            if self._masks[fd] != mask:
+        masks = {
+            fd: _OUT if conn.connecting else _IN | (_OUT if conn.outgoing.pending else 0)
+            for fd, conn in self._conns.items()
+        }
+        now = time.monotonic()
+        masks |= {fd: _IN if now >= r.resume_at else 0 for fd, r in self._listeners.items()}
+        for fd, mask in masks.items():
+            if self._masks.get(fd) != mask:
                 self._masks[fd] = mask
                 self._poller.modify(fd, mask)
 
