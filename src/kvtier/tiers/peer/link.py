@@ -42,6 +42,7 @@ from kvtier.tiers.shared.circuit import Backoff
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 8
+MAX_REPLIES_PER_TURN = 256
 MIN_BACKOFF_S, MAX_BACKOFF_S = 0.2, 5.0
 
 
@@ -130,8 +131,11 @@ class PeerLink:
 
     # -- replies -----------------------------------------------------------------------------
     def receive(self) -> None:
-        """Handle every reply that has arrived."""
-        while self._channel is not None:
+        """Handle the replies that have arrived, at most ``MAX_REPLIES_PER_TURN``: a peer that
+        floods us must leave the I/O thread time for its timeouts and other peers."""
+        for _ in range(MAX_REPLIES_PER_TURN):
+            if self._channel is None:
+                return
             frames = self._channel.recv(self._place)  # a message may take several calls
             if frames is None:
                 return
@@ -141,7 +145,10 @@ class PeerLink:
                 reply = proto.decode_reply(frames, self._chunk_bytes)
             except proto.ProtocolError as exc:
                 self._counters["malformed_replies"] += 1
-                log.warning("peer %s sent a malformed reply (%s)", self.address, exc.reason)
+                level = (
+                    logging.WARNING if self._counters["malformed_replies"] == 1 else logging.DEBUG
+                )
+                log.log(level, "peer %s sent a malformed reply (%s)", self.address, exc.reason)
                 continue
             if isinstance(reply, proto.HelloReply):
                 self._on_hello(reply)

@@ -53,6 +53,10 @@ MAX_CONNECTIONS = 1024
 UNFINISHED_S = 30.0
 SWEEP_S = 0.1  # how often a listener looks for stalled connections
 ACCEPT_PAUSE_S = 0.5  # a listener that failed to accept (EMFILE) rests this long
+#: Replies queued for one connection at most (a kvtier client has at most ``link.MAX_IN_FLIGHT``
+#: requests out): then its requests are left unread, and a reply past it is dropped
+#: (``replies_dropped_backlog``), so a peer that does not read cannot make the server queue more.
+MAX_QUEUED_REPLIES = 8
 #: Longest the owner's thread waits for a host name to resolve (an IP address never waits).
 RESOLVE_TIMEOUT_S = 2.0
 _IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
@@ -62,12 +66,24 @@ _STREAM = socket.SOCK_STREAM
 class _Conn:
     """One TCP connection: its socket, what it is receiving, what waits to be written."""
 
-    def __init__(self, sock: socket.socket, limits: MessageLimits, peer: bytes = b"") -> None:
-        self.sock, self.peer, self.fd = sock, peer, sock.fileno()
+    def __init__(
+        self,
+        sock: socket.socket,
+        limits: MessageLimits,
+        peer: bytes = b"",
+        listener: TcpListener | None = None,
+    ) -> None:
+        self.sock, self.peer, self.fd, self.listener = sock, peer, sock.fileno(), listener
         self.incoming, self.outgoing = Incoming(limits), Outgoing()
         self.outgoing.put([memoryview(GREETING)])
         self.connecting = self.closed = self.ready = False
+        self.addresses: list[tuple[int, Any]] = []  # a client's addresses still to try
         self.since: float | None = time.monotonic()  # the greeting is due
+
+    @property
+    def backlogged(self) -> bool:
+        """Whether so much waits to be sent that the peer's requests are left unread for now."""
+        return self.outgoing.messages >= MAX_QUEUED_REPLIES
 
     def pump(self, place: Place | None) -> list[memoryview] | None:
         """The next whole message (``Closed``, ``Violation``); notes when one is unfinished."""
@@ -138,7 +154,7 @@ class TcpListener:
                 sock.close()
                 continue
             _nonblocking(sock)  # an accepted socket blocks whatever its listener does
-            conn = _Conn(sock, self._limits, b"tcp:%d" % next(self._ids))
+            conn = _Conn(sock, self._limits, b"tcp:%d" % next(self._ids), self)
             self._conns[conn.peer] = conn
             self._transport.add(conn)
 
@@ -146,6 +162,9 @@ class TcpListener:
         conn = self._conns.get(peer)
         if conn is None or conn.closed:
             return Receipt(done=True)  # gone: nothing will read the buffers
+        if conn.backlogged:  # as ZeroMQ past its high-water mark: the client times out
+            self._counters["replies_dropped_backlog"] += 1
+            return Receipt(done=True)
         receipt = conn.outgoing.put(encode(frames))
         self._transport.flush(conn)
         return receipt
@@ -156,7 +175,7 @@ class TcpListener:
         if now >= self._sweep_at:
             self._sweep_at = now + SWEEP_S
             self._drop_stalled(now)
-        for conn in [c for c in self._conns.values() if c.ready]:
+        for conn in [c for c in self._conns.values() if c.ready and not c.backlogged]:
             try:
                 message = conn.pump(None)
             except (Closed, Violation) as exc:
@@ -170,14 +189,23 @@ class TcpListener:
         return None
 
     def _drop_stalled(self, now: float) -> None:
+        """Connections whose message in (``stalled``) or replies out (``slow_reader``) have
+        not moved for ``UNFINISHED_S``."""
         for conn in list(self._conns.values()):
             if conn.since is not None and now - conn.since > UNFINISHED_S:
                 self._counters["connections_dropped_stalled"] += 1
                 self.forget(conn)
+            elif conn.outgoing.pending and now - conn.outgoing.moved_at > UNFINISHED_S:
+                self._counters["connections_dropped_slow_reader"] += 1
+                self.forget(conn)
 
     def forget(self, conn: _Conn) -> None:
-        self._conns.pop(conn.peer, None)
+        """Close ``conn``; it leaves this listener's table (``drop`` calls ``discard``)."""
         self._transport.drop(conn)
+
+    def discard(self, conn: _Conn) -> None:
+        """``conn`` was closed (by the listener, or by a failed send): forget its entry."""
+        self._conns.pop(conn.peer, None)
 
     def stats(self) -> dict[str, int]:
         return dict(self._counters)
@@ -200,19 +228,32 @@ class TcpTransport:
         self._poller.register(self._wakes.fd, select.POLLIN)
 
     def connect(self, host: str, port: int, limits: MessageLimits) -> _Channel:
-        """A channel to ``host:port``, connecting in the background (bytes sent meanwhile wait);
-        an address that does not resolve gives a closed channel (its sends fail)."""
+        """A channel to ``host:port``, connecting in the background (bytes sent meanwhile wait)
+        to each address the name resolves to in turn until one takes; with none, the channel
+        is closed (its sends fail)."""
         found = _resolve(host, port)
         if isinstance(found, str):
             log.warning("peer %s:%d: cannot resolve the address: %s", host, port, found)
-        family, address = found if not isinstance(found, str) else (socket.AF_INET, None)
-        conn = _Conn(_stream(family, _STREAM, 0), limits)
+        conn = _Conn(_stream(socket.AF_INET, _STREAM, 0), limits)  # replaced by the first try
+        conn.addresses = [] if isinstance(found, str) else found
         self.add(conn)
-        error = conn.sock.connect_ex(address) if address is not None else errno.EADDRNOTAVAIL
-        conn.connecting = error in (errno.EINPROGRESS, errno.EAGAIN)
-        if error and not conn.connecting:
-            self.drop(conn)
+        self._connect_next(conn)
         return _Channel(self, conn)
+
+    def _connect_next(self, conn: _Conn) -> None:
+        """Start connecting ``conn`` to its next address; drop it when none is left."""
+        while conn.addresses:
+            family, address = conn.addresses.pop(0)
+            self._forget_fd(conn)
+            conn.sock.close()
+            conn.sock = _stream(family, _STREAM, 0)
+            conn.fd = conn.sock.fileno()
+            self.add(conn)
+            error = conn.sock.connect_ex(address)
+            conn.connecting = error in (errno.EINPROGRESS, errno.EAGAIN)
+            if not error or conn.connecting:
+                return
+        self.drop(conn)
 
     def listen(self, host: str, port: int, limits: MessageLimits) -> TcpListener:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -244,10 +285,15 @@ class TcpTransport:
             return
         conn.closed = True
         conn.outgoing.abandon()
+        if conn.listener is not None:
+            conn.listener.discard(conn)
+        self._forget_fd(conn)
+        conn.sock.close()
+
+    def _forget_fd(self, conn: _Conn) -> None:
         if self._conns.pop(conn.fd, None) is not None:
             self._masks.pop(conn.fd, None)
             self._poller.unregister(conn.fd)
-        conn.sock.close()
 
     def unlisten(self, listener: TcpListener) -> None:
         if self._listeners.pop(listener.fd, None) is not None:
@@ -280,7 +326,7 @@ class TcpTransport:
             error = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if error:
                 log.debug("peer connection failed: %s", os.strerror(error))
-                self.drop(conn)
+                self._connect_next(conn)
                 return
             conn.connecting = False
         if events & _OUT:
@@ -289,10 +335,7 @@ class TcpTransport:
             conn.ready = True
 
     def _update_masks(self) -> None:
-        masks = {
-            fd: _OUT if conn.connecting else _IN | (_OUT if conn.outgoing.pending else 0)
-            for fd, conn in self._conns.items()
-        }
+        masks = {fd: _mask(conn) for fd, conn in self._conns.items()}
         now = time.monotonic()
         masks |= {fd: _IN if now >= r.resume_at else 0 for fd, r in self._listeners.items()}
         for fd, mask in masks.items():
@@ -311,6 +354,14 @@ class TcpTransport:
         self._wakes.close()
 
 
+def _mask(conn: _Conn) -> int:
+    """What to poll ``conn`` for: its connect, its replies (unless too many wait), writability
+    while bytes wait."""
+    if conn.connecting:
+        return _OUT
+    return (0 if conn.backlogged else _IN) | (_OUT if conn.outgoing.pending else 0)
+
+
 def _stream(family: int, kind: int, proto: int) -> socket.socket:
     return _nonblocking(socket.socket(family, kind, proto))
 
@@ -321,19 +372,20 @@ def _nonblocking(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def _resolve(host: str, port: int) -> tuple[int, Any] | str:
-    """``(family, address)`` of ``host:port``, or why not. An IP address is read at once; a
-    name is resolved on a thread of its own for at most ``RESOLVE_TIMEOUT_S``, so a resolver
-    that hangs never stalls the transport's thread for longer."""
+def _resolve(host: str, port: int) -> list[tuple[int, Any]] | str:
+    """The ``(family, address)`` pairs of ``host:port``, or why there are none. An IP address
+    is read at once; a name is resolved on a thread of its own for at most
+    ``RESOLVE_TIMEOUT_S``, so a resolver that hangs never stalls the transport's thread for
+    longer."""
     try:
-        return _first(socket.getaddrinfo(host, port, 0, _STREAM, 0, socket.AI_NUMERICHOST))
+        return _pairs(socket.getaddrinfo(host, port, 0, _STREAM, 0, socket.AI_NUMERICHOST))
     except (OSError, UnicodeError):
         pass
-    answer: list[tuple[int, Any] | str] = []
+    answer: list[list[tuple[int, Any]] | str] = []
 
     def lookup() -> None:
         try:
-            answer.append(_first(socket.getaddrinfo(host, port, 0, _STREAM)))
+            answer.append(_pairs(socket.getaddrinfo(host, port, 0, _STREAM)))
         except (OSError, UnicodeError) as exc:
             answer.append(str(exc))
 
@@ -343,6 +395,9 @@ def _resolve(host: str, port: int) -> tuple[int, Any] | str:
     return answer[0] if answer else f"no answer within {RESOLVE_TIMEOUT_S:g} s"
 
 
-def _first(infos: list[Any]) -> tuple[int, Any]:
-    family, _, _, _, address = infos[0]
-    return family, address
+def _pairs(infos: list[Any]) -> list[tuple[int, Any]]:
+    pairs: list[tuple[int, Any]] = []
+    for family, _, _, _, address in infos:
+        if (family, address) not in pairs:
+            pairs.append((family, address))
+    return pairs

@@ -18,6 +18,7 @@ Thread safety: none; both belong to the thread that owns the transport.
 from __future__ import annotations
 
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from socket import MSG_NOSIGNAL, socket
@@ -161,13 +162,21 @@ class Outgoing:
 
     def __init__(self) -> None:
         self._queue: deque[tuple[list[memoryview], Receipt]] = deque()
+        self.moved_at = time.monotonic()  # when the socket last took bytes, or the queue emptied
 
     @property
     def pending(self) -> bool:
         return bool(self._queue)
 
+    @property
+    def messages(self) -> int:
+        """Messages queued, the one being written included."""
+        return len(self._queue)
+
     def put(self, buffers: list[memoryview]) -> Receipt:
         receipt = Receipt()
+        if not self._queue:
+            self.moved_at = time.monotonic()
         self._queue.append((buffers, receipt))
         return receipt
 
@@ -182,6 +191,7 @@ class Outgoing:
             except OSError as exc:
                 raise Closed(str(exc)) from exc
             _advance(buffers, sent)
+            self.moved_at = time.monotonic()
             if not buffers:
                 receipt.done = True
                 self._queue.popleft()
