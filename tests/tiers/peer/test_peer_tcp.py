@@ -569,3 +569,42 @@ def test_a_listener_out_of_descriptors_rests_instead_of_spinning_then_accepts(pa
         assert bytes(pair.request(timeout=10)[1][0]) == b"let in"
     finally:
         waiting.close()
+
+
+def test_a_client_that_does_not_read_gets_a_bounded_queue_then_is_dropped(monkeypatch):
+    """Replies to a client that reads nothing: the ninth and later are dropped while eight
+    wait, and once none has moved for ``UNFINISHED_S`` the connection is dropped."""
+    monkeypatch.setattr(tcp_transport, "UNFINISHED_S", 0.3)
+    limits = MessageLimits(1 << 20, 2, 2 << 20)
+    server = TcpTransport()
+    listener = server.listen("127.0.0.1", 0, limits)
+    sock = socket.create_connection(("127.0.0.1", listener.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        sock.sendall(GREETING + message([b"request"]))
+        peer = next_request(server, listener)
+        big = bytes(8 << 20)  # more than the kernel's buffers take
+        receipts = [listener.send(peer, [b"reply", big]) for _ in range(9)]
+        assert not any(r.done for r in receipts[:8]) and receipts[8].done
+        assert listener.stats() == {"replies_dropped_backlog": 1}
+        wait_for(
+            lambda: (
+                (server.wait(0.01), listener.recv(), listener.stats())[2].get(
+                    "connections_dropped_slow_reader"
+                )
+                == 1
+            ),
+            what="the connection dropped",
+        )
+        assert all(r.done for r in receipts), "a dropped connection's buffers are released"
+    finally:
+        sock.close()
+        server.close()
+
+
+def next_request(server: TcpTransport, listener: TcpListener) -> bytes:
+    deadline = time.monotonic() + 5
+    while (got := listener.recv()) is None:
+        assert time.monotonic() < deadline, "no request arrived"
+        server.wait(0.005)
+    return got[0]
