@@ -71,7 +71,7 @@ class Incoming:
     def __init__(self, limits: MessageLimits) -> None:
         self._limits = limits
         self._greeted = False
-        self._scratch = memoryview(bytearray(DISCARD_BYTES))
+        self._scratch: memoryview | None = None  # made at the first frame to skip
         self._reset()
 
     def _reset(self) -> None:
@@ -93,6 +93,8 @@ class Incoming:
         whole. Raises ``Closed`` or ``Violation`` (the caller then drops the connection)."""
         while True:
             if self._discard:
+                if self._scratch is None:
+                    self._scratch = memoryview(bytearray(DISCARD_BYTES))
                 n = _read(sock, self._scratch[: min(self._discard, DISCARD_BYTES)])
                 self._discard -= n
             elif self._got < len(self._buffer):
