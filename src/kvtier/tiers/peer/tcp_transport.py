@@ -189,8 +189,8 @@ class TcpListener:
         return None
 
     def _drop_stalled(self, now: float) -> None:
-        """Connections whose message in (``stalled``) or replies out (``slow_reader``) have
-        not moved for ``UNFINISHED_S``."""
+        """Connections whose message in (``connections_dropped_stalled``) or replies out
+        (``connections_dropped_slow_reader``) have not moved for ``UNFINISHED_S``."""
         for conn in list(self._conns.values()):
             if conn.since is not None and now - conn.since > UNFINISHED_S:
                 self._counters["connections_dropped_stalled"] += 1
