@@ -60,6 +60,7 @@ def test_chunks_stored_by_one_process_load_byte_identical_in_another(producer, i
         m.complete_load(keys)
         stats = m.tiers[0].stats()
     assert stats["fetched_chunks"] == 8
+    assert stats.get("fetched_chunks_copied", 0) == 0, "each payload lands in its slot"
     assert stats["lookup_messages"] < len(keys), "one request's lookups travel together"
 
 

@@ -213,6 +213,16 @@ def test_listening_on_a_taken_port_is_a_config_error(pair):
 
 
 # -- hostile clients --------------------------------------------------------------------------
+def test_an_idle_connection_is_polled_for_nothing_but_its_next_message(pair):
+    """Once its bytes are written, neither side polls a connection for writability: a socket
+    is nearly always writable, so ``wait`` would return at once, a busy loop."""
+    peer = _connected(pair)
+    pair.listener.send(peer, [b"ok"])
+    assert [bytes(f) for f in pair.reply()] == [b"ok"]
+    pair.turn()
+    assert pair.client._poller.poll(0) == [] and pair.server._poller.poll(0) == []
+
+
 def _connected(pair: Pair) -> bytes:
     """The listener's id for ``pair``'s channel (after one message)."""
     pair.channel.send([b"hi"])

@@ -41,7 +41,6 @@ from kvtier.tiers.shared.circuit import Backoff
 
 log = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 8
 MAX_REPLIES_PER_TURN = 256
 MIN_BACKOFF_S, MAX_BACKOFF_S = 0.2, 5.0
 
@@ -113,7 +112,9 @@ class PeerLink:
         self._flush()
 
     def _flush(self) -> None:
-        while self.state is State.UP and self._queued and len(self._in_flight) < MAX_IN_FLIGHT:
+        while (
+            self.state is State.UP and self._queued and len(self._in_flight) < proto.MAX_IN_FLIGHT
+        ):
             request = self._queued.popleft()
             if request.kind == proto.STORE and not self.accepts_stores:
                 self._counters["stores_not_accepted"] += 1

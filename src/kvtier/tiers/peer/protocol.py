@@ -48,6 +48,8 @@ MAX_REQ_ID = (1 << 63) - 1
 MAX_STORE_BYTES = 8 << 20
 #: Payload bytes one FETCH asks for; a chunk bigger than this is fetched alone.
 FETCH_BATCH_BYTES = 32 << 20
+#: Requests a client keeps out to one peer at most; a server may answer no more at once.
+MAX_IN_FLIGHT = 8
 
 Chunk = tuple[memoryview, memoryview]  # (codec header, payload)
 

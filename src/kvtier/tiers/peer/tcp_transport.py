@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.tiers.peer.protocol import MAX_IN_FLIGHT
 from kvtier.tiers.peer.tcp_wire import (
     GREETING,
     Closed,
@@ -53,10 +54,10 @@ MAX_CONNECTIONS = 1024
 UNFINISHED_S = 30.0
 SWEEP_S = 0.1  # how often a listener looks for stalled connections
 ACCEPT_PAUSE_S = 0.5  # a listener that failed to accept (EMFILE) rests this long
-#: Replies queued for one connection at most (a kvtier client has at most ``link.MAX_IN_FLIGHT``
-#: requests out): then its requests are left unread, and a reply past it is dropped
-#: (``replies_dropped_backlog``), so a peer that does not read cannot make the server queue more.
-MAX_QUEUED_REPLIES = 8
+#: Replies queued for one connection at most, as many as a kvtier client has requests out: then
+#: its requests are left unread, and a reply past it is dropped (``replies_dropped_backlog``), so
+#: a peer that does not read cannot make the server queue more.
+MAX_QUEUED_REPLIES = MAX_IN_FLIGHT
 #: Longest the owner's thread waits for a host name to resolve (an IP address never waits).
 RESOLVE_TIMEOUT_S = 2.0
 _IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
@@ -252,6 +253,7 @@ class TcpTransport:
             error = conn.sock.connect_ex(address)
             conn.connecting = error in (errno.EINPROGRESS, errno.EAGAIN)
             if not error or conn.connecting:
+                self._remask(conn)
                 return
         self.drop(conn)
 
@@ -276,8 +278,8 @@ class TcpTransport:
 
     def add(self, conn: _Conn) -> None:
         self._conns[conn.fd] = conn
-        self._masks[conn.fd] = 0
-        self._poller.register(conn.fd, 0)
+        self._masks[conn.fd] = mask = _mask(conn)
+        self._poller.register(conn.fd, mask)
 
     def drop(self, conn: _Conn) -> None:
         """Close ``conn``; what it had queued is abandoned (its receipts are done)."""
@@ -310,9 +312,11 @@ class TcpTransport:
         except Closed as exc:
             log.debug("peer connection closed while sending: %s", exc)
             self.drop(conn)
+            return
+        self._remask(conn)
 
     def wait(self, timeout_s: float) -> None:
-        self._update_masks()
+        self._remask_listeners()
         for fd, events in self._poller.poll(max(0, int(timeout_s * 1000))):
             if fd == self._wakes.fd:
                 self._wakes.drain()
@@ -329,19 +333,27 @@ class TcpTransport:
                 self._connect_next(conn)
                 return
             conn.connecting = False
-        if events & _OUT:
+            self.flush(conn)  # the greeting; and poll for replies from now on
+        elif events & _OUT:
             self.flush(conn)
         if events & ~_OUT:
             conn.ready = True
 
-    def _update_masks(self) -> None:
-        masks = {fd: _mask(conn) for fd, conn in self._conns.items()}
+    def _remask(self, conn: _Conn) -> None:
+        """Poll ``conn`` for what it waits for now (``_mask``). Called wherever that changes:
+        a connect finished, bytes queued or written (``flush``), so ``wait`` costs nothing per
+        idle connection."""
+        self._set_mask(conn.fd, _mask(conn))
+
+    def _remask_listeners(self) -> None:
         now = time.monotonic()
-        masks |= {fd: _IN if now >= r.resume_at else 0 for fd, r in self._listeners.items()}
-        for fd, mask in masks.items():
-            if self._masks.get(fd) != mask:
-                self._masks[fd] = mask
-                self._poller.modify(fd, mask)
+        for fd, listener in self._listeners.items():
+            self._set_mask(fd, _IN if now >= listener.resume_at else 0)
+
+    def _set_mask(self, fd: int, mask: int) -> None:
+        if self._masks.get(fd) != mask:
+            self._masks[fd] = mask
+            self._poller.modify(fd, mask)
 
     def wake(self) -> None:
         self._wakes.wake()

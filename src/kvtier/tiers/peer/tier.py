@@ -345,8 +345,9 @@ class PeerTier(SecondaryTier):
                 self._counters[f"integrity.{exc.reason}"] += 1
                 job.integrity_failed.add(key)
                 continue
-            if not in_slot:
+            if not in_slot:  # a transport that could not land it: copied, hashed twice
                 self._land(payload, slot)
+                self._counters["fetched_chunks_copied"] += 1
             job.succeeded.add(key)
             self._counters["fetched_chunks"] += 1
 
