@@ -134,6 +134,33 @@ def test_without_openat2_the_walk_gives_the_same_answers(tier, region, identity,
     assert tier.stats()["load_failed.not_regular"] == 2
 
 
+@pytest.mark.skipif(not fs_paths.OPENAT2.available, reason="needs openat2")
+def test_a_probe_stats_in_one_openat2_without_walking_the_levels(
+    tier, region, identity, monkeypatch
+):
+    """``size_of`` (a probe's ``stat``) opens the path with O_PATH in one openat2 call: a
+    file's size, absence, and anything but a regular file (a FIFO, a symlink) are told apart
+    without the ``chunk_dir`` walk, which would open each level directory."""
+    keys = make_keys(identity, 3)
+    _store(tier, region, keys[:1])
+    fifo, link = chunk_file(tier, keys[1]), chunk_file(tier, keys[2])
+    for path in (fifo, link):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    link.symlink_to(chunk_file(tier, keys[0]))
+
+    def no_walk(*args: object, **kwargs: object):
+        raise AssertionError("size_of walked the level directories")
+
+    monkeypatch.setattr(fs_files, "chunk_dir", no_walk)
+    files = tier._files
+    assert files.size_of(keys[0]) == HEADER_BYTES + SLOT_BYTES
+    assert files.size_of(make_keys(identity, 1, seed=5)[0]) is None
+    for key in keys[1:]:
+        with pytest.raises(fs_paths.NotRegularError):
+            files.size_of(key)
+
+
 @pytest.mark.parametrize("direct", [False, True])
 def test_page_cache_writes_take_turns(tier, region, identity, monkeypatch, direct):
     """At most BUFFERED_WRITERS threads write through the page cache at once (more would only

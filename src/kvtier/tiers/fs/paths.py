@@ -41,6 +41,7 @@ from typing import Any
 from kvtier.config.file_modes import DEFAULT_DIR_MODE
 
 _LEVEL_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+O_PATH: int = getattr(os, "O_PATH", 0)
 #: Added to every chunk file open: never wait (FIFO), never follow, never take a terminal.
 OPEN_FLAGS = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 
@@ -126,9 +127,12 @@ def open_beneath(namespace_fd: int, name: str, flags: int) -> int | None:
     ``None`` when openat2 is unavailable or failed for another reason than absence (the caller
     then walks with ``chunk_dir``, which names the failure); raises ``FileNotFoundError``.
     """
+    # openat2 refuses O_PATH with any flag but O_NOFOLLOW, O_DIRECTORY, O_CLOEXEC (EINVAL):
+    # O_PATH opens nothing, so none of the others is needed.
+    extra = os.O_NOFOLLOW if flags & O_PATH else OPEN_FLAGS
     try:
         path = f"{level_path(name)}/{name}"
-        return OPENAT2.open(path, flags | OPEN_FLAGS, dir_fd=namespace_fd)
+        return OPENAT2.open(path, flags | extra, dir_fd=namespace_fd)
     except FileNotFoundError:
         raise
     except OSError:
