@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -183,6 +184,31 @@ def test_restarted_tier_finds_and_serves_the_old_chunks(make_tier, region, ident
     assert new.stats()["index_chunks"] == 6
     assert [new.lookup(k) for k in keys] == [HIT] * 6
     assert load(new, keys).succeeded == frozenset(keys)
+
+
+def test_a_load_stamps_the_use_in_the_mtime_once_a_minute_and_a_store_counts_as_one(
+    make_tier, region, identity
+):
+    """The mtime is a chunk's last use (``kvtier cache``, a restart's scan): a load writes it,
+    unless this instance stamped the chunk within ``USE_STAMP_S``; a store stamps it, so a load
+    soon after its store costs no ``utime``."""
+    hour_ago = time.time() - 3600
+    writer = make_tier()
+    keys = make_keys(identity, 2)
+    store(writer, region, keys)
+    files = chunk_files(writer)
+    for path in files.values():
+        os.utime(path, (hour_ago, hour_ago))
+    assert load(writer, keys[:1]).ok
+    assert files[keys[0]].stat().st_mtime == hour_ago, "stored just now: no second stamp"
+    writer.close()
+    reader = make_tier()  # another instance: it has stamped nothing
+    assert reader.wait_scanned(timeout=10)
+    assert load(reader, keys).ok
+    assert all(path.stat().st_mtime > hour_ago + 3000 for path in files.values())
+    os.utime(files[keys[1]], (hour_ago, hour_ago))
+    assert load(reader, keys[1:], job_id=3).ok
+    assert files[keys[1]].stat().st_mtime == hour_ago, "stamped within the minute: not again"
 
 
 def test_capacity_evicts_the_coldest_and_stays_under_max_bytes(make_tier, region, identity):

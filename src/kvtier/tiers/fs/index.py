@@ -36,8 +36,16 @@ class UseStamps:
             last = self._written.get(key)
             if last is not None and now - last < self._interval_s:
                 return False
-            self._written[key] = now
-            self._written.move_to_end(key)
-            while len(self._written) > self._capacity:
-                self._written.popitem(last=False)
+            self._note(key, now)
             return True
+
+    def written(self, key: ChunkKey) -> None:
+        """``key``'s file was just written (stored): its mtime is now, a use's stamp."""
+        with self._lock:
+            self._note(key, time.monotonic())
+
+    def _note(self, key: ChunkKey, now: float) -> None:
+        self._written[key] = now
+        self._written.move_to_end(key)
+        while len(self._written) > self._capacity:
+            self._written.popitem(last=False)

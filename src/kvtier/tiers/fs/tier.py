@@ -238,6 +238,7 @@ class FilesystemTier(PooledTier):
             self._counters.add(f"store_failed.{reason}")
             raise TierError(f"{self.name}: cannot store chunk {key.hex()[:16]}: {exc}") from exc
         self._misses.discard(key)
+        self._stamps.written(key)  # a load soon after need not stamp it again (a utime each)
         self._counters.add_pair("stored_chunks", "stored_bytes", self._file_bytes)
 
     def _on_disk(self, key: ChunkKey) -> bool:
