@@ -18,6 +18,7 @@ from kvtier.config import FsTierConfig
 from kvtier.errors import ConfigError, TierError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, RETRY, TransferJob
+from kvtier.tiers.fs import index as fs_index
 from kvtier.tiers.fs.scan import HOST_TAG, STALE_TMP_S
 from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
@@ -209,6 +210,21 @@ def test_a_load_stamps_the_use_in_the_mtime_once_a_minute_and_a_store_counts_as_
     os.utime(files[keys[1]], (hour_ago, hour_ago))
     assert load(reader, keys[1:], job_id=3).ok
     assert files[keys[1]].stat().st_mtime == hour_ago, "stamped within the minute: not again"
+
+
+def test_a_use_stamp_is_due_again_only_once_its_interval_has_passed(monkeypatch, identity):
+    """``UseStamps`` on both sides of ``interval_s``, a store's stamp (``written``) counting like
+    a load's; the clock is faked."""
+    now = [1000.0]
+    monkeypatch.setattr(fs_index.time, "monotonic", lambda: now[0])
+    stamps = fs_index.UseStamps(60.0)
+    key, stored = make_keys(identity, 2)
+    assert stamps.due(key) and not stamps.due(key)
+    stamps.written(stored)
+    now[0] += 59.9
+    assert not stamps.due(key) and not stamps.due(stored)
+    now[0] += 0.2
+    assert stamps.due(key) and stamps.due(stored)
 
 
 def test_capacity_evicts_the_coldest_and_stays_under_max_bytes(make_tier, region, identity):
