@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 import pytest
 
 from kvtier import RETRY, ConfigError, KVTierError, TieringConfig, TieringManager
 from kvtier.config import MemoryTierConfig
+from kvtier.errors import InvalidArgumentError
 from kvtier.region import HostRegion
 from kvtier.telemetry.kv_events import EventKind
 from kvtier.tiers.fault import FaultInjectingTier
@@ -155,6 +157,26 @@ def test_chunks_of_one_request_come_from_different_tiers(build, identity):
     sources = {e.key: e.source for e in m.take_events() if e.kind is EventKind.PROMOTED}
     first, second = m.tiers[0].name, m.tiers[1].name
     assert [sources[k] for k in keys] == [first, first, second, second]
+
+
+def test_prepare_load_counts_each_chunk_by_where_it_came_from(build, identity):
+    """``sources`` gets one count per chunk: the promoting tier's name, then ``host`` once the
+    promotion was used; a ``sources`` that is not a Counter is refused before anything moves."""
+    keys = make_keys(identity, 4)
+    m = build(4, faulty(fail_keys=keys[2:]), plain)
+    store(m, keys)
+    push_out(m, identity, 4)
+    assert settle(m, keys) == 4
+    with pytest.raises(InvalidArgumentError):
+        m.prepare_load(keys, {})  # a dict's update would replace counts, not add them
+    sources = Counter({"earlier": 1})
+    m.prepare_load(keys, sources)
+    m.complete_load(keys)
+    assert sources == {"earlier": 1, m.tiers[0].name: 2, m.tiers[1].name: 2}
+    again = Counter[str]()
+    m.prepare_load(keys[:3], again)
+    m.complete_load(keys[:3])
+    assert again == {"host": 3}
 
 
 def test_first_tier_in_configured_order_serves(build, identity):

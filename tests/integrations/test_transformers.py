@@ -23,6 +23,7 @@ from kvtier.integrations.transformers import (
     layout_for,
 )
 from kvtier.keys import ChunkKey, chunk_keys
+from kvtier.telemetry.kv_events import EventKind
 
 from .conftest import BLOCK_SIZE, BLOCKS_PER_CHUNK, build_model, tier_config
 
@@ -107,6 +108,23 @@ def test_prefix_from_a_secondary_tier(
     result = serve(tiered, follow_up)
     assert result.sources == {"accelerator": 0, m.tiers[0].name: 40, "recomputed": 7}
     assert_like_recompute(model, follow_up, result)
+
+
+def test_the_adapter_keeps_no_copy_of_the_managers_events(
+    model: Any, identity: CacheIdentity, make_manager: Any, tmp_path: Path
+) -> None:
+    """Attributing promoted chunks takes no events: the manager's (bounded) log keeps them for
+    whoever reads it, and the adapter holds none of its own however long it serves."""
+    m = make_manager(host_slots=5, tiers=[tier_config("memory", tmp_path)])
+    tiered = TieredModel(model, identity, m)
+    first = prompt(44, seed=3)
+    serve(tiered, first)
+    serve(tiered, prompt(40, seed=4))  # pushes the first prompt's chunks out of host
+    result = serve(tiered, first + prompt(3, seed=5))
+    assert result.sources[m.tiers[0].name] == 40
+    promoted = [e.key for e in m.take_events() if e.kind is EventKind.PROMOTED]
+    assert promoted[:5] == chunk_keys(first, identity)[:5]
+    assert tiered.take_events() == []
 
 
 @pytest.mark.parametrize("tier", ["memory", "fs"])

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from kvtier.config.schema import TieringConfig
 from kvtier.control.retention import Priority, prefix_length
-from kvtier.control.tier_switches import TierSwitch
 from kvtier.core.closing import CloseOnce
 from kvtier.core.entry_checks import check_parent, checked_timeout, engine_call, serialized
 from kvtier.core.host_slots import ENGINE
@@ -41,16 +40,19 @@ from kvtier.core.peer_service import (
     close_all,
     open_peer_server,
 )
+from kvtier.core.runtime_controls import RuntimeControls
 from kvtier.core.tier_set import Finished
 from kvtier.errors import ClosedError, KVTierError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.telemetry.kv_events import EventKind, KVEvent
-from kvtier.telemetry.metrics import TelemetryCollector, state_gauges
+from kvtier.telemetry.metrics import state_gauges
 from kvtier.tiers.base import Lookup, SecondaryTier
 
 if TYPE_CHECKING:
+    from collections import Counter
+
     from kvtier.tiers.peer.server import PeerServer
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ class StorePlan:
     slots: list[int]
 
 
-class TieringManager:
+class TieringManager(RuntimeControls):
     """Host tier plus secondary tiers behind the engine-facing API (docs/architecture.md).
 
     ``tiers`` replaces the tiers built from ``config.secondary_tiers``: tiers built by hand, or
@@ -212,12 +214,18 @@ class TieringManager:
         return self._promoter.promote_for_peer(keys)
 
     @engine_call
-    def prepare_load(self, keys: Sequence[ChunkKey]) -> list[int]:
-        """Pin ready chunks for reading; returns their slots. Every key must be ready."""
+    def prepare_load(
+        self, keys: Sequence[ChunkKey], sources: Counter[str] | None = None
+    ) -> list[int]:
+        """Pin ready chunks for reading; returns their slots. Every key must be ready.
+
+        With ``sources`` each chunk is also counted there by where it came from: ``host``, or
+        the name of the tier that promoted it (as ``prompt_tokens`` counts it).
+        """
         missing = self.host.not_ready(keys)
         if missing:
             raise KVTierError(f"prepare_load: {len(missing)} chunk(s) not ready in host memory")
-        self._provenance.count_loaded(keys)
+        self._provenance.count_loaded(keys, sources)
         self._retention.used(keys)
         self._clock.start(keys)
         self.host.touch(keys)
@@ -325,28 +333,6 @@ class TieringManager:
         with self._lock:
             return self._tiers.num_pending
 
-    # -- tiers at run time (``Runtime``'s controls) -------------------------------------------
-    def disable_tier(self, name: str, reason: str = "manual") -> bool:
-        """``Runtime.disable_tier``: switch tier ``name`` off until ``enable_tier``."""
-        return self.runtime.disable_tier(name, reason)
-
-    def enable_tier(self, name: str) -> bool:
-        """``Runtime.enable_tier``: switch tier ``name`` back on."""
-        return self.runtime.enable_tier(name)
-
-    def tier_states(self) -> tuple[list[str], list[str]]:
-        """Names of the enabled and of the switched-off tiers, each in config order."""
-        return self.runtime.tier_states()
-
-    def report_request(self, ttft_s: float | None = None, itl_s: float | None = None) -> None:
-        """``Runtime.report_request``: a finished request's latencies, for the SLO guard
-        (``ClosedError`` once closed)."""
-        self.runtime.report_request(ttft_s, itl_s)
-
-    def take_tier_switches(self) -> list[TierSwitch]:
-        """Tiers switched on or off since the last call (by hand or by the SLO guard)."""
-        return self.runtime.take_tier_switches()
-
     # -- what happened ---------------------------------------------------------------------
     @serialized
     def take_events(self) -> list[KVEvent]:
@@ -358,15 +344,6 @@ class TieringManager:
         """A snapshot: host occupancy, every counter (``name{labels}``), and each tier's stats."""
         host = {**self.host.snapshot(), "slot_bytes": self.region.slot_bytes}
         return {"host": host, "events_dropped": self._events.dropped, **self.runtime.stats()}
-
-    def prometheus_registry(self) -> Any:
-        """A new ``CollectorRegistry`` exporting this manager's metrics (prometheus-client)."""
-        return self.runtime.registry(state_gauges(self.host))
-
-    def prometheus_collector(self) -> TelemetryCollector:
-        """The collector behind ``prometheus_registry``, to register on a registry of your own
-        (its gauges are snapshots taken under the manager's lock, on the scraping thread)."""
-        return self.runtime.collector(state_gauges(self.host))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:

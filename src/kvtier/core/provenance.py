@@ -15,6 +15,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence, Sized
 from typing import Literal
 
+from kvtier.errors import InvalidArgumentError, shown
 from kvtier.keys import ChunkKey
 from kvtier.telemetry.metrics import ManagerMetrics
 
@@ -90,14 +91,22 @@ class Provenance:
             return "not_admitted"
         return "evicted" if key in self._evicted else "never_stored"
 
-    def count_loaded(self, keys: Sequence[ChunkKey]) -> None:
-        """Prompt tokens of chunks the engine loads, by source: ``host`` or the tier's name."""
+    def count_loaded(self, keys: Sequence[ChunkKey], into: Counter[str] | None = None) -> None:
+        """Prompt tokens of chunks the engine loads, by source: ``host`` or the tier's name;
+        the chunks are also counted ``into`` that Counter (else ``InvalidArgumentError``,
+        nothing counted)."""
+        if into is not None and not isinstance(into, Counter):
+            raise InvalidArgumentError(
+                f"prepare_load: sources must be a Counter, not {shown(into)}"
+            )
         if not self._promoted_from:  # the common case: every chunk was in host already
-            self._count_tokens(len(keys), "host")
-            return
-        sources = Counter(self._promoted_from.pop(key, "host") for key in keys)
+            sources = Counter({"host": len(keys)})
+        else:
+            sources = Counter(self._promoted_from.pop(key, "host") for key in keys)
         for source, chunks in sources.items():
             self._count_tokens(chunks, source)
+        if into is not None:
+            into.update(sources)
 
     def count_recomputed(self, num_chunks: int, reason: str | None) -> None:
         """``num_chunks`` of a lookup will be recomputed; ``reason`` is ``None`` when unknown."""

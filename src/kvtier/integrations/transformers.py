@@ -65,7 +65,7 @@ from kvtier.integrations.hf_requests import (
 )
 from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.plan.recorder import open_recorder
-from kvtier.telemetry.kv_events import EventKind, KVEvent
+from kvtier.telemetry.kv_events import KVEvent
 from kvtier.tiers.base import RETRY
 
 __all__ = ["DeviceChunkCache", "Generation", "TieredModel", "identity_for", "layout_for"]
@@ -138,7 +138,6 @@ class TieredModel:
         )
         self.members = self._state_members()
         self._stores: dict[int, list[ChunkKey]] = {}
-        self._events: list[KVEvent] = []
         self._prefetched: tuple[list[int], list[ChunkKey]] = ([], [])  # the last prompt's keys
         self.trace = open_recorder(manager, self.layout.tokens_per_chunk)  # config.trace_path
 
@@ -290,7 +289,8 @@ class TieredModel:
         """Copy chunks ready in host to the device; none if the copy fails."""
         if self.manager is None or self.transfer is None or not keys:
             return []
-        slots = self.manager.prepare_load(keys)
+        origins: Counter[str] = Counter()  # chunks by the tier that promoted them, or host
+        slots = self.manager.prepare_load(keys, origins)
         try:
             job_id = self.transfer.submit_load(slots)
             chunks = self.transfer.wait(job_id, self.retry_timeout_s).chunks
@@ -299,7 +299,8 @@ class TieredModel:
         finally:
             self.manager.complete_load(keys)
         assert chunks is not None
-        self._attribute(keys, sources)
+        for origin, count in origins.items():
+            sources[origin] += count * self.layout.tokens_per_chunk
         return list(chunks.unbind(0))
 
     def _lookup(self, keys: list[ChunkKey]) -> int:
@@ -313,15 +314,6 @@ class TieredModel:
             self.manager.wait_progress(left)
         assert isinstance(ready, int)
         return ready
-
-    def _attribute(self, keys: list[ChunkKey], sources: Counter[str]) -> None:
-        """Count ``keys`` by the tier that promoted them into host, ``host`` if none did."""
-        assert self.manager is not None
-        events = self.manager.take_events()
-        self._events += events
-        promoted = {e.key: e.source for e in events if e.kind is EventKind.PROMOTED}
-        for key in keys:
-            sources[promoted.get(key, HOST)] += self.layout.tokens_per_chunk
 
     # -- store -------------------------------------------------------------------------------
     def _store(
@@ -385,7 +377,5 @@ class TieredModel:
             self.manager.complete_store(self._stores.pop(job_id), success=True)
 
     def take_events(self) -> list[KVEvent]:
-        """The manager's events, which this adapter drains to attribute promoted chunks."""
-        events = self._events + (self.manager.take_events() if self.manager else [])
-        self._events = []
-        return events
+        """The manager's events since the last call (``TieringManager.take_events``)."""
+        return self.manager.take_events() if self.manager is not None else []
