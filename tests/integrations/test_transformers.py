@@ -145,6 +145,26 @@ def test_prefix_from_host_and_tier_mixed(
     assert_like_recompute(model, follow_up, result)
 
 
+def test_a_store_around_chunks_still_in_host_fills_each_slot_with_its_own_chunk(
+    model: Any, identity: CacheIdentity, make_manager: Any
+) -> None:
+    """Chunks 0-1 left host, chunks 2-3 stayed: the recomputed request stores chunks 0, 1 and
+    its new tail (not one run of rows), and a later request restores each of them intact."""
+    m = make_manager(host_slots=8)
+    tiered = TieredModel(model, identity, m)
+    first = prompt(32, seed=6)  # with 3 generated tokens: 4 chunks
+    serve(tiered, first)
+    serve(tiered, prompt(30, seed=7))  # 4 chunks; host now full
+    m.touch(chunk_keys(first, identity)[2:4])  # chunks 0-1 become the least recently used
+    serve(tiered, prompt(14, seed=8))  # 2 chunks evict chunks 0-1 of the first prompt
+    second = first + prompt(13, seed=9)  # 45 tokens; 48 stored with the generated ones
+    assert serve(tiered, second).sources["recomputed"] == len(second)
+    third = second + prompt(5, seed=10)  # shares 5 whole chunks with what was stored
+    result = serve(tiered, third)
+    assert result.sources == {"accelerator": 0, "host": 40, "recomputed": len(third) - 40}
+    assert_like_recompute(model, third, result)
+
+
 def test_prefix_from_device_cache_and_host(
     model: Any, identity: CacheIdentity, make_manager: Any
 ) -> None:

@@ -357,8 +357,9 @@ class TieredModel:
         if plan is None or not plan.keys:
             return
         index = {key: i for i, key in enumerate(keys)}
-        rows = torch.tensor([index[key] for key in plan.keys], device=chunks.device)
-        job_id = self.transfer.submit_store(chunks.index_select(0, rows), plan.slots)
+        job_id = self.transfer.submit_store(
+            _rows(chunks, [index[k] for k in plan.keys]), plan.slots
+        )
         self._stores[job_id] = plan.keys
         self._finish_stores()
 
@@ -379,3 +380,11 @@ class TieredModel:
     def take_events(self) -> list[KVEvent]:
         """The manager's events since the last call (``TieringManager.take_events``)."""
         return self.manager.take_events() if self.manager is not None else []
+
+
+def _rows(chunks: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``chunks[rows]``: a view where ``rows`` are consecutive (the usual case: the chunks not
+    yet in host are the prompt's tail), else a copy."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return chunks[rows[0] : rows[0] + len(rows)]
+    return chunks.index_select(0, torch.tensor(rows, device=chunks.device))
