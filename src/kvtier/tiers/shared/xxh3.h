@@ -5,10 +5,11 @@
  * 17-128 bytes (the header checksum), both with the default secret and seed 0.
  *
  * Why it is compiled here rather than called through the `xxhash` package: the fs tier hashes a
- * chunk piece by piece *while it reads or writes it*, each piece still in CPU cache, inside one
- * call that has released the GIL (`_fastio.c`); the peer and object tiers hash while they copy
- * into a host slot (`_checksum.c`). A second pass over a chunk that has left the cache costs as
- * much as the read itself on a 2-CPU machine.
+ * chunk right after its read or before its write, inside the same call that released the GIL
+ * for the I/O (`_fastio.c`; reading in pieces, each hashed in cache, was measured and lost:
+ * docs/performance/2026-12-02-verified-reads.md); the peer and object tiers hash piece by piece
+ * while bytes land in a host slot (`_checksum.c`). A second pass in Python would cost as much as
+ * the read itself on a 2-CPU machine.
  *
  * The progressive form (`struct xxh3_run`) hashes a contiguous buffer as it fills: `feed` folds
  * every whole 1024-byte block the one-shot hash would fold before its last block, `finish` does
