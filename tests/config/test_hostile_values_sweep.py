@@ -156,6 +156,7 @@ EXTERNAL = '{"module_path": %s, "type": %s, "name": %s}'
         ("type", "tiers.mine", "T\u0000", "t"),
         ("name", "tiers.mine", "T", ""),
         ("name", "tiers.mine", "T", "t\u0000"),
+        ("name", "tiers.mine", "T", "t\u001b[2J"),
     ],
 )
 def test_a_bad_module_class_or_name_of_a_tier_of_your_own_is_refused(
@@ -163,6 +164,50 @@ def test_a_bad_module_class_or_name_of_a_tier_of_your_own_is_refused(
 ):
     entry = EXTERNAL % (json.dumps(module), json.dumps(cls), json.dumps(name))
     assert_refused(write(tmp_path, tier(entry)), f"secondary_tiers[0].{key}", capsys)
+
+
+NAME_LIMIT = "n" * 100
+
+
+@pytest.mark.parametrize("kind", ["fs", "obj", "p2p", "memory", "module"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "disk\nkvtier: counted: forged=1",  # a log line of its own
+        "disk\u001b]0;owned\u0007",  # a terminal escape
+        "disk\u202egnp.exe",  # a bidirectional override
+        "disk\u2028two",  # a line separator
+        "disk\u200b",  # a zero-width space (format character)
+        " disk",
+        "disk ",
+        NAME_LIMIT + "n",
+    ],
+)
+def test_a_tier_name_that_could_forge_a_line_or_drive_a_terminal_is_refused(
+    tmp_path, capsys, kind, name
+):
+    assert_refused(write(tmp_path, tier(named(kind, name))), "secondary_tiers[0].name", capsys)
+
+
+@pytest.mark.parametrize("name", ["диск-ß", "磁盘 缓存", "nvme0 (rack 3)", "fs#2", NAME_LIMIT, "ü"])
+def test_a_tier_name_in_any_script_with_inner_spaces_and_up_to_the_limit_is_accepted(
+    tmp_path, name
+):
+    for kind in ("fs", "obj", "p2p", "memory", "module"):
+        (parsed,) = TieringConfig.load(write(tmp_path, tier(named(kind, name)))).secondary_tiers
+        assert parsed.name == name
+
+
+def named(kind: str, name: str) -> str:
+    """A tier entry of ``kind`` called ``name``."""
+    entries = {
+        "fs": '{"type": "fs", "root_dir": "/tmp/kv"',
+        "obj": '{"type": "obj", "bucket": "kv", "endpoint_override": "http://127.0.0.1:9"',
+        "p2p": '{"type": "p2p", "host": "127.0.0.1", "port": 5710',
+        "memory": '{"type": "memory"',
+        "module": '{"module_path": "tiers.mine", "type": "T"',
+    }
+    return f'{entries[kind]}, "name": {json.dumps(name)}}}'
 
 
 def test_a_tier_of_your_own_with_a_dotted_module_name_is_accepted(tmp_path):

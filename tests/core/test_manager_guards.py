@@ -13,17 +13,20 @@ import pytest
 from kvtier import (
     RETRY,
     ChunkKey,
+    ConfigError,
     KVTierError,
     TieringConfig,
     TieringManager,
 )
-from kvtier.config import FsTierConfig
+from kvtier.config import FsTierConfig, MemoryTierConfig
 from kvtier.core.promotion import PROBE_AHEAD
 from kvtier.errors import ClosedError, HoldError, InvalidKeyError
+from kvtier.region import HostRegion
 from kvtier.telemetry.kv_events import EventKind
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TransferJob
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.fs.tier import FilesystemTier
+from kvtier.tiers.memory import MemoryTier
 from tests.conftest import config, fill, holds, make_keys, read, settle, store, wait_for
 
 
@@ -222,3 +225,28 @@ def test_slots_of_loaded_chunks_hold_their_bytes_until_released(build, identity)
     assert all(holds(m.region, s, k) for k, s in zip(keys, slots))
     m.complete_load(keys[:2])
     wait_for(lambda: m.prepare_store(keys[2:]) is not None)
+
+
+@pytest.mark.parametrize("name", ["memory\nkvtier: forged", "memory\u202e", "", " memory"])
+def test_a_hand_built_tier_with_a_name_no_config_would_take_is_refused_and_every_tier_closed(
+    identity, name
+):
+    """``Label`` holds for tiers built by hand too; the manager owns what it is given, so the
+    tiers before the bad one, the bad one and those after it are all closed."""
+    region = HostRegion(4, identity.layout.chunk_bytes)
+    tiers = [MemoryTier(MemoryTierConfig(), region, identity) for _ in range(3)]
+    closed = []
+    for tier in tiers:
+        tier.close = lambda tier=tier, close=tier.close: (closed.append(tier), close())[1]
+    tiers[1].name = name
+    with pytest.raises(ConfigError, match="tier name"):
+        TieringManager(config(4), identity, tiers=tiers, region=region)
+    assert {id(t) for t in closed} == {id(t) for t in tiers}
+
+
+def test_a_hand_built_tier_named_in_any_script_is_served_under_its_name(identity):
+    region = HostRegion(4, identity.layout.chunk_bytes)
+    tier = MemoryTier(MemoryTierConfig(), region, identity)
+    tier.name = "диск 日本"
+    with TieringManager(config(4), identity, tiers=[tier], region=region) as m:
+        assert m.tier_states() == (["диск 日本"], [])

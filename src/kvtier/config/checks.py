@@ -21,6 +21,7 @@ import os
 import re
 import types
 import typing
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol, Union
@@ -103,6 +104,30 @@ def _is_unicode_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+#: The longest tier name: it is a metric label, a word in logs and a cell in tables.
+MAX_LABEL_CHARS = 100
+
+
+@dataclass(frozen=True)
+class Label:
+    """A name operators read (a tier's): ``Text`` of at most ``MAX_LABEL_CHARS`` characters,
+    without leading or trailing whitespace and without control or format characters (Unicode
+    category C: a newline, an escape, a bidirectional override) or line and paragraph
+    separators, which could forge log lines or drive a terminal. Other Unicode is welcome."""
+
+    def check(self, value: Any, path: str) -> None:
+        Text().check(value, path)
+        if len(value) > MAX_LABEL_CHARS:
+            raise ConfigError(f"{path}: expected at most {MAX_LABEL_CHARS} characters")
+        odd = [c for c in value if unicodedata.category(c)[0] == "C" or c in "\u2028\u2029"]
+        if odd:
+            raise ConfigError(
+                f"{path}: expected printable text, got U+{ord(odd[0]):04X} in {shown(value)}"
+            )
+        if value != value.strip():
+            raise ConfigError(f"{path}: expected no leading or trailing space, got {shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -198,6 +223,8 @@ Age = Annotated[
     float, Bounds(1, 36_500 * DAY_S, "a number of seconds from 1 to 3153600000", integer=False)
 ]
 DirMode = Annotated[str, OctalMode()]
+#: A tier's ``name`` (``Label``).
+TierName = Annotated[str, Label()]
 #: A path on this machine: ``~`` expanded (``LocalPath``).
 FilePath = Annotated[str, LocalPath()]
 

@@ -24,8 +24,8 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 
 from kvtier.config.checks import (
     Check,
+    Label,
     PythonName,
-    Text,
     default_marks,
     error_reason,
     marks_of,
@@ -169,9 +169,8 @@ def _flatten_store_config(fields: Mapping[str, Any], path: str) -> dict[str, Any
 
 def _parse_external(data: Mapping[str, Any], path: str) -> ExternalTierConfig:
     """An entry with ``module_path``: its module is a dotted Python name, its class (``type``)
-    an identifier, and its ``name`` a non-empty string ``Text`` accepts (as the built-in tiers'
-    ``name``); the module is imported, and the class looked up, when the tier starts
-    (``kvtier.tiers.registry``)."""
+    an identifier, and its ``name`` a ``Label`` (as the built-in tiers' ``name``); the module
+    is imported, and the class looked up, when the tier starts (``kvtier.tiers.registry``)."""
     module_path, class_name = data["module_path"], data.get("type")
     if not isinstance(module_path, str) or not module_path:
         raise ConfigError(f"{path}.module_path: expected a dotted module name")
@@ -181,7 +180,7 @@ def _parse_external(data: Mapping[str, Any], path: str) -> ExternalTierConfig:
     PythonName().check(class_name, f"{path}.type")
     name = data.get("name")
     if name is not None:
-        Text().check(name, f"{path}.name")
+        Label().check(name, f"{path}.name")
     options = {k: v for k, v in data.items() if k not in ("module_path", "type", "name")}
     return ExternalTierConfig(module_path, class_name, options, name)
 

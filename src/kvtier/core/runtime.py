@@ -18,13 +18,14 @@ the operator methods and scrape the gauges under it. Nothing here waits on I/O.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from kvtier.config.checks import listen_errors
+from kvtier.config.checks import Label, listen_errors
 from kvtier.config.schema import RuntimeConfig
 from kvtier.control.admin import admin_app
 from kvtier.control.admission import AdmissionConfig
@@ -76,12 +77,16 @@ class Runtime:
             self._bind_all(tiers)
 
     def _bind_all(self, tiers: Sequence[SecondaryTier]) -> None:
+        """Add and bind ``tiers``; if that fails, every one of them is closed."""
         try:
             for tier in tiers:
                 self.add_tier(tier)
             self.bind()
         except BaseException:
             self.close()
+            for tier in tiers[len(self.tiers.tiers) :]:  # refused, or never reached
+                with contextlib.suppress(Exception):
+                    tier.close()
             raise
 
     @property
@@ -101,9 +106,11 @@ class Runtime:
         min_priority: int | None = None,
     ) -> int:
         """Add ``tier`` (its index is returned); ``admission`` and ``min_priority`` are rules of
-        its own (vLLM's per-tier entries), applied with the config's once ``bind`` runs."""
+        its own (vLLM's per-tier entries), applied with the config's once ``bind`` runs.
+        ``ConfigError`` for a name that is not a ``Label`` (however the tier was built)."""
         if self._closed:
             raise ClosedError("add_tier: the runtime is closed")
+        Label().check(tier.name, "tier name")
         index = self.tiers.add(tier)
         self._given_names.append(tier.name)
         if admission is not None or min_priority is not None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from kvtier.config.checks import TierName
 from kvtier.tiers.fault import FaultTierConfig
 from kvtier.tiers.fs.config import FsTierConfig
 from kvtier.tiers.memory import MemoryTierConfig
@@ -54,7 +55,7 @@ class ExternalTierConfig:
     module_path: str
     class_name: str
     options: Mapping[str, Any] = field(default_factory=dict)
-    name: str | None = None
+    name: TierName | None = None
 
 
 TIER_TYPES: dict[str, TierType] = {}

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
-from kvtier.config.checks import HexKey, Seconds, check_fields
+from kvtier.config.checks import HexKey, Seconds, TierName, check_fields
 from kvtier.errors import TierError
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TierConfig, TransferJob
@@ -32,7 +32,7 @@ class FaultTierConfig:
     delay_s: Seconds = 0.0
     raise_in_submit: bool = False
     raise_in_lookup: bool = False
-    name: str | None = None
+    name: TierName | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)

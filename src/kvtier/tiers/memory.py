@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvtier.config.checks import Bytes, GiB, Threads, check_fields
+from kvtier.config.checks import Bytes, GiB, Threads, TierName, check_fields
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
@@ -28,7 +28,7 @@ class MemoryTierConfig:
     type_name: ClassVar[str] = "memory"
     capacity_bytes: Bytes = GiB
     n_threads: Threads = 2
-    name: str | None = None
+    name: TierName | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -12,6 +12,7 @@ from kvtier.config.checks import (
     PositiveBytes,
     Seconds,
     Threads,
+    TierName,
     check_fields,
 )
 
@@ -47,7 +48,7 @@ class FsTierConfig:
     dir_mode: DirMode = "0700"
     integrity_key_file: FilePath | None = None
     encrypt: bool = False
-    name: str | None = None
+    name: TierName | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from kvtier.config.addresses import BindHost, HostName, is_loopback
-from kvtier.config.checks import FilePath, Port, Seconds, Timeout, check_fields
+from kvtier.config.checks import FilePath, Port, Seconds, TierName, Timeout, check_fields
 from kvtier.errors import ConfigError
 
 #: How peers connect: ZeroMQ (CURVE possible) or plain TCP (one copy fewer, never encrypted).
@@ -44,7 +44,7 @@ class P2PTierConfig:
     curve_secret_key_file: FilePath | None = None
     curve_server_key_file: FilePath | None = None
     integrity_key_file: FilePath | None = None
-    name: str | None = None
+    name: TierName | None = None
     transport: Transport = "zmq"
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ from kvtier.config.checks import (
     PositiveBytes,
     Seconds,
     Threads,
+    TierName,
     Timeout,
     check_fields,
 )
@@ -47,7 +48,7 @@ class ObjTierConfig:
     max_age_s: Age | None = None
     integrity_key_file: FilePath | None = None
     encrypt: bool = False
-    name: str | None = None
+    name: TierName | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
