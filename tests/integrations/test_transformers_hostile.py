@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier import CacheIdentity, ConfigError
+from kvtier import CacheIdentity, ConfigError, KVTierError
+from kvtier.device.transfer import TransferEngine
 from kvtier.errors import ClosedError, InvalidArgumentError
 from kvtier.integrations.transformers import (
     DeviceChunkCache,
@@ -253,3 +254,50 @@ def test_a_model_whose_cache_the_identity_does_not_describe_is_refused(
     ).eval()  # fmt: skip
     with pytest.raises(ConfigError, match="layout"):
         TieredModel(other, llama_identity)
+
+
+class StillCopying:
+    """A stream event whose copy has not finished until ``landed`` is set (as a busy CUDA
+    stream's would be)."""
+
+    landed = False
+
+    def query(self) -> bool:
+        return self.landed
+
+    def synchronize(self) -> None:
+        self.landed = True
+
+
+def test_a_load_copy_past_its_wait_keeps_its_slots_held_until_it_lands(
+    model: Any, identity: CacheIdentity, make_manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy out of host that outlives its wait is not given up: its slots stay held, so that
+    nothing overwrites them mid-copy, until a later call sees it land. The request recomputes
+    meanwhile, and the requests after it go on (they used to fail on the stray job)."""
+    m = make_manager(host_slots=12)
+    tiered = TieredModel(model, identity, m)
+    first = prompt(44, seed=3)
+    tiered.generate(first, NEW_TOKENS)
+    tiered.flush()
+    real_wait, copying = TransferEngine.wait, StillCopying()
+
+    def wait(engine: TransferEngine, job_id: int, timeout: float | None = None) -> Any:
+        job = engine._jobs[job_id]
+        if job.result.op == "load" and not copying.landed and job.event is None:
+            job.event = copying
+            raise KVTierError(f"transfer job {job_id} did not finish in {timeout} s")
+        return real_wait(engine, job_id, timeout)
+
+    monkeypatch.setattr(TransferEngine, "wait", wait)
+    follow_up = first + prompt(3, seed=5)
+    result = tiered.generate(follow_up, NEW_TOKENS)
+    assert result.sources["recomputed"] == len(follow_up)
+    assert_like_recompute(model, follow_up, result)
+    assert m.stats()["host"]["held_slots"] == 5  # the late copy's chunks, still being read
+    copying.landed = True
+    again = tiered.generate(follow_up, NEW_TOKENS)
+    assert again.sources["host"] == 40
+    assert_like_recompute(model, follow_up, again)
+    tiered.flush()
+    assert m.stats()["host"]["held_slots"] == 0

@@ -138,6 +138,7 @@ class TieredModel:
         )
         self.members = self._state_members()
         self._stores: dict[int, list[ChunkKey]] = {}
+        self._late_loads: dict[int, list[ChunkKey]] = {}  # copies out of host past their wait
         self._prefetched: tuple[list[int], list[ChunkKey]] = ([], [])  # the last prompt's keys
         self.trace = open_recorder(manager, self.layout.tokens_per_chunk)  # config.trace_path
 
@@ -167,7 +168,7 @@ class TieredModel:
             raise ClosedError("generate: the manager is closed")
         retention = {"priority": priority, "duration_s": duration_s}
         started = time.perf_counter()
-        self._finish_stores()
+        self._finish_copies()
         keys = self._keys(prompt)
         restored = self._restore(keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk])
         cached = restored.end * self.layout.tokens_per_chunk
@@ -293,11 +294,15 @@ class TieredModel:
         slots = self.manager.prepare_load(keys, origins)
         try:
             job_id = self.transfer.submit_load(slots)
-            chunks = self.transfer.wait(job_id, self.retry_timeout_s).chunks
-        except KVTierError:
-            return []
-        finally:
+        except BaseException:
             self.manager.complete_load(keys)
+            raise
+        try:
+            chunks = self.transfer.wait(job_id, self.retry_timeout_s).chunks
+        except KVTierError:  # late: the slots stay held until the copy lands (_finish_copies)
+            self._late_loads[job_id] = keys
+            return []
+        self.manager.complete_load(keys)
         assert chunks is not None
         for origin, count in origins.items():
             sources[origin] += count * self.layout.tokens_per_chunk
@@ -361,21 +366,29 @@ class TieredModel:
             _rows(chunks, [index[k] for k in plan.keys]), plan.slots
         )
         self._stores[job_id] = plan.keys
-        self._finish_stores()
+        self._finish_copies()
 
-    def _finish_stores(self) -> None:
+    def _finish_copies(self) -> None:
+        """Hand the copies that landed to the manager: stores, and loads that were late."""
         if self.manager is None or self.transfer is None:
             return
         for result in self.transfer.poll():
-            self.manager.complete_store(self._stores.pop(result.job_id), success=True)
+            self._finished(result.job_id)
+
+    def _finished(self, job_id: int) -> None:
+        assert self.manager is not None
+        if job_id in self._late_loads:
+            self.manager.complete_load(self._late_loads.pop(job_id))  # its slots may go now
+        else:
+            self.manager.complete_store(self._stores.pop(job_id), success=True)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait for every store copy to land and hand it to the manager."""
+        """Wait for every copy to land (stores, late loads) and hand it to the manager."""
         if self.manager is None or self.transfer is None:
             return
-        for job_id in list(self._stores):
+        for job_id in [*self._stores, *self._late_loads]:
             self.transfer.wait(job_id, timeout)
-            self.manager.complete_store(self._stores.pop(job_id), success=True)
+            self._finished(job_id)
 
     def take_events(self) -> list[KVEvent]:
         """The manager's events since the last call (``TieringManager.take_events``)."""
