@@ -21,6 +21,7 @@ import torch
 from kvtier.errors import ConfigError
 from kvtier.integrations.sglang import HiCacheBackend
 from kvtier.integrations.sglang.identity import page_hash
+from kvtier.integrations.sglang.stats import IoStats
 from tests.integrations.sglang.host_pool import MhaHostPool, StorageConfig, extra, page_keys
 from tests.tiers.s3_server import ACCESS_KEY, SECRET_KEY, MotoServer
 
@@ -365,3 +366,17 @@ def test_a_peer_tier_serves_pages_from_another_instances_memory(
         assert backend.batch_get_v1(keys, pool.page_indices([30, 31, 32])) == [True] * 3
         assert all(torch.equal(before[i], pool.page(30 + i)) for i in range(3))
         backend.close()
+
+
+def test_stats_nobody_takes_keep_only_the_last_calls_of_each_kind() -> None:
+    """Without ``--enable-metrics`` SGLang never asks: a server running for months keeps at
+    most ``max_samples`` calls of each kind, the newest, and exactly that many when it asks."""
+    stats = IoStats(max_samples=3)
+    for pages in range(1, 6):
+        stats.record("store", pages, pages << 20, 0.001)
+    for pages in (7, 8, 9):
+        stats.record("load", pages, 1 << 20, 0.001)
+    taken = stats.take()
+    assert taken["backup_pgs"] == [3, 4, 5] and taken["prefetch_pgs"] == [7, 8, 9]
+    assert len(taken["backup_bandwidth"]) == 3 and taken["backup_bandwidth"][-1] > 5.0
+    assert stats.take()["backup_pgs"] == []
