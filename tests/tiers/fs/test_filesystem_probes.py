@@ -19,6 +19,7 @@ from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, RETRY, TransferJob
 from kvtier.tiers.fs import probes
 from kvtier.tiers.fs.tier import FilesystemTier
+from kvtier.tiers.shared.probes_in_flight import MAX_PROBING
 from tests.conftest import collect, fill, holds, make_keys, settle_lookup
 
 NFS_MAGIC = 0x6969
@@ -138,6 +139,31 @@ def test_a_fault_hook_sends_probes_to_the_background_where_it_may_block(tmp_path
         assert tier.lookup(key) is RETRY, "still asking: the answer is not known yet"
         release.set()
         assert settle_lookup(tier, key) is MISS
+    finally:
+        release.set()
+        tier.close()
+
+
+def test_a_hung_mount_queues_at_most_max_probing_probes_then_answers_miss(
+    tmp_path, region, identity
+):
+    """Every probe thread stuck in a ``stat``: up to ``MAX_PROBING`` keys wait (``RETRY``), the
+    next is a miss at once and counted; a key already waiting still waits. Once the mount
+    answers, the queue drains and new keys are probed again."""
+    tier = make_tier(tmp_path, region, identity, probe="background")
+    release = threading.Event()
+    tier.fault_hook = lambda op, key: release.wait(30) if op == "probe" else None
+    keys = make_keys(identity, MAX_PROBING + 2, seed=5)
+    try:
+        assert all(tier.lookup(key) is RETRY for key in keys[:MAX_PROBING])
+        assert tier.lookup(keys[-2]) is MISS
+        assert tier.lookup(keys[0]) is RETRY, "already queued: still waiting for its answer"
+        assert tier.stats()["probe_skipped_backlog"] == 1
+        release.set()
+        assert settle_lookup(tier, keys[0]) is MISS
+        assert settle_lookup(tier, keys[MAX_PROBING - 1]) is MISS
+        assert tier.lookup(keys[-1]) is RETRY, "room again: probed, not refused"
+        assert tier.stats()["probe_skipped_backlog"] == 1
     finally:
         release.set()
         tier.close()

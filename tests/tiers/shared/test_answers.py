@@ -7,6 +7,7 @@ import time
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import HIT, MISS, RETRY
 from kvtier.tiers.shared.answers import Answers
+from kvtier.tiers.shared.probes_in_flight import MAX_PROBING, ProbesInFlight
 
 A, B, C = (ChunkKey(bytes([i]) * 32) for i in range(3))
 
@@ -49,4 +50,29 @@ def test_forget_holder_and_clear():
     assert not answers.is_hit(A) and answers.is_hit(B)
     answers.missing(C)
     answers.clear()
-    assert answers.sizes() == {"remembered_hits": 0, "remembered_misses": 0, "probes_in_flight": 0}
+    assert answers.sizes() == {
+        "remembered_hits": 0,
+        "remembered_misses": 0,
+        "probes_in_flight": 0,
+        "probes_skipped_backlog": 0,
+    }
+
+
+def test_at_most_limit_keys_are_probed_at_once_the_next_is_a_counted_miss():
+    a, b, c = (ChunkKey(bytes([i]) * 32) for i in range(3))
+    probing = ProbesInFlight(limit=2)
+    assert probing.claim(a) is None and probing.claim(b) is None  # exactly the limit
+    assert probing.claim(c) is MISS and probing.skipped == 1  # one past it
+    assert probing.claim(a) is RETRY and probing.skipped == 1  # already under probe
+    probing.done(a)
+    assert probing.claim(c) is None and len(probing) == 2
+
+
+def test_answers_past_max_probing_answer_miss_and_say_how_many():
+    answers = Answers(60.0)
+    keys = [ChunkKey(i.to_bytes(32, "big")) for i in range(MAX_PROBING + 1)]
+    assert all(answers.answer(key) is None for key in keys[:MAX_PROBING])
+    assert answers.answer(keys[-1]) is MISS
+    answers.missing(keys[0])
+    assert answers.answer(keys[-1]) is None  # room again
+    assert answers.sizes()["probes_skipped_backlog"] == 1

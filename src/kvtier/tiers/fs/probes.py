@@ -27,6 +27,7 @@ from typing import Literal
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import HIT, MISS, RETRY, Lookup
 from kvtier.tiers.fs.paths import libc_function
+from kvtier.tiers.shared.probes_in_flight import ProbesInFlight
 from kvtier.tiers.shared.workers import WorkerPool
 
 #: Threads that answer lookups of unknown keys in the background (one ``stat`` each).
@@ -72,15 +73,21 @@ class Prober:
     """Answers ``ask(key)`` with ``probe(key)`` (whether the file is there; it records the
     answer): at once when ``inline``, else ``RETRY`` while a probe thread calls it, after which
     ``notify()`` (the tier's progress signal) wakes the lookups waiting. One probe per key at
-    a time."""
+    a time, ``ProbesInFlight``'s limit at once: past that ``MISS``, and
+    ``count("probe_skipped_backlog")``."""
 
     def __init__(
-        self, name: str, inline: bool, probe: Callable[[ChunkKey], bool], notify: Callable[[], None]
+        self,
+        name: str,
+        inline: bool,
+        probe: Callable[[ChunkKey], bool],
+        notify: Callable[[], None],
+        count: Callable[[str], None],
     ) -> None:
         self.inline = inline
-        self._probe, self._notify = probe, notify
+        self._probe, self._notify, self._count = probe, notify, count
         self._pool = WorkerPool(N_PROBE_THREADS, f"{name}-probe")
-        self._probing: set[ChunkKey] = set()
+        self._probing = ProbesInFlight()
         self._lock = threading.Lock()
 
     def ask(self, key: ChunkKey, may_inline: bool = True) -> Lookup:
@@ -88,17 +95,19 @@ class Prober:
         if self.inline and may_inline:
             return HIT if self._probe(key) else MISS
         with self._lock:
-            if key not in self._probing:
-                self._probing.add(key)
+            answer = self._probing.claim(key)
+            if answer is None:
                 self._pool.submit(functools.partial(self._run, key))
-        return RETRY
+        if answer is MISS:
+            self._count("probe_skipped_backlog")
+        return RETRY if answer is None else answer
 
     def _run(self, key: ChunkKey) -> None:
         try:
             self._probe(key)
         finally:
             with self._lock:
-                self._probing.discard(key)
+                self._probing.done(key)
             self._notify()  # the key's RETRY is now a HIT or a MISS
 
     def close(self, timeout: float) -> list[str]:

@@ -142,7 +142,8 @@ class FilesystemTier(PooledTier):
         self.load_part_chunks = LOAD_PART_CHUNKS
         self.load_threads = min(config.n_read_threads, LOAD_PARTS)
         inline = probes_inline(config.probe, self._files.namespace)
-        self._prober = Prober(self.name, inline, self._probe, lambda: self.notify_progress())
+        notify, count = self.notify_progress, self._counters.add
+        self._prober = Prober(self.name, inline, self._probe, notify, count)
         warn_if_read_only(self.name, self._files.directory)
         self._scanner = threading.Thread(target=self._scan, name=f"{self.name}-scan", daemon=True)
         self._scanner.start()

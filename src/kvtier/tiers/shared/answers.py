@@ -5,7 +5,8 @@ Remembered hits (bounded, least recently used forgotten first; optionally expiri
 expire after ``miss_ttl_s`` (another instance may store the chunk meanwhile; ``RecentMisses``:
 each is told at least once), and keys whose probe is under way. ``answer`` says HIT, MISS or
 RETRY from what is known, or ``None`` when nothing is: the key is then marked as probing and
-the caller must start a probe that ends in ``found`` or ``missing``.
+the caller must start a probe that ends in ``found`` or ``missing``. At most ``MAX_PROBING``
+keys are probed at once (``ProbesInFlight``): past that a new key is a ``MISS``.
 
 Thread safety: every method may be called from any thread; one lock guards all state.
 """
@@ -18,8 +19,9 @@ import time
 from collections import OrderedDict
 
 from kvtier.keys import ChunkKey
-from kvtier.tiers.base import HIT, MISS, RETRY, Lookup
+from kvtier.tiers.base import HIT, MISS, Lookup
 from kvtier.tiers.shared.misses import RecentMisses
+from kvtier.tiers.shared.probes_in_flight import ProbesInFlight
 
 MAX_HITS = 1 << 18
 
@@ -34,7 +36,7 @@ class Answers:
         self._hit_ttl = math.inf if hit_ttl_s is None else hit_ttl_s
         self._hits: OrderedDict[ChunkKey, tuple[float, str]] = OrderedDict()  # LRU order
         self._misses = RecentMisses(miss_ttl_s)
-        self._probing: set[ChunkKey] = set()
+        self._probing = ProbesInFlight()
         self._lock = threading.Lock()
 
     def answer(self, key: ChunkKey) -> Lookup | None:
@@ -46,10 +48,7 @@ class Answers:
                 return HIT
             if key in self._misses:
                 return MISS
-            if key in self._probing:
-                return RETRY
-            self._probing.add(key)
-            return None
+            return self._probing.claim(key)
 
     def _fresh_hit(self, key: ChunkKey, now: float) -> str | None:
         expiry, holder = self._hits.get(key, (0.0, ""))
@@ -66,7 +65,7 @@ class Answers:
 
     def found(self, key: ChunkKey, holder: str = "") -> None:
         with self._lock:
-            self._probing.discard(key)
+            self._probing.done(key)
             self._misses.discard(key)
             self._hits.pop(key, None)
             self._hits[key] = (time.monotonic() + self._hit_ttl, holder)
@@ -76,7 +75,7 @@ class Answers:
     def missing(self, key: ChunkKey) -> None:
         """``key`` is not there (or could not be read): a miss until the answer expires."""
         with self._lock:
-            self._probing.discard(key)
+            self._probing.done(key)
             self._hits.pop(key, None)
             self._misses.add(key)
 
@@ -98,4 +97,5 @@ class Answers:
                 "remembered_hits": len(self._hits),
                 "remembered_misses": len(self._misses),
                 "probes_in_flight": len(self._probing),
+                "probes_skipped_backlog": self._probing.skipped,
             }
