@@ -386,3 +386,14 @@ def test_a_tier_registers_its_own_metrics_and_they_are_exported(identity, tmp_pa
     assert 'kvtier_tier_probe_seconds_bucket{le="0.005",tier="m1"} 1.0' in text
     assert 'kvtier_tier_depth{tier="m1"} 7.0' in text
     assert 'kvtier_tier_stat{stat="circuit_state",tier="m1"} 1.0' in text
+
+
+def test_events_switched_off_for_publishing_fill_no_outbox(identity, tmp_path):
+    """``enable_kv_cache_events: false`` opens no socket, and nothing queues events for one:
+    they stay in ``take_events`` only (a bounded log), not in a second copy nobody drains."""
+    events = {"enable_kv_cache_events": False}
+    with make_manager(identity, tmp_path, [], kv_events=events) as m:
+        keys = make_keys(identity, 3)
+        store(m, keys)
+        assert m._events.take_outbox() == []
+        assert [e.kind for e in m.take_events()] == [EventKind.STORED] * 3

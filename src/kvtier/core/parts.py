@@ -87,7 +87,7 @@ def build_parts(
     metrics = runtime.metrics
     provenance = Provenance(metrics, runtime.tiers, identity.layout.tokens_per_chunk)
     count = functools.partial(_count_events, metrics)
-    events = EventLog(outbox=config.kv_events is not None, on_add=count)
+    events = EventLog(outbox=publisher is not None, on_add=count)  # no publisher: none read it
     slots = SlotAllocator(host, provenance, metrics, events)
     promoter = Promoter(host, runtime.tiers, slots, provenance, metrics, events)
     retention = HostRetention(host, runtime.admission, provenance)
