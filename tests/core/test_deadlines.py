@@ -229,3 +229,20 @@ def test_a_peer_process_that_stops_answering_never_stops_the_engine(identity):
             assert m.lookup(own) == 4 and read(m, own)
     finally:
         node.kill()
+
+
+def test_a_probe_answered_miss_starts_its_next_wait_anew(identity):
+    """A key the tier probed and found missing, probed again long after (its miss forgotten,
+    another instance may have stored it), waits its own deadline: the first wait's start does
+    not make the second late at once (``tier_timeout``)."""
+    with manager(identity, 8) as m:
+        tier = hanging(m)
+        keys = make_keys(identity, 2, seed=6)
+        tier.hang.add("probe")
+        assert m.lookup(keys) is RETRY
+        tier.release()
+        assert m.lookup(keys) == 0  # the tier answered MISS in time
+        time.sleep(SHORT * 2)
+        tier.hang.add("probe")
+        assert m.lookup(keys) is RETRY, "a new wait, not one begun before the miss"
+        assert recomputed(m, "tier_timeout") == 0

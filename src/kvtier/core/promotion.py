@@ -274,8 +274,9 @@ class Promoter:
             answer = self.tiers.lookup(index, key)
             if answer is None or not tier.available:
                 absent = "tier_unavailable"
-            if answer is HIT:
+            if answer is HIT or answer is MISS:
                 self.probes.settled(index, key)
+            if answer is HIT:
                 return index, absent
             if answer is RETRY and self.probes.late(index, key):
                 absent = absent or "tier_timeout"
