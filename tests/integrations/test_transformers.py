@@ -127,6 +127,18 @@ def test_the_adapter_keeps_no_copy_of_the_managers_events(
     assert tiered.take_events() == []
 
 
+def with_head_evicted(tiered: TieredModel, identity: CacheIdentity, filler: int) -> list[int]:
+    """Serve a prompt of 4 chunks (with 3 generated tokens), then a ``filler``-token one that
+    fills host memory and one that evicts chunks 0-1 of the first (2-3 stay); returns it."""
+    assert tiered.manager is not None
+    first = prompt(32, seed=6)
+    serve(tiered, first)
+    serve(tiered, prompt(filler, seed=7))
+    tiered.manager.touch(chunk_keys(first, identity)[2:4])  # 0-1: the least recently used
+    serve(tiered, prompt(14, seed=8))  # 2 chunks
+    return first
+
+
 @pytest.mark.parametrize("tier", ["memory", "fs"])
 def test_prefix_from_host_and_tier_mixed(
     model: Any, identity: CacheIdentity, make_manager: Any, tier: str, tmp_path: Path
@@ -134,11 +146,7 @@ def test_prefix_from_host_and_tier_mixed(
     """Chunks 0-1 were evicted from host and come from the tier; chunks 2-3 are still in host."""
     m = make_manager(host_slots=6, tiers=[tier_config(tier, tmp_path)])
     tiered = TieredModel(model, identity, m)
-    first = prompt(32, seed=6)  # with 3 generated tokens: 4 chunks
-    serve(tiered, first)
-    serve(tiered, prompt(14, seed=7))  # 2 chunks; host now full
-    m.touch(chunk_keys(first, identity)[2:4])  # chunks 0-1 become the least recently used
-    serve(tiered, prompt(14, seed=8))  # 2 chunks evict chunks 0-1 of the first prompt
+    first = with_head_evicted(tiered, identity, filler=14)
     follow_up = first + prompt(8, seed=9)
     result = serve(tiered, follow_up)
     assert result.sources == {"accelerator": 0, m.tiers[0].name: 16, "host": 16, "recomputed": 8}
@@ -150,13 +158,8 @@ def test_a_store_around_chunks_still_in_host_fills_each_slot_with_its_own_chunk(
 ) -> None:
     """Chunks 0-1 left host, chunks 2-3 stayed: the recomputed request stores chunks 0, 1 and
     its new tail (not one run of rows), and a later request restores each of them intact."""
-    m = make_manager(host_slots=8)
-    tiered = TieredModel(model, identity, m)
-    first = prompt(32, seed=6)  # with 3 generated tokens: 4 chunks
-    serve(tiered, first)
-    serve(tiered, prompt(30, seed=7))  # 4 chunks; host now full
-    m.touch(chunk_keys(first, identity)[2:4])  # chunks 0-1 become the least recently used
-    serve(tiered, prompt(14, seed=8))  # 2 chunks evict chunks 0-1 of the first prompt
+    tiered = TieredModel(model, identity, make_manager(host_slots=8))
+    first = with_head_evicted(tiered, identity, filler=30)
     second = first + prompt(13, seed=9)  # 45 tokens; 48 stored with the generated ones
     assert serve(tiered, second).sources["recomputed"] == len(second)
     third = second + prompt(5, seed=10)  # shares 5 whole chunks with what was stored
