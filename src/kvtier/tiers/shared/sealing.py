@@ -37,6 +37,8 @@ from kvtier.tiers.shared.integrity_key import read_integrity_keys
 
 SALT_BYTES = 32
 KEY_ID_BYTES = 8
+#: An encrypted payload is decrypted this many bytes at a time (``_decrypt_in_place``).
+DECRYPT_PIECE = 64 << 10
 _NONCE = bytes(12)  # each derived key seals one chunk
 _SUBKEY_CONTEXT = b"kvtier chunk v2 aes-256-gcm\0"
 _KEY_ID_CONTEXT = b"kvtier integrity key id\0"
@@ -193,7 +195,7 @@ class KeyedSealer:
         opening = self._cipher(master, sealed.salt, sealed.tag).decryptor()
         opening.authenticate_additional_data(memoryview(header)[: codec.SEALED_AAD_BYTES])
         if encrypted:
-            opening.update_into(body, body)
+            _decrypt_in_place(opening, memoryview(body).cast("B"))
         else:
             opening.authenticate_additional_data(body)
         try:
@@ -206,6 +208,19 @@ class KeyedSealer:
     def _cipher(self, master: bytes, salt: bytes, tag: bytes | None) -> Any:
         subkey = hmac.digest(master, _SUBKEY_CONTEXT + salt, "sha256")
         return self._aes.cipher(self._aes.algorithm(subkey), self._aes.mode(_NONCE, tag))
+
+
+def _decrypt_in_place(opening: Any, body: memoryview) -> None:
+    """Decrypt ``body`` where it lies, a piece at a time through a small scratch buffer that
+    stays in cache: ``cryptography`` 51 refuses an output buffer that overlaps the input."""
+    scratch = memoryview(bytearray(DECRYPT_PIECE + 15))  # update_into wants block size - 1 more
+    done = 0
+    for start in range(0, len(body), DECRYPT_PIECE):
+        written = opening.update_into(body[start : start + DECRYPT_PIECE], scratch)
+        body[done : done + written] = scratch[:written]
+        done += written
+    if done != len(body):  # GCM is a stream mode: never, unless the library changes
+        raise IntegrityError(f"decrypted {done} of {len(body)} bytes", "length")
 
 
 class _AesGcm:
