@@ -16,7 +16,7 @@ import pytest
 from kvtier import CacheIdentity, TieringManager
 from kvtier.errors import ConfigError
 from kvtier.tiers.shared.codec import HEADER_BYTES
-from tests.conftest import SMALL_LAYOUT, config, make_keys, settle, store
+from tests.conftest import SMALL_LAYOUT, config, make_keys, read, settle, store
 
 FILE = HEADER_BYTES + SMALL_LAYOUT.chunk_bytes
 WRITER = Path(__file__).with_name("shared_bound_writer.py")
@@ -140,3 +140,49 @@ def test_a_write_renamed_into_place_but_not_yet_reported_is_counted_once(tmp_pat
         assert bound.total() == FILE
     finally:
         bound.close()
+
+
+def test_an_instance_forgets_chunks_another_deleted_keeping_at_most_what_the_bound_holds(
+    tmp_path: Path,
+) -> None:
+    """Two servers of one model share a namespace: each deletes the other's files to stay
+    under the bound, and the one whose files went keeps no more entries than the directory can
+    hold (they were kept for ever: 122 entries for 20 files after a long run)."""
+    identity = CacheIdentity(model="m", layout=SMALL_LAYOUT)
+    tiers = fs_tier(tmp_path, root_dir_max_bytes=4 * FILE)
+    with (
+        TieringManager(config(32, secondary_tiers=tiers), identity) as a,
+        TieringManager(config(32, secondary_tiers=tiers), identity) as b,
+    ):
+        for seed in range(4):
+            store(a, make_keys(identity, 1, seed=seed))
+        assert a.wait_idle(timeout=20)
+        for seed in range(10, 18):
+            store(b, make_keys(identity, 1, seed=seed))  # deletes a's four files
+        assert b.wait_idle(timeout=20)
+        for seed in range(20, 24):
+            store(a, make_keys(identity, 1, seed=seed))
+        assert a.wait_idle(timeout=20)
+        stats = a.tiers[0].stats()  # type: ignore[attr-defined]
+    assert chunk_bytes_under(tmp_path) <= 4 * FILE
+    assert stats["index_chunks"] == 4 and stats["index_forgotten"] == 4
+
+
+def test_without_a_bound_the_index_remembers_max_index_chunks_and_probes_find_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    identity = CacheIdentity(model="m", layout=SMALL_LAYOUT)
+    tiers = fs_tier(tmp_path)
+    keys = make_keys(identity, 5)
+    with TieringManager(config(8, secondary_tiers=tiers), identity) as first:
+        store(first, keys)
+        assert first.wait_idle(timeout=20)
+    monkeypatch.setattr("kvtier.tiers.fs.index.MAX_INDEX_CHUNKS", 3)
+    with TieringManager(config(8, secondary_tiers=tiers), identity) as again:
+        tier = again.tiers[0]
+        assert tier.wait_scanned(20)  # type: ignore[attr-defined]
+        stats = tier.stats()  # type: ignore[attr-defined]
+        assert stats["index_chunks"] == 3 and stats["index_forgotten"] == 2
+        assert settle(again, keys) == 5  # the two forgotten are probed and found
+        assert read(again, keys)
+        assert tier.stats()["probe_hits"] == 2  # type: ignore[attr-defined]

@@ -261,3 +261,51 @@ def test_a_write_outlives_the_end_of_another_job_announcing_the_same_key() -> No
     assert index.used_bytes == 10  # the reservation alone, not it and an entry
     index.commit(k(1), 10)
     assert index.used_bytes == 10 and len(index) == 1
+
+
+# -- max_chunks: an index without max_bytes forgets its coldest entries ----------------------
+def test_past_max_chunks_the_coldest_entries_are_forgotten_and_nothing_is_deleted() -> None:
+    index = ChunkIndex(None, max_chunks=3)
+    chain(index, [1, 2, 3])
+    assert index.add(k(4), 10) == []  # a victim returned would be deleted: none is
+    assert len(index) == 3 and index.forgotten_count() == 1
+    assert k(3) not in index  # the chain's tail was coldest
+    assert all(k(i) in index for i in (1, 2, 4))
+
+
+def test_exactly_max_chunks_are_remembered() -> None:
+    index = ChunkIndex(None, max_chunks=3)
+    chain(index, [1, 2, 3])
+    assert len(index) == 3 and index.forgotten_count() == 0
+    index.commit(k(5), 10)  # a write landing counts too
+    assert len(index) == 3 and index.forgotten_count() == 1
+
+
+def test_unreachable_entries_are_forgotten_first() -> None:
+    index = ChunkIndex(None, max_chunks=3)
+    index.add(k(2), 10, k(1))  # its parent was never held: unreachable
+    index.add(k(7), 10)
+    index.add(k(8), 10)
+    index.add(k(9), 10)
+    assert k(2) not in index and all(k(i) in index for i in (7, 8, 9))
+    assert index.unreachable_count() == 0
+
+
+def test_a_listing_merged_past_max_chunks_keeps_the_most_recent() -> None:
+    index = ChunkIndex(None, max_chunks=2)
+    index.add(k(9), 10)  # used since the listing: more recent than anything listed
+    assert index.merge_cold([(k(1), 10, None), (k(2), 10, None), (k(3), 10, None)]) == []
+    assert k(9) in index and k(3) in index and len(index) == 2
+
+
+def test_max_bytes_overrides_max_chunks_every_entry_counts_against_the_bound() -> None:
+    index = ChunkIndex(1000, max_chunks=2)
+    chain(index, [1, 2, 3, 4])
+    assert len(index) == 4 and index.forgotten_count() == 0
+    assert index.used_bytes == 40
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_max_chunks_below_one_is_refused(bad: int) -> None:
+    with pytest.raises(ValueError, match="max_chunks"):
+        ChunkIndex(None, max_chunks=bad)

@@ -60,7 +60,7 @@ from kvtier.tiers.base import HIT, MISS, JobOutcome, Lookup, TransferJob
 from kvtier.tiers.fs import native
 from kvtier.tiers.fs.config import FsTierConfig
 from kvtier.tiers.fs.files import CPUS, ChunkFiles
-from kvtier.tiers.fs.index import UseStamps
+from kvtier.tiers.fs.index import UseStamps, remembered_chunks
 from kvtier.tiers.fs.namespace import SpaceGuard, warn_if_open, warn_if_read_only
 from kvtier.tiers.fs.paths import NotRegularError, failure_reason
 from kvtier.tiers.fs.probes import Prober, probes_inline
@@ -130,7 +130,7 @@ class FilesystemTier(PooledTier):
         warn_if_open(config.root_dir, self._files.namespace, dir_mode)
         self._space = SpaceGuard(self._files.directory, config.min_free_bytes)
         self._shared = open_shared_bound(config, identity, dir_mode)
-        self._index = ChunkIndex(config.max_bytes)
+        self._index = ChunkIndex(config.max_bytes, remembered_chunks(config, self._file_bytes))
         self._misses = RecentMisses(config.negative_ttl_s)
         self._stamps = UseStamps(USE_STAMP_S)
         self._counters = Counters()
@@ -192,6 +192,7 @@ class FilesystemTier(PooledTier):
             "index_chunks": len(self._index),
             "index_bytes": self._index.used_bytes,
             "unreachable_chunks": self._index.unreachable_count(),
+            "index_forgotten": self._index.forgotten_count(),
             "o_direct": int(self.o_direct),
             "native_io": int(native.usable()),
             "read_only": int(self._files.directory.read_only),

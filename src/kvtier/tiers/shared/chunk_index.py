@@ -16,6 +16,12 @@ without a link) count as heads. ``used_bytes`` counts indexed chunks plus *reser
 of writes in flight, from ``reserve`` to ``commit`` or ``release``), so what is stored never
 exceeds the bound, even while being written.
 
+Without ``max_bytes`` the index may be given ``max_chunks``: past it the coldest entries (in the
+same order) are *forgotten*, not returned for deletion. An index that mirrors a directory other
+writers also delete from keeps entries of files that are gone, until something looks them up;
+forgotten, a live chunk is found again by a probe. With ``max_bytes`` every entry counts
+against the bound, so nothing is forgotten (an entry dropped would escape the bound).
+
 No I/O: callers delete the victims every method returns. Thread safety: every public method
 takes the instance's lock.
 """
@@ -37,8 +43,12 @@ Found = tuple[ChunkKey, int, "bytes | None"]
 class ChunkIndex:
     """Key → size, with predecessors, in eviction order; see the module docstring."""
 
-    def __init__(self, max_bytes: int | None) -> None:
+    def __init__(self, max_bytes: int | None, max_chunks: int | None = None) -> None:
+        if max_chunks is not None and max_chunks < 1:
+            raise ValueError(f"max_chunks must be at least 1, got {max_chunks}")
         self.max_bytes = max_bytes
+        self.max_chunks = None if max_bytes is not None else max_chunks
+        self._forgotten = 0  # entries dropped past max_chunks
         self._sizes: OrderedDict[bytes, int] = OrderedDict()  # coldest first
         self._parents: dict[bytes, bytes] = {}
         self._children: dict[bytes, list[bytes]] = {}
@@ -70,6 +80,11 @@ class ChunkIndex:
         """Indexed chunks that no prefix lookup can reach."""
         with self._lock:
             return len(self._lost)
+
+    def forgotten_count(self) -> int:
+        """Entries forgotten past ``max_chunks`` so far."""
+        with self._lock:
+            return self._forgotten
 
     # -- use ---------------------------------------------------------------------------------
     def touch(self, key: ChunkKey) -> bool:
@@ -193,6 +208,7 @@ class ChunkIndex:
             self._reserved -= nbytes
             self._unclaim(key)
             self._insert(key, nbytes, parent)
+            self._forget_over()
 
     def add(self, key: ChunkKey, nbytes: int, parent: bytes | None = None) -> list[ChunkKey]:
         """A chunk found stored (MRU); returns the keys evicted to stay under the bound. A key
@@ -205,6 +221,7 @@ class ChunkIndex:
             if key in self._pending:
                 return []
             self._insert(key, nbytes, parent)
+            self._forget_over()
             return self._evict_for(0) or []
 
     def set_parent(self, key: ChunkKey, parent: bytes | None) -> None:
@@ -223,6 +240,7 @@ class ChunkIndex:
                 if key not in self._sizes and key not in self._pending:
                     self._insert(key, nbytes, parent)
                     self._sizes.move_to_end(key, last=False)
+            self._forget_over()
             return self._evict_for(0) or []
 
     def discard(self, key: ChunkKey) -> bool:
@@ -309,6 +327,12 @@ class ChunkIndex:
             excess -= self._sizes[key]
             victims.append(key)
         return victims
+
+    def _forget_over(self) -> None:
+        """Past ``max_chunks``, drop the coldest entries (unreachable first), deleting nothing."""
+        while self.max_chunks is not None and len(self._sizes) > self.max_chunks:
+            self._remove(next(iter(self._lost)) if self._lost else next(iter(self._sizes)))
+            self._forgotten += 1
 
     def _evict_for(self, nbytes: int) -> list[ChunkKey] | None:
         """Pop victims until ``nbytes`` more fit; ``None`` (nothing popped) if they cannot."""
