@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.cli.main import main
+from kvtier.tiers.fs.scan import STALE_TMP_S
 from kvtier.tiers.shared import codec
 from tests.cache.cache_tree import PAYLOAD, FsCache, chain, make_identity
 from tests.cache.test_fs_commands import plant_foreign, run
@@ -123,3 +124,49 @@ def test_every_keeps_running_until_a_signal_and_exits_cleanly(cache, sig):
         proc.kill()
         proc.wait()
     assert not chunk_files(cache.root)
+
+
+def plant_temporary(cache: FsCache, key: bytes, age: float, body: bytes = b"half a chunk") -> Path:
+    """A write's temporary file beside chunk ``key``'s place, last written ``age`` s ago."""
+    path = cache.files[key].with_name(f"{key.hex()}.0a1b2c3d-4242-deadbeef-7.tmp")
+    path.write_bytes(body)
+    os.utime(path, (NOW - age, NOW - age))
+    return path
+
+
+def test_gc_removes_temporaries_of_writes_that_never_finished_once_stale(cache, capsys):
+    """A writer that crashed leaves its temporary file; the tier's own start-up scan removes it,
+    but only for its identity: one no server runs any more kept them for ever. Both sides of
+    STALE_TMP_S (600 s); a dry run removes nothing; chunks and foreign files stay."""
+    gone = make_identity("org/retired")
+    keys = chain(gone, 3)
+    cache.write_chain(gone, keys, mtime=NOW - 50)
+    stale = plant_temporary(cache, keys[0], age=STALE_TMP_S + 30, body=b"x" * 1000)
+    fresh = plant_temporary(cache, keys[1], age=STALE_TMP_S - 30)  # a writer may still be at it
+    foreign = plant_foreign(cache.root, cache.namespace(gone))
+    code, out, _ = run(capsys, "gc", str(cache.root), "--max-bytes", "1T", "--dry-run")
+    assert code == 0 and "1 stale temporary files" in out and stale.exists()
+    code, out, _ = run(capsys, "gc", str(cache.root), "--max-bytes", "1T")
+    assert code == 0 and "1 stale temporary files, 1000 B" in out
+    assert not stale.exists() and fresh.exists()
+    assert chunk_files(cache.root) == {cache.files[k] for k in keys}
+    assert all(p.exists() for p in foreign)
+
+
+def test_gc_leaves_a_link_or_fifo_named_like_a_temporary_and_what_it_points_to(cache, capsys):
+    gone = make_identity("org/retired")
+    keys = chain(gone, 2)
+    cache.write_chain(gone, keys, mtime=NOW - 50)
+    target = cache.root.parent / "precious"
+    target.write_text("not the cache's")
+    link = cache.files[keys[0]].with_name(f"{keys[0].hex()}.0a1b-1-ff-0.tmp")
+    link.symlink_to(target)
+    fifo = cache.files[keys[1]].with_name(f"{keys[1].hex()}.0a1b-1-ff-0.tmp")
+    os.mkfifo(fifo)
+    old = NOW - STALE_TMP_S - 100
+    os.utime(target, (old, old))  # followed, the link would look like a stale temporary
+    os.utime(link, (old, old), follow_symlinks=False)
+    os.utime(fifo, (old, old))
+    code, out, _ = run(capsys, "gc", str(cache.root), "--older-than", "1d")
+    assert code == 0 and "temporary" not in out
+    assert link.is_symlink() and target.read_text() == "not the cache's" and fifo.exists()

@@ -37,13 +37,18 @@ def planted(tmp_path: Path) -> tuple[Path, list[bytes], bytes]:
     return tmp_path / identity.hexdigest, keys, misplaced
 
 
-def listed(ns: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool) -> tuple[dict, Problems]:
+def listed(
+    ns: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
+) -> tuple[dict, Problems, list[str]]:
     if not compiled:
         monkeypatch.setattr(native, "scan_chunks", lambda *args, **kw: None)
-    problems = Problems()
+    problems, temporaries = Problems(), []
     fd = os.open(ns, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        rows = fs_records.tree_records(fd, "ab", f"{ns}/ab", problems, links=True)
+        where = f"{ns}/ab"
+        rows = fs_records.tree_records(
+            fd, "ab", where, problems, links=True, temporaries=temporaries
+        )
     finally:
         os.close(fd)
         monkeypatch.undo()
@@ -52,16 +57,17 @@ def listed(ns: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool) -> tuple[d
         bytes(r["key"]): (int(r["size"]), float(r["mtime"]), p)
         for r, p in zip(rows, parents, strict=True)
     }
-    return found, problems
+    return found, problems, temporaries
 
 
 def test_the_compiled_listing_and_the_os_listing_agree_on_a_hostile_tree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ns, keys, misplaced = planted(tmp_path)
-    fast, fast_problems = listed(ns, monkeypatch, compiled=True)
-    slow, slow_problems = listed(ns, monkeypatch, compiled=False)
+    fast, fast_problems, fast_temporaries = listed(ns, monkeypatch, compiled=True)
+    slow, slow_problems, slow_temporaries = listed(ns, monkeypatch, compiled=False)
     assert fast == slow
+    assert fast_temporaries == slow_temporaries == [f"{keys[0].hex()}.host-1-ab-0.tmp"]
     assert set(fast) == set(keys[:3]) | set(keys[3:])
     assert [fast[k][2] for k in keys] == [None, *keys[:-1]]  # every link read back
     assert fast_problems.counts == slow_problems.counts

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,30 +29,49 @@ from kvtier.tiers.shared.lineage import LINK_BYTES, encode_link, read_link
 
 KEY_NAME = re.compile(r"[0-9a-f]{64}")
 LEVEL_NAME = re.compile(r"[0-9a-f]{2}")
+#: A write in progress beside its chunk: ``<key>.<writer>.tmp`` (``kvtier.tiers.fs.files``).
+TEMPORARY_NAME = re.compile(r"[0-9a-f]{64}\.[^/]*\.tmp")
 #: Threads listing ``ab`` directories at once (the compiled listing releases the GIL).
 SCAN_THREADS = 4
 _NO_PARENT = bytes(32)
 
 
+@dataclass(frozen=True)
+class Found:
+    """What one listing met besides chunk files: counted ``problems``, and the names of the
+    temporary files of writes (appended from the listing's threads)."""
+
+    problems: Problems
+    temporaries: list[str]
+
+
 def tree_records(
-    ns_fd: int, name: str, where: str, problems: Problems, *, links: bool
+    ns_fd: int,
+    name: str,
+    where: str,
+    problems: Problems,
+    *,
+    links: bool,
+    temporaries: list[str] | None = None,
 ) -> np.ndarray:
     """The chunk files of level directory ``name`` (an ``ab`` below the namespace open as
     ``ns_fd``, path ``where``) and of every ``ab/cd`` below it, as ``native.CHUNK_RECORD``
-    rows; everything else is counted in ``problems``."""
+    rows; everything else is counted in ``problems``. The names of temporary files of writes
+    (``in_progress``) are also appended to ``temporaries`` (for ``gc``)."""
+    found = Found(problems, [] if temporaries is None else temporaries)
     fd = open_level(name, ns_fd, where, problems)
     if fd is None:
         return np.zeros(0, native.CHUNK_RECORD)
     try:
         listing = native.scan_chunks(fd, links, depth=1)
         if listing is None:
-            return _tree_by_levels(fd, name, where, problems, links)
+            return _tree_by_levels(fd, name, where, found, links)
     except OSError as exc:
         problems.note(failure_reason(exc), where, f"cannot list: {why(exc)}")
         return np.zeros(0, native.CHUNK_RECORD)
     finally:
         os.close(fd)
-    return _tree_rows(listing, ns_fd, name, where, problems, links)
+    return _tree_rows(listing, ns_fd, name, where, found, links)
 
 
 def _tree_rows(
@@ -59,51 +79,51 @@ def _tree_rows(
     ns_fd: int,
     name: str,
     where: str,
-    problems: Problems,
+    found: Found,
     links: bool,
 ) -> np.ndarray:
     rows = [listing.chunks]
     for other, d_type in listing.others:
         sub, _, leaf = other.rpartition("/")
         if sub:
-            _classify(leaf, d_type != _DT_REG, f"{where}/{sub}", name + sub, problems)
+            _classify(leaf, d_type != _DT_REG, f"{where}/{sub}", name + sub, found)
         elif LEVEL_NAME.fullmatch(leaf):  # one the compiled listing could not enter
-            rows.append(_retry_level(ns_fd, name, leaf, where, problems, links))
+            rows.append(_retry_level(ns_fd, name, leaf, where, found, links))
         else:
-            problems.note("foreign", f"{where}/{leaf}", "not kvtier's; left alone")
-    return _own(np.concatenate(rows), where, name, problems)
+            found.problems.note("foreign", f"{where}/{leaf}", "not kvtier's; left alone")
+    return _own(np.concatenate(rows), where, name, found.problems)
 
 
 def _retry_level(
-    ns_fd: int, name: str, sub: str, where: str, problems: Problems, links: bool
+    ns_fd: int, name: str, sub: str, where: str, found: Found, links: bool
 ) -> np.ndarray:
     """Level ``name/sub`` through the ``os`` module, which names what is wrong with it."""
-    top = open_level(name, ns_fd, where, problems)
+    top = open_level(name, ns_fd, where, found.problems)
     if top is None:
         return np.zeros(0, native.CHUNK_RECORD)
     try:
-        fd = open_level(sub, top, f"{where}/{sub}", problems)
+        fd = open_level(sub, top, f"{where}/{sub}", found.problems)
         if fd is None:
             return np.zeros(0, native.CHUNK_RECORD)
         try:
-            return _os_records(fd, f"{where}/{sub}", name + sub, problems, links)
+            return _os_records(fd, f"{where}/{sub}", name + sub, found, links)
         finally:
             os.close(fd)
     finally:
         os.close(top)
 
 
-def _tree_by_levels(fd: int, name: str, where: str, problems: Problems, links: bool) -> np.ndarray:
+def _tree_by_levels(fd: int, name: str, where: str, found: Found, links: bool) -> np.ndarray:
     rows = [np.zeros(0, native.CHUNK_RECORD)]
-    for entry in entries_of(fd, where, problems):
+    for entry in entries_of(fd, where, found.problems):
         if not LEVEL_NAME.fullmatch(entry.name):
-            problems.note("foreign", f"{where}/{entry.name}", "not kvtier's; left alone")
+            found.problems.note("foreign", f"{where}/{entry.name}", "not kvtier's; left alone")
             continue
-        child = open_level(entry.name, fd, f"{where}/{entry.name}", problems)
+        child = open_level(entry.name, fd, f"{where}/{entry.name}", found.problems)
         if child is not None:
             try:
                 prefix = name + entry.name
-                rows.append(_os_records(child, f"{where}/{entry.name}", prefix, problems, links))
+                rows.append(_os_records(child, f"{where}/{entry.name}", prefix, found, links))
             finally:
                 os.close(child)
     return np.concatenate(rows)
@@ -143,31 +163,32 @@ def _own(records: np.ndarray, where: str, prefix: str, problems: Problems) -> np
     return own
 
 
-def _classify(name: str, odd: bool, where: str, prefix: str, problems: Problems) -> None:
+def _classify(name: str, odd: bool, where: str, prefix: str, found: Found) -> None:
     if len(name) == 64 and name.startswith(prefix) and KEY_NAME.fullmatch(name) and odd:
-        problems.note("not_regular", f"{where}/{name}", "not a regular file; skipped")
-    elif name.endswith(".tmp") and KEY_NAME.fullmatch(name[:64]):
-        problems.add("in_progress", 1)
+        found.problems.note("not_regular", f"{where}/{name}", "not a regular file; skipped")
+    elif TEMPORARY_NAME.fullmatch(name) and name.startswith(prefix):
+        found.problems.add("in_progress", 1)
+        found.temporaries.append(name)
     else:
-        problems.note("foreign", f"{where}/{name}", "not kvtier's; left alone")
+        found.problems.note("foreign", f"{where}/{name}", "not kvtier's; left alone")
 
 
-def _os_records(fd: int, where: str, prefix: str, problems: Problems, links: bool) -> np.ndarray:
+def _os_records(fd: int, where: str, prefix: str, found: Found, links: bool) -> np.ndarray:
     """One ``ab/cd`` directory's rows through the ``os`` module (no compiled path here)."""
     rows = []
     try:
         with os.scandir(fd) as it:
             entries = list(it)
     except OSError as exc:
-        problems.note(failure_reason(exc), where, f"cannot list: {exc.strerror or exc}")
+        found.problems.note(failure_reason(exc), where, f"cannot list: {exc.strerror or exc}")
         entries = []
     for entry in entries:
         row = _os_row(fd, entry, links) if KEY_NAME.fullmatch(entry.name) else None
         if row is None:
-            _classify(entry.name, True, where, prefix, problems)
+            _classify(entry.name, True, where, prefix, found)
         elif row is not False:
             rows.append(row)
-    return _own(np.array(rows, dtype=native.CHUNK_RECORD), where, prefix, problems)
+    return _own(np.array(rows, dtype=native.CHUNK_RECORD), where, prefix, found.problems)
 
 
 def _os_row(fd: int, entry: os.DirEntry[str], links: bool) -> tuple[object, ...] | bool | None:

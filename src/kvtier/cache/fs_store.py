@@ -32,6 +32,7 @@ from kvtier.cache.fs_records import (
     KEY_NAME,
     LEVEL_NAME,
     SCAN_THREADS,
+    TEMPORARY_NAME,
     entries_of,
     open_level,
     parent_bytes,
@@ -87,6 +88,7 @@ class FsStore:
             why = getattr(exc, "strerror", None) or str(exc)
             raise TargetError(f"{root}: cannot open the cache directory ({why})") from None
         self._open: list[FsNamespace] = []
+        self._temporaries: dict[str, list[str]] = {}  # by digest: what the last walk met
 
     def close(self) -> None:
         """Close every namespace descriptor and the root's."""
@@ -144,9 +146,12 @@ class FsStore:
         (``foreign``, ``not_regular``, ``in_progress``)."""
         base = self.path(ns)
         levels = list(self._top_levels(ns, base, problems))
+        temporaries: list[str] = []
+        self._temporaries[ns.digest] = temporaries
 
         def scan(name: str) -> Any:
-            return tree_records(ns.fd, name, f"{base}/{name}", problems, links=links)
+            where = f"{base}/{name}"
+            return tree_records(ns.fd, name, where, problems, links=links, temporaries=temporaries)
 
         with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="kvtier-cache-scan") as pool:
             yield from pool.map(scan, levels)
@@ -236,8 +241,26 @@ class FsStore:
         saw ``mtime``; whether it was removed. Never raises ``OSError``."""
         return self._unlink(ns, name, lambda now: now.st_mtime <= mtime)
 
+    def temporaries(self, ns: FsNamespace) -> Iterator[tuple[str, int, float]]:
+        """The temporary files of writes that the last walk of ``ns`` met and that are still
+        there as regular files: name, size, mtime."""
+        for name in self._temporaries.get(ns.digest, ()):
+            try:
+                with chunk_dir(ns.fd, name) as directory:
+                    found = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(found.st_mode):
+                yield name, found.st_size, found.st_mtime
+
+    def remove_temporary(self, ns: FsNamespace, name: str, mtime: float) -> bool:
+        """Unlink temporary file ``name`` unless it was written since ``mtime`` (its writer is
+        still at it); whether it was removed. Never raises ``OSError``."""
+        return self._unlink(ns, name, lambda now: now.st_mtime <= mtime)
+
     def _unlink(self, ns: FsNamespace, name: str, still: Callable[[os.stat_result], bool]) -> bool:
-        assert KEY_NAME.fullmatch(name), name  # only ever a chunk file of the layout
+        # only ever a chunk file of the layout, or a write's temporary file beside one
+        assert KEY_NAME.fullmatch(name) or TEMPORARY_NAME.fullmatch(name), name
         try:
             with chunk_dir(ns.fd, name) as directory:
                 now = os.stat(name, dir_fd=directory, follow_symlinks=False)

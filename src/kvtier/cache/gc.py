@@ -10,6 +10,11 @@ One round (``collect_garbage``) lists every namespace and decides victims in thi
    first, unreachable chunks go first, then least recently used, a prefix cut from its tail
    and never its head, until the total is at most ``max_bytes``.
 
+Besides chunks, a round removes the temporary files of writes that were never finished (a
+writer that crashed) once they are ``STALE_TMP_S`` old, the age after which the fs tier's own
+start-up scan takes them for stale whoever wrote them: without gc, those of an identity no
+server runs any more stayed for ever.
+
 Chunks of different namespaces never link to each other: the index keys are the namespace's
 number followed by the chunk key. Deletion is the store's ``remove_cold``: the exact chunk
 file (or object), skipped when its use time moved since the listing (a server used it: it is
@@ -34,6 +39,7 @@ from kvtier.cache.records import Problems
 from kvtier.cache.store import Chunk, Store
 from kvtier.errors import KVTierError
 from kvtier.keys import ChunkKey
+from kvtier.tiers.fs.scan import STALE_TMP_S
 from kvtier.tiers.shared.chunk_index import ChunkIndex
 
 
@@ -65,6 +71,8 @@ class GcReport:
     deleted: int = 0
     deleted_bytes: int = 0
     skipped: int = 0
+    temporaries: int = 0  # stale temporary files found (removed unless a dry run)
+    temporaries_bytes: int = 0
 
     @property
     def left_bytes(self) -> int:
@@ -101,9 +109,31 @@ def collect_garbage(
     for victim in victims:
         report.chosen[victim.why] += 1
         report.chosen_bytes += victim.size
+    stale = [
+        (ns, name, nbytes, mtime)
+        for ns in namespaces
+        for name, nbytes, mtime in store.temporaries(ns)
+        if mtime < now - STALE_TMP_S
+    ]
     if not options.dry_run:
         _delete(store, victims, report, stop)
+    _remove_temporaries(store, stale, report, options.dry_run, stop)
     return report
+
+
+def _remove_temporaries(
+    store: Store[Any],
+    stale: list[tuple[Any, str, int, float]],
+    report: GcReport,
+    dry_run: bool,
+    stop: threading.Event | None,
+) -> None:
+    for ns, name, nbytes, mtime in stale:
+        if stop is not None and stop.is_set():
+            return
+        if dry_run or store.remove_temporary(ns, name, mtime):
+            report.temporaries += 1
+            report.temporaries_bytes += nbytes
 
 
 def _purged(namespaces: list[Any], options: GcOptions) -> list[Any]:

@@ -230,3 +230,10 @@ class S3Store:
         server's use since the listing is not seen: a server then misses it once)."""
         assert _KEY.fullmatch(name), name
         return self._client.remove(f"{ns.prefix}/{name}")
+
+    def temporaries(self, ns: S3Namespace) -> Iterator[tuple[str, int, float]]:
+        """None: a put is never visible before it is whole."""
+        return iter(())
+
+    def remove_temporary(self, ns: S3Namespace, name: str, mtime: float) -> bool:
+        return False

@@ -153,15 +153,20 @@ def gc_summary(report: GcReport, dry_run: bool) -> str:
     chosen = sum(report.chosen.values())
     found = f"found {report.chunks} chunks, {size(report.bytes)}"
     unreachable = f", {report.unreachable_first} unreachable" if report.unreachable_first else ""
+    temporaries = (
+        f"; {report.temporaries} stale temporary files, {size(report.temporaries_bytes)}"
+        if report.temporaries
+        else ""
+    )
     if dry_run:
         return (
             f"gc (dry run): {found}: would delete {chosen} ({why}{unreachable}), "
-            f"{size(report.chosen_bytes)}; deleted nothing"
+            f"{size(report.chosen_bytes)}{temporaries}; deleted nothing"
         )
     return (
         f"gc: {found}: deleted {report.deleted} ({why}{unreachable}), "
-        f"{size(report.deleted_bytes)}; {report.skipped} skipped (used or gone meanwhile); "
-        f"{size(report.left_bytes)} left"
+        f"{size(report.deleted_bytes)}{temporaries}; {report.skipped} skipped (used or gone "
+        f"meanwhile); {size(report.left_bytes)} left"
     )
 
 
