@@ -127,10 +127,14 @@ def test_every_keeps_running_until_a_signal_and_exits_cleanly(cache, sig):
 
 
 def plant_temporary(cache: FsCache, key: bytes, age: float, body: bytes = b"half a chunk") -> Path:
-    """A write's temporary file beside chunk ``key``'s place, last written ``age`` s ago."""
+    """A write's temporary file beside chunk ``key``'s place, last written ``age`` s ago.
+
+    Ages count from now, not from the module's import: in a full run minutes pass between the
+    two, and a temporary planted 30 s short of stale would already be stale."""
     path = cache.files[key].with_name(f"{key.hex()}.0a1b2c3d-4242-deadbeef-7.tmp")
     path.write_bytes(body)
-    os.utime(path, (NOW - age, NOW - age))
+    written = time.time() - age
+    os.utime(path, (written, written))
     return path
 
 

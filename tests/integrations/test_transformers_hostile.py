@@ -269,12 +269,19 @@ class StillCopying:
         self.landed = True
 
 
+@pytest.mark.parametrize("stop", [KVTierError, KeyboardInterrupt])
 def test_a_load_copy_past_its_wait_keeps_its_slots_held_until_it_lands(
-    model: Any, identity: CacheIdentity, make_manager: Any, monkeypatch: pytest.MonkeyPatch
+    model: Any,
+    identity: CacheIdentity,
+    make_manager: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    stop: type[BaseException],
 ) -> None:
     """A copy out of host that outlives its wait is not given up: its slots stay held, so that
-    nothing overwrites them mid-copy, until a later call sees it land. The request recomputes
-    meanwhile, and the requests after it go on (they used to fail on the stray job)."""
+    nothing overwrites them mid-copy, until a later call sees it land. A wait that timed out
+    (``KVTierError``) recomputes the request; one interrupted (Ctrl-C, a CUDA error) raises,
+    and the copy is still kept. Either way the requests after it go on (they used to fail on
+    the stray job, and an interrupted one held its slots for ever)."""
     m = make_manager(host_slots=12)
     tiered = TieredModel(model, identity, m)
     first = prompt(44, seed=3)
@@ -286,14 +293,18 @@ def test_a_load_copy_past_its_wait_keeps_its_slots_held_until_it_lands(
         job = engine._jobs[job_id]
         if job.result.op == "load" and not copying.landed and job.event is None:
             job.event = copying
-            raise KVTierError(f"transfer job {job_id} did not finish in {timeout} s")
+            raise stop(f"transfer job {job_id} did not finish in {timeout} s")
         return real_wait(engine, job_id, timeout)
 
     monkeypatch.setattr(TransferEngine, "wait", wait)
     follow_up = first + prompt(3, seed=5)
-    result = tiered.generate(follow_up, NEW_TOKENS)
-    assert result.sources["recomputed"] == len(follow_up)
-    assert_like_recompute(model, follow_up, result)
+    if stop is KVTierError:
+        result = tiered.generate(follow_up, NEW_TOKENS)
+        assert result.sources["recomputed"] == len(follow_up)
+        assert_like_recompute(model, follow_up, result)
+    else:
+        with pytest.raises(stop):
+            tiered.generate(follow_up, NEW_TOKENS)
     assert m.stats()["host"]["held_slots"] == 5  # the late copy's chunks, still being read
     copying.landed = True
     again = tiered.generate(follow_up, NEW_TOKENS)

@@ -299,9 +299,11 @@ class TieredModel:
             raise
         try:
             chunks = self.transfer.wait(job_id, self.retry_timeout_s).chunks
-        except KVTierError:  # late: the slots stay held until the copy lands (_finish_copies)
+        except BaseException as exc:  # late or interrupted: held until it lands (_finish_copies)
             self._late_loads[job_id] = keys
-            return []
+            if isinstance(exc, KVTierError):
+                return []
+            raise
         self.manager.complete_load(keys)
         assert chunks is not None
         for origin, count in origins.items():
