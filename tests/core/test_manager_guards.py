@@ -19,6 +19,7 @@ from kvtier import (
     TieringManager,
 )
 from kvtier.config import FsTierConfig, MemoryTierConfig
+from kvtier.config.checks import MAX_LABEL_CHARS
 from kvtier.core.promotion import PROBE_AHEAD
 from kvtier.errors import ClosedError, HoldError, InvalidKeyError
 from kvtier.region import HostRegion
@@ -250,3 +251,15 @@ def test_a_hand_built_tier_named_in_any_script_is_served_under_its_name(identity
     tier.name = "диск 日本"
     with TieringManager(config(4), identity, tiers=[tier], region=region) as m:
         assert m.tier_states() == (["диск 日本"], [])
+
+
+@pytest.mark.parametrize("inner", ["m" * 100, "m" * 93, "memory"])
+def test_a_fault_tier_around_a_tier_with_the_longest_name_gets_a_name_a_label_takes(
+    identity, inner
+):
+    """``fault(<inner>)`` is the default name; whole while it fits in ``MAX_LABEL_CHARS``,
+    else the inner name is cut (an inner name of 100 characters stopped the manager)."""
+    tiers = [{"type": "fault", "inner": {"type": "memory", "name": inner}}]
+    with TieringManager(config(4, secondary_tiers=tiers), identity) as m:
+        (name,), _ = m.tier_states()
+    assert name == f"fault({inner[:93]})" and len(name) <= MAX_LABEL_CHARS

@@ -14,10 +14,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
-from kvtier.config.checks import HexKey, Seconds, TierName, check_fields
+from kvtier.config.checks import MAX_LABEL_CHARS, HexKey, Seconds, TierName, check_fields
 from kvtier.errors import TierError
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TierConfig, TransferJob
+
+
+def default_name(inner: str) -> str:
+    """``fault(<inner>)``, the inner name cut short where the whole would not be a ``Label``
+    (an inner tier named with the most characters allowed)."""
+    return f"fault({inner[: MAX_LABEL_CHARS - len('fault()')]})"
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class FaultInjectingTier(SecondaryTier):
         name: str | None = None,
     ) -> None:
         self.inner = inner
-        self.name = name or f"fault({inner.name})"
+        self.name = name or default_name(inner.name)
         self.fail_store, self.fail_load = fail_store, fail_load
         self.fail_keys: set[ChunkKey] = set(fail_keys)
         self.delay_s = delay_s
