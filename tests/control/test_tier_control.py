@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 from kvtier import RETRY, ConfigError, KVTierError, TieringManager
 from kvtier.config import FsTierConfig, MemoryTierConfig
 from kvtier.control.slo_guard import SLOGuard, SLOGuardConfig
+from kvtier.core.tier_set import MAX_REASON_LABELS
 from kvtier.errors import ClosedError, InvalidArgumentError
 from kvtier.tiers.fault import FaultInjectingTier
 from kvtier.tiers.fs.tier import FilesystemTier
@@ -417,3 +418,22 @@ def test_request_latencies_that_are_not_seconds_are_refused(identity, value):
                 m.report_request(**{name: value})
         m.report_request(ttft_s=0.5, itl_s=None)  # numbers of any kind are fine
         m.report_request(ttft_s=np.float32(0.5), itl_s=1)
+
+
+def test_reasons_past_the_limit_share_one_label_and_keep_their_record(identity, tmp_path):
+    """Each reason given over the admin endpoint was a new series of kvtier_tier_disabled_total
+    for as long as the process ran; past MAX_REASON_LABELS distinct ones they count as other."""
+    reasons = [f"ticket-{i}" for i in range(MAX_REASON_LABELS + 3)]
+    with TieringManager(config(2), identity, tiers=[fs_factory(tmp_path)]) as m:
+        for reason in [*reasons, reasons[0]]:  # a reason seen before keeps its label
+            assert m.disable_tier("fs", reason) and m.enable_tier("fs")
+        switches = m.take_tier_switches()
+        for reason in reasons[:MAX_REASON_LABELS]:
+            assert counter(m, f"kvtier_tier_disabled_total{{reason={reason},tier=fs}}") == (
+                2 if reason == reasons[0] else 1
+            )
+        assert counter(m, "kvtier_tier_disabled_total{reason=other,tier=fs}") == 3
+        assert m.disable_tier("fs", "admin")  # kvtier's own reasons keep theirs, whenever
+        assert counter(m, "kvtier_tier_disabled_total{reason=admin,tier=fs}") == 1
+        assert not any(reason in key for key in m.stats()["counters"] for reason in reasons[-3:])
+    assert [s.reason for s in switches if not s.enabled] == [*reasons, reasons[0]]

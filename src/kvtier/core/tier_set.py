@@ -12,7 +12,9 @@ and their bytes verified as always), so nothing is lost or left pinned.
 
 Every job has a deadline (``deadlines``). ``check_deadlines`` finds the jobs past theirs
 (counted once each in ``kvtier_tier_timeouts_total{tier,op}``); until such a job reports, its
-tier is ``stalled`` for that kind of job.
+tier is ``stalled`` for that kind of job. A switch is counted in
+``kvtier_tier_disabled_total{tier,reason}``, the first ``MAX_REASON_LABELS`` distinct reasons
+each under their own label.
 
 Thread safety: none; it belongs to the manager (called under its lock). The tiers' own threads
 are behind their non-blocking methods.
@@ -29,6 +31,7 @@ from itertools import count
 from kvtier.core.deadlines import TierDeadlines
 from kvtier.errors import KVTierError
 from kvtier.keys import ChunkKey
+from kvtier.telemetry.label_values import LabelValues
 from kvtier.telemetry.logs import ThrottledLog
 from kvtier.telemetry.metrics import ManagerMetrics
 from kvtier.tiers.base import MISS, JobResult, Lookup, Op, SecondaryTier, TransferJob
@@ -37,6 +40,11 @@ from kvtier.tiers.shared.lineage import Link
 
 log = logging.getLogger(__name__)
 warn = ThrottledLog(log)
+
+#: Distinct reasons ``kvtier_tier_disabled_total`` counts under their own label besides kvtier's
+#: own; later ones are counted as ``other`` (an operator's come over the admin endpoint).
+MAX_REASON_LABELS = 32
+OWN_REASONS = ("manual", "admin", "promotion_p99", "ttft_p99", "itl_p99")
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,7 @@ class TierSet:
         self._ids = count()
         self._pending: dict[int, PendingJob] = {}
         self._disabled: dict[int, str] = {}  # tier index -> why
+        self._reasons = LabelValues(MAX_REASON_LABELS, OWN_REASONS)
         self._late: set[int] = set()  # ids of pending jobs past their deadline
         self._stalled: set[tuple[int, str]] = set()  # (tier, op) with a late job
 
@@ -252,7 +261,7 @@ class TierSet:
             del self._disabled[index]
         else:
             self._disabled[index] = reason
-            self._metrics.count("tier_disabled", tier=name, reason=reason)
+            self._metrics.count("tier_disabled", tier=name, reason=self._reasons(reason))
         return True
 
     def split_by_state(self) -> tuple[list[str], list[str]]:
