@@ -112,14 +112,18 @@ def await_objects(list_url: str, count: int) -> None:
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"{found} of {count} chunk objects at {list_url}")
-        time.sleep(0.1)
+        time.sleep(0.5)  # each listing costs moto CPU its puts need
 
 
 def serve(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     from vllm import SamplingParams
 
     if request.get("await_objects"):
-        await_objects(**request["await_objects"])
+        try:
+            await_objects(**request["await_objects"])
+        except RuntimeError as exc:  # say what the tiers did with the stores that never came
+            tiers = {k: v for k, v in counters(llm).items() if "tier=" in k and v}
+            raise RuntimeError(f"{exc}; tier counters: {tiers}") from exc
     transfer = dict(request.get("kv_transfer_params") or {})
     if request.get("load_tiers") is not None:
         transfer["kv_load_tiers"] = request["load_tiers"]

@@ -171,18 +171,22 @@ def kvtier_run(vllm_env, vllm_workdir, prompts, moto, fs_root):
     KV events are on and decoded with vLLM's decoder.
     """
     prefix, port = f"vllm-{uuid.uuid4().hex[:6]}", listen_port()
+    bucket = moto.create_bucket()  # its own: listing the session's shared bucket costs moto
     obj = {
         "type": "KvtierObj",
         "module_path": MODULE,
-        "bucket": "kvtier",
+        "bucket": bucket,
         "prefix": prefix,
         "access_key": ACCESS_KEY,
         "secret_key": SECRET_KEY,
     }
     dead = {**obj, "endpoint_override": f"http://127.0.0.1:{listen_port()}", "timeout_s": 1.0}
+    # moto can take longer than the default 5 s for one 5.6 MiB put on a loaded CI machine: the put
+    # fails, its chunk never reaches the store and A-again's wait for 28 objects runs out (CI, 2026-12-06).
+    live = {**obj, "endpoint_override": moto.endpoint, "timeout_s": 60.0}
     tiers = [
         dead,
-        {**obj, "endpoint_override": moto.endpoint},
+        live,
         {"type": "KvtierPeer", "module_path": MODULE, "host": "127.0.0.1", "port": port},
         {
             "type": "KvtierFs",
@@ -196,7 +200,7 @@ def kvtier_run(vllm_env, vllm_workdir, prompts, moto, fs_root):
         {"medium": m, "locality": loc}
         for m, loc in (("STORAGE", "REMOTE"), ("CPU", "REMOTE"), ("STORAGE", "LOCAL"))
     )
-    listing = f"{moto.endpoint}/kvtier?list-type=2&prefix={prefix}/"
+    listing = f"{moto.endpoint}/{bucket}?list-type=2&prefix={prefix}/"
     written = {"list_url": listing, "count": 4 * 7}
     requests = [request(n, prompts[n]) for n in "ABCD"] + [
         # The cascades to the live store pin host slots while they write (about 3 s a prompt
@@ -214,7 +218,7 @@ def kvtier_run(vllm_env, vllm_workdir, prompts, moto, fs_root):
         peer={"identity_glob": f"{fs_root}/*/identity.json", "port": port, "slots": 64},
     )
     report = run(vllm_env, vllm_workdir, sc, "KvtierObj(dead)+KvtierObj+KvtierPeer+KvtierFs")
-    report["prefix"] = prefix
+    report["prefix"], report["bucket"] = prefix, bucket
     return report
 
 
@@ -268,7 +272,7 @@ def test_kvtier_obj_serves_from_s3_while_a_dead_endpoint_raises_nothing(
         aws_secret_access_key=SECRET_KEY,
         region_name="us-east-1",
     )
-    listed = s3.list_objects_v2(Bucket="kvtier", Prefix=kvtier_run["prefix"])
+    listed = s3.list_objects_v2(Bucket=kvtier_run["bucket"], Prefix=kvtier_run["prefix"])
     assert listed.get("KeyCount", 0) >= 4 * 7  # every chunk of A..D (and identity documents)
     final = kvtier_run["final"]
     failed = [k for k, v in final.items() if "tier=1:KvtierObj" in k and "failed" in k and v > 0]
