@@ -312,3 +312,35 @@ def test_a_load_copy_past_its_wait_keeps_its_slots_held_until_it_lands(
     assert_like_recompute(model, follow_up, again)
     tiered.flush()
     assert m.stats()["host"]["held_slots"] == 0
+
+
+def test_a_load_interrupted_after_its_copy_landed_releases_its_slots_at_once(
+    model: Any, identity: CacheIdentity, make_manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C a bytecode after the engine handed the finished copy out: nothing will report
+    the job again, so keeping it as a late load held its slots for ever and ``flush`` failed
+    on it (KeyError). The copy is done: the slots go at once."""
+    m = make_manager(host_slots=12)
+    tiered = TieredModel(model, identity, m)
+    first = prompt(44, seed=3)
+    tiered.generate(first, NEW_TOKENS)
+    tiered.flush()
+    real_take, interrupted = TransferEngine._take, []
+
+    def take(engine: TransferEngine, job_id: int) -> Any:
+        result = real_take(engine, job_id)
+        if result.op == "load" and not interrupted:
+            interrupted.append(job_id)
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(TransferEngine, "_take", take)
+    follow_up = first + prompt(3, seed=5)
+    with pytest.raises(KeyboardInterrupt):
+        tiered.generate(follow_up, NEW_TOKENS)
+    assert interrupted and m.stats()["host"]["held_slots"] == 0
+    again = tiered.generate(follow_up, NEW_TOKENS)
+    assert again.sources["host"] == 40
+    assert_like_recompute(model, follow_up, again)
+    tiered.flush()
+    assert m.stats()["host"]["held_slots"] == 0

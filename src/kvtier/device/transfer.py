@@ -163,6 +163,10 @@ class TransferEngine:
                 time.sleep(0.0001)
         return self._take(job_id)
 
+    def tracks(self, job_id: int) -> bool:
+        """Whether job ``job_id`` is still to be handed out (by ``poll`` or ``wait``)."""
+        return job_id in self._jobs
+
     @property
     def num_pending_jobs(self) -> int:
         return len(self._jobs)

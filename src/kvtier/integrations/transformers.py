@@ -300,7 +300,10 @@ class TieredModel:
         try:
             chunks = self.transfer.wait(job_id, self.retry_timeout_s).chunks
         except BaseException as exc:  # late or interrupted: held until it lands (_finish_copies)
-            self._late_loads[job_id] = keys
+            if self.transfer.tracks(job_id):
+                self._late_loads[job_id] = keys
+            else:  # interrupted once the copy had landed and was handed out
+                self.manager.complete_load(keys)
             if isinstance(exc, KVTierError):
                 return []
             raise
