@@ -253,13 +253,20 @@ def test_a_hand_built_tier_named_in_any_script_is_served_under_its_name(identity
         assert m.tier_states() == (["диск 日本"], [])
 
 
-@pytest.mark.parametrize("inner", ["m" * 100, "m" * 93, "memory"])
-def test_a_fault_tier_around_a_tier_with_the_longest_name_gets_a_name_a_label_takes(
-    identity, inner
-):
-    """``fault(<inner>)`` is the default name; whole while it fits in ``MAX_LABEL_CHARS``,
-    else the inner name is cut (an inner name of 100 characters stopped the manager)."""
+@pytest.mark.parametrize("inner", ["m" * 93, "memory"])
+def test_a_fault_tier_is_named_after_the_tier_it_wraps(identity, inner):
     tiers = [{"type": "fault", "inner": {"type": "memory", "name": inner}}]
     with TieringManager(config(4, secondary_tiers=tiers), identity) as m:
-        (name,), _ = m.tier_states()
-    assert name == f"fault({inner[:93]})" and len(name) <= MAX_LABEL_CHARS
+        assert m.tier_states() == ([f"fault({inner})"], [])
+
+
+def test_fault_tiers_around_tiers_with_the_longest_names_get_names_a_label_takes(identity):
+    """An inner name of 100 characters made ``fault(<inner>)`` too long: the manager refused
+    to start. It is cut where it must be, and two inner names alike but for their ends still
+    give two names (neither needing a ``#i`` to tell them apart)."""
+    inners = ["m" * 99 + "a", "m" * 99 + "b"]
+    tiers = [{"type": "fault", "inner": {"type": "memory", "name": n}} for n in inners]
+    with TieringManager(config(4, secondary_tiers=tiers), identity) as m:
+        names, _ = m.tier_states()
+    assert len(set(names)) == 2 and all(len(n) <= MAX_LABEL_CHARS for n in names)
+    assert all(n.startswith("fault(" + "m" * 80) and "#" not in n for n in names)

@@ -8,6 +8,7 @@ or raise inside ``submit_*`` and ``lookup``.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Iterable
@@ -21,9 +22,14 @@ from kvtier.tiers.base import JobResult, Lookup, SecondaryTier, TierConfig, Tran
 
 
 def default_name(inner: str) -> str:
-    """``fault(<inner>)``, the inner name cut short where the whole would not be a ``Label``
-    (an inner tier named with the most characters allowed)."""
-    return f"fault({inner[: MAX_LABEL_CHARS - len('fault()')]})"
+    """``fault(<inner>)``; where the whole would not be a ``Label`` (an inner tier named with
+    the most characters allowed), the inner name is cut and ends in ``~`` and 8 hex digits of
+    its hash, so two inner names that start alike still give two names."""
+    whole = f"fault({inner})"
+    if len(whole) <= MAX_LABEL_CHARS:
+        return whole
+    digest = hashlib.sha256(inner.encode()).hexdigest()[:8]
+    return f"fault({inner[: MAX_LABEL_CHARS - len('fault(~)') - 8]}~{digest})"
 
 
 @dataclass(frozen=True)
