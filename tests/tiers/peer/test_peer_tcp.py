@@ -342,56 +342,6 @@ def test_connections_past_the_limit_are_closed_at_once(pair, monkeypatch):
             sock.close()
 
 
-def closed_by_server(sock: socket.socket) -> bool:
-    """Whether the server closed ``sock`` (EOF or reset), without waiting."""
-    sock.setblocking(False)
-    try:
-        return sock.recv(64) == b""
-    except BlockingIOError:
-        return False
-    except ConnectionError:
-        return True
-
-
-def test_at_the_limit_the_connection_idle_longest_gives_way_once_idle_long_enough(
-    pair, monkeypatch
-):
-    """1024 connections that greet and then say nothing (a client holding places, or hosts
-    gone without closing: half-open connections) used to lock every new peer out for ever.
-    Both sides of MIN_IDLE_EVICT_S: idle less, a new connection is refused; idle longer, the
-    one idle longest (not one that spoke since) is closed and the new one served."""
-    monkeypatch.setattr(tcp_transport, "MAX_CONNECTIONS", 3)
-    monkeypatch.setattr(tcp_transport, "MIN_IDLE_EVICT_S", 0.5)
-    _connected(pair)
-    idle, chatty = raw_client(pair.listener), raw_client(pair.listener)
-    newcomers: list[socket.socket] = []
-    try:
-        newcomers.append(raw_client(pair.listener))  # all three spoke just now: refused
-        wait_for(
-            lambda: (
-                (pair.turn(), pair.listener.stats())[1].get("connections_dropped_over_limit") == 1
-            ),
-            what="the fourth connection refused",
-        )
-        time.sleep(0.6)
-        chatty.sendall(message([b"still here"]))
-        assert bytes(pair.request()[1][0]) == b"still here"
-        pair.channel.send([b"me too"])
-        assert bytes(pair.request()[1][0]) == b"me too"
-        newcomers.append(raw_client(pair.listener))
-        newcomers[-1].sendall(message([b"new"]))
-        assert bytes(pair.request()[1][0]) == b"new"
-        assert pair.listener.stats() == {
-            "connections_dropped_over_limit": 1,
-            "connections_evicted_idle": 1,
-        }
-        wait_for(lambda: closed_by_server(idle), what="the idlest connection closed")
-        assert not closed_by_server(chatty)
-    finally:
-        for sock in (idle, chatty, *newcomers):
-            sock.close()
-
-
 def test_a_client_flooding_messages_does_not_starve_another(pair):
     _connected(pair)
     flood = raw_client(pair.listener)

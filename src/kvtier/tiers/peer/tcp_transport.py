@@ -8,9 +8,8 @@ refuses both at once), so this is for loopback or a network only trusted hosts r
 Everything runs on the thread that owns the transport: ``wait`` polls every socket, accepts
 new connections, finishes connects and writes queued bytes as sockets take them; ``recv`` reads
 what has arrived without blocking. The wire format and its bounds are ``tcp_wire``'s. A
-listener keeps at most ``MAX_CONNECTIONS``: past it a new one takes the place of the one idle
-longest, if idle ``MIN_IDLE_EVICT_S`` (``connections_evicted_idle``), else it is closed at once
-(``connections_dropped_over_limit``). It drops a connection that breaks the format or its
+listener keeps at most ``MAX_CONNECTIONS`` (more are closed at once,
+``connections_dropped_over_limit``), drops a connection that breaks the format or its
 ``MessageLimits`` (``connections_dropped_<reason>``), and one whose greeting or unfinished
 message is older than ``UNFINISHED_S`` (``connections_dropped_stalled``): what a client sends
 is held one message at a time, and never for long. A client's channel that breaks is closed;
@@ -52,8 +51,6 @@ from kvtier.tiers.peer.wake_pipe import WakePipe
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 1024
-#: At ``MAX_CONNECTIONS``, the connection idle longest gives way to a new one once idle this long.
-MIN_IDLE_EVICT_S = 10.0
 UNFINISHED_S = 30.0
 SWEEP_S = 0.1  # how often a listener looks for stalled connections
 ACCEPT_PAUSE_S = 0.5  # a listener that failed to accept (EMFILE) rests this long
@@ -83,7 +80,6 @@ class _Conn:
         self.connecting = self.closed = self.ready = False
         self.addresses: list[tuple[int, Any]] = []  # a client's addresses still to try
         self.since: float | None = time.monotonic()  # the greeting is due
-        self.active_at = time.monotonic()  # when its last whole message came in
 
     @property
     def backlogged(self) -> bool:
@@ -97,14 +93,7 @@ class _Conn:
         message = self.incoming.pump(self.sock, place)
         self.since = None if not self.incoming.started else self.since or time.monotonic()
         self.ready = message is not None
-        if message is not None:
-            self.active_at = time.monotonic()
         return message
-
-    def idle_for(self, now: float) -> float:
-        """Seconds since its last message, with nothing half received or waiting to go out."""
-        busy = self.since is not None or self.outgoing.pending
-        return 0.0 if busy else now - self.active_at
 
 
 class _Channel:
@@ -161,7 +150,7 @@ class TcpListener:
                 self.resume_at = time.monotonic() + ACCEPT_PAUSE_S  # else poll spins on it
                 log.warning("peer server: cannot accept a connection: %s", exc)
                 return
-            if len(self._conns) >= MAX_CONNECTIONS and not self._evict_idle():
+            if len(self._conns) >= MAX_CONNECTIONS:
                 self._counters["connections_dropped_over_limit"] += 1
                 sock.close()
                 continue
@@ -199,19 +188,6 @@ class TcpListener:
                 self._conns[conn.peer] = self._conns.pop(conn.peer)  # the others go first next
                 return conn.peer, message, None
         return None
-
-    def _evict_idle(self) -> bool:
-        """Close the connection idle longest if idle ``MIN_IDLE_EVICT_S`` (counted in
-        ``connections_evicted_idle``), making room: a peer gone without closing (a crashed host
-        leaves a half-open connection) or a client that only holds a place gives way to a new
-        one. A kvtier client whose connection goes reconnects."""
-        now = time.monotonic()
-        idlest = max(self._conns.values(), key=lambda c: c.idle_for(now), default=None)
-        if idlest is None or idlest.idle_for(now) < MIN_IDLE_EVICT_S:
-            return False
-        self._counters["connections_evicted_idle"] += 1
-        self.forget(idlest)
-        return True
 
     def _drop_stalled(self, now: float) -> None:
         """Connections whose message in (``connections_dropped_stalled``) or replies out
