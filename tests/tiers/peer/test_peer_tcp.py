@@ -342,6 +342,20 @@ def test_connections_past_the_limit_are_closed_at_once(pair, monkeypatch):
             sock.close()
 
 
+def test_both_ends_probe_a_quiet_connection_so_a_vanished_peer_does_not_hold_it(pair):
+    """A host gone without closing (powered off, unplugged) left a half-open connection that
+    counted against MAX_CONNECTIONS, and a client waiting on it, for ever: nothing is sent on
+    an idle connection, so nothing fails. With keepalive the kernel probes after 60 s quiet,
+    every 10 s, and fails the connection at the third probe unanswered."""
+    _connected(pair)
+    (accepted,) = pair.listener._conns.values()
+    for sock in (accepted.sock, pair.channel._conn.sock):
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 60
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 10
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+
+
 def test_a_client_flooding_messages_does_not_starve_another(pair):
     _connected(pair)
     flood = raw_client(pair.listener)

@@ -9,8 +9,9 @@ Everything runs on the thread that owns the transport: ``wait`` polls every sock
 new connections, finishes connects and writes queued bytes as sockets take them; ``recv`` reads
 what has arrived without blocking. The wire format and its bounds are ``tcp_wire``'s. A
 listener keeps at most ``MAX_CONNECTIONS`` (more are closed at once,
-``connections_dropped_over_limit``), drops a connection that breaks the format or its
-``MessageLimits`` (``connections_dropped_<reason>``), and one whose greeting or unfinished
+``connections_dropped_over_limit``; one whose peer vanished without closing fails its
+keepalive probes within about 90 s and leaves), drops a connection that breaks the format or
+its ``MessageLimits`` (``connections_dropped_<reason>``), and one whose greeting or unfinished
 message is older than ``UNFINISHED_S`` (``connections_dropped_stalled``): what a client sends
 is held one message at a time, and never for long. A client's channel that breaks is closed;
 its requests then time out (``timeout_s``) and the link reconnects. A peer named by a host
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 1024
 UNFINISHED_S = 30.0
+#: Keepalive probes: the first after 60 s without traffic, then every 10 s; the third unanswered
+#: fails the connection (about 90 s after its peer vanished).
+KEEPALIVE = {"TCP_KEEPIDLE": 60, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
 SWEEP_S = 0.1  # how often a listener looks for stalled connections
 ACCEPT_PAUSE_S = 0.5  # a listener that failed to accept (EMFILE) rests this long
 #: Replies queued for one connection at most, as many as a kvtier client has requests out: then
@@ -379,8 +383,16 @@ def _stream(family: int, kind: int, proto: int) -> socket.socket:
 
 
 def _nonblocking(sock: socket.socket) -> socket.socket:
+    """``sock`` non-blocking, without Nagle's delay, and with the kernel's keepalive probes
+    (``KEEPALIVE``): a peer gone without closing (a host powered off, a cable cut) leaves a
+    half-open connection that nothing else would ever end; past the probes it fails, and
+    the transport drops it like any broken connection."""
     sock.setblocking(False)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in KEEPALIVE.items():
+        if hasattr(socket, name):  # Linux's names; elsewhere the system's defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
     return sock
 
 
