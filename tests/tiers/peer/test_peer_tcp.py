@@ -356,6 +356,22 @@ def test_both_ends_probe_a_quiet_connection_so_a_vanished_peer_does_not_hold_it(
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
 
 
+def test_zeromq_connections_are_probed_alike():
+    zmq = pytest.importorskip("zmq")
+    from kvtier.tiers.peer.zmq_transport import ZmqTransport
+
+    transport = ZmqTransport()
+    try:
+        listener = transport.listen("127.0.0.1", 0, LIMITS)
+        transport.connect("127.0.0.1", listener.port, LIMITS)
+        options = {zmq.TCP_KEEPALIVE: 1, zmq.TCP_KEEPALIVE_IDLE: 60}
+        options |= {zmq.TCP_KEEPALIVE_INTVL: 10, zmq.TCP_KEEPALIVE_CNT: 3}
+        for sock in transport._sockets:  # the listener's and the client's
+            assert {option: sock.getsockopt(option) for option in options} == options
+    finally:
+        transport.close()
+
+
 def test_a_client_flooding_messages_does_not_starve_another(pair):
     _connected(pair)
     flood = raw_client(pair.listener)

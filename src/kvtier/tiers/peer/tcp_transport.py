@@ -46,16 +46,27 @@ from kvtier.tiers.peer.tcp_wire import (
     Violation,
     encode,
 )
-from kvtier.tiers.peer.transport import Buffer, MessageLimits, Place, SendReceipt
+from kvtier.tiers.peer.transport import (
+    KEEPALIVE_IDLE_S,
+    KEEPALIVE_INTERVAL_S,
+    KEEPALIVE_PROBES,
+    Buffer,
+    MessageLimits,
+    Place,
+    SendReceipt,
+)
 from kvtier.tiers.peer.wake_pipe import WakePipe
 
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 1024
 UNFINISHED_S = 30.0
-#: Keepalive probes: the first after 60 s without traffic, then every 10 s; the third unanswered
-#: fails the connection (about 90 s after its peer vanished).
-KEEPALIVE = {"TCP_KEEPIDLE": 60, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
+#: Linux's socket options for ``transport``'s keepalive settings.
+KEEPALIVE = {
+    "TCP_KEEPIDLE": KEEPALIVE_IDLE_S,
+    "TCP_KEEPINTVL": KEEPALIVE_INTERVAL_S,
+    "TCP_KEEPCNT": KEEPALIVE_PROBES,
+}
 SWEEP_S = 0.1  # how often a listener looks for stalled connections
 ACCEPT_PAUSE_S = 0.5  # a listener that failed to accept (EMFILE) rests this long
 #: Replies queued for one connection at most, as many as a kvtier client has requests out: then
@@ -383,10 +394,8 @@ def _stream(family: int, kind: int, proto: int) -> socket.socket:
 
 
 def _nonblocking(sock: socket.socket) -> socket.socket:
-    """``sock`` non-blocking, without Nagle's delay, and with the kernel's keepalive probes
-    (``KEEPALIVE``): a peer gone without closing (a host powered off, a cable cut) leaves a
-    half-open connection that nothing else would ever end; past the probes it fails, and
-    the transport drops it like any broken connection."""
+    """``sock`` non-blocking, without Nagle's delay, and with keepalive probes (``KEEPALIVE``):
+    a connection whose peer vanished fails, and is dropped like any broken one."""
     sock.setblocking(False)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)

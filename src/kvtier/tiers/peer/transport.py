@@ -40,6 +40,12 @@ RECV_QUEUE_MESSAGES = 4
 #: Room above a socket's largest frame: CURVE adds 33 bytes per frame (a MESSAGE command: name 8,
 #: nonce 8, flags 1, MAC 16), and libzmq checks its limit against that.
 FRAME_MARGIN_BYTES = 256
+#: TCP keepalive of every connection, both transports, both ends: the first probe after this
+#: many seconds without traffic, then one every ``KEEPALIVE_INTERVAL_S``; the
+#: ``KEEPALIVE_PROBES``-th unanswered fails the connection (about 90 s after its peer vanished
+#: without closing: a host powered off, a cable cut), which nothing else on a quiet connection
+#: would ever notice.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 60, 10, 3
 
 Buffer = bytes | memoryview
 

@@ -19,6 +19,9 @@ from kvtier.errors import ConfigError
 from kvtier.tiers.peer.curve_keys import CurveClient, CurveServer
 from kvtier.tiers.peer.transport import (
     FRAME_MARGIN_BYTES,
+    KEEPALIVE_IDLE_S,
+    KEEPALIVE_INTERVAL_S,
+    KEEPALIVE_PROBES,
     RECV_QUEUE_MESSAGES,
     Buffer,
     Channel,
@@ -124,6 +127,10 @@ class ZmqTransport:
         socket: zmq.Socket[bytes] = self._context.socket(kind)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes + FRAME_MARGIN_BYTES)  # else: dropped
+        socket.setsockopt(zmq.TCP_KEEPALIVE, 1)  # a peer vanished without closing is found
+        socket.setsockopt(zmq.TCP_KEEPALIVE_IDLE, KEEPALIVE_IDLE_S)
+        socket.setsockopt(zmq.TCP_KEEPALIVE_INTVL, KEEPALIVE_INTERVAL_S)
+        socket.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
         self._sockets.append(socket)
         self._poller.register(socket, zmq.POLLIN)
         return socket
