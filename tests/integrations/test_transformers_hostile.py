@@ -344,3 +344,46 @@ def test_a_load_interrupted_after_its_copy_landed_releases_its_slots_at_once(
     assert_like_recompute(model, follow_up, again)
     tiered.flush()
     assert m.stats()["host"]["held_slots"] == 0
+
+
+@pytest.mark.parametrize("where", ["flush", "generate"])
+def test_a_copy_handed_out_while_interrupted_is_finished_by_the_next_call(
+    model: Any,
+    identity: CacheIdentity,
+    make_manager: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """Ctrl-C right after the engine handed out a finished store (in ``flush``'s wait, or in
+    the poll after ``generate``'s store): the job stayed listed, its slots held for ever, and
+    every later ``flush`` failed on it (KeyError). The next call finishes it."""
+    m = make_manager(host_slots=12)
+    tiered = TieredModel(model, identity, m)
+    first = prompt(44, seed=3)
+    real_submit, real_take, interrupted = TransferEngine.submit_store, TransferEngine._take, []
+
+    def submit_store(engine: TransferEngine, *args: Any) -> int:
+        job_id = real_submit(engine, *args)
+        engine._jobs[job_id].event = StillCopying()  # lands when flush waits for it
+        return job_id
+
+    def take(engine: TransferEngine, job_id: int) -> Any:
+        result = real_take(engine, job_id)
+        if result.op == "store" and not interrupted:
+            interrupted.append(job_id)
+            raise KeyboardInterrupt
+        return result
+
+    if where == "flush":
+        monkeypatch.setattr(TransferEngine, "submit_store", submit_store)
+    monkeypatch.setattr(TransferEngine, "_take", take)
+    with pytest.raises(KeyboardInterrupt):
+        tiered.generate(first, NEW_TOKENS)
+        tiered.flush()
+    assert interrupted and m.stats()["host"]["held_slots"] > 0
+    tiered.flush()
+    assert m.stats()["host"]["held_slots"] == 0
+    again = tiered.generate(first, NEW_TOKENS)
+    assert again.sources["host"] == 40
+    tiered.flush()
+    assert m.stats()["host"]["held_slots"] == 0

@@ -374,11 +374,15 @@ class TieredModel:
         self._finish_copies()
 
     def _finish_copies(self) -> None:
-        """Hand the copies that landed to the manager: stores, and loads that were late."""
+        """Hand the copies that landed to the manager: stores, and loads that were late. Any
+        job the engine no longer tracks has landed, however it was handed out (an earlier call
+        interrupted between the engine's hand-out and ``_finished`` left it here)."""
         if self.manager is None or self.transfer is None:
             return
-        for result in self.transfer.poll():
-            self._finished(result.job_id)
+        self.transfer.poll()
+        for job_id in [*self._stores, *self._late_loads]:
+            if not self.transfer.tracks(job_id):
+                self._finished(job_id)
 
     def _finished(self, job_id: int) -> None:
         assert self.manager is not None
@@ -392,7 +396,8 @@ class TieredModel:
         if self.manager is None or self.transfer is None:
             return
         for job_id in [*self._stores, *self._late_loads]:
-            self.transfer.wait(job_id, timeout)
+            if self.transfer.tracks(job_id):  # else handed out already (see _finish_copies)
+                self.transfer.wait(job_id, timeout)
             self._finished(job_id)
 
     def take_events(self) -> list[KVEvent]:
