@@ -270,3 +270,13 @@ def test_fault_tiers_around_tiers_with_the_longest_names_get_names_a_label_takes
         names, _ = m.tier_states()
     assert len(set(names)) == 2 and all(len(n) <= MAX_LABEL_CHARS for n in names)
     assert all(n.startswith("fault(" + "m" * 80) and "#" not in n for n in names)
+
+
+def test_tiers_sharing_a_name_of_the_most_characters_allowed_stay_within_it(identity):
+    """``#<index>`` tells tiers of one name apart; it pushed a 100-character name past the
+    limit every other name keeps (a Prometheus label, a log field)."""
+    name = "n" * MAX_LABEL_CHARS
+    tiers = [{"type": "memory", "name": name}, {"type": "memory", "name": name}]
+    with TieringManager(config(4, secondary_tiers=tiers), identity) as m:
+        names, _ = m.tier_states()
+    assert names == ["n" * 98 + "#0", "n" * 98 + "#1"]

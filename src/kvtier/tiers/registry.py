@@ -19,6 +19,7 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
+from kvtier.config.checks import MAX_LABEL_CHARS
 from kvtier.config.parser import parse_dataclass
 from kvtier.errors import ConfigError
 from kvtier.identity import CacheIdentity
@@ -79,13 +80,15 @@ def load_tier_class(module_path: str, class_name: str) -> Callable[..., Secondar
 
 
 def make_names_unique(tiers: list[SecondaryTier]) -> None:
-    """Suffix ``#<index>`` to the name of every tier whose name another tier shares."""
+    """Suffix ``#<index>`` to the name of every tier whose name another tier shares, cutting
+    the name where the whole would pass ``MAX_LABEL_CHARS``."""
     seen: dict[str, int] = {}
     for tier in tiers:
         seen[tier.name] = seen.get(tier.name, 0) + 1
     for index, tier in enumerate(tiers):
         if seen[tier.name] > 1:
-            tier.name = f"{tier.name}#{index}"
+            suffix = f"#{index}"
+            tier.name = tier.name[: MAX_LABEL_CHARS - len(suffix)] + suffix
 
 
 def build_fault_tier(
