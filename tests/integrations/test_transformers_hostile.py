@@ -314,6 +314,22 @@ def test_a_load_copy_past_its_wait_keeps_its_slots_held_until_it_lands(
     assert m.stats()["host"]["held_slots"] == 0
 
 
+def interrupt_hand_out(monkeypatch: pytest.MonkeyPatch, op: str) -> list[int]:
+    """Ctrl-C just after the engine hands out the first finished ``op`` copy (once it has left
+    the engine's jobs); the returned list gets that job's id."""
+    real_take, interrupted = TransferEngine._take, []
+
+    def take(engine: TransferEngine, job_id: int) -> Any:
+        result = real_take(engine, job_id)
+        if result.op == op and not interrupted:
+            interrupted.append(job_id)
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(TransferEngine, "_take", take)
+    return interrupted
+
+
 def test_a_load_interrupted_after_its_copy_landed_releases_its_slots_at_once(
     model: Any, identity: CacheIdentity, make_manager: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -325,16 +341,7 @@ def test_a_load_interrupted_after_its_copy_landed_releases_its_slots_at_once(
     first = prompt(44, seed=3)
     tiered.generate(first, NEW_TOKENS)
     tiered.flush()
-    real_take, interrupted = TransferEngine._take, []
-
-    def take(engine: TransferEngine, job_id: int) -> Any:
-        result = real_take(engine, job_id)
-        if result.op == "load" and not interrupted:
-            interrupted.append(job_id)
-            raise KeyboardInterrupt
-        return result
-
-    monkeypatch.setattr(TransferEngine, "_take", take)
+    interrupted = interrupt_hand_out(monkeypatch, "load")
     follow_up = first + prompt(3, seed=5)
     with pytest.raises(KeyboardInterrupt):
         tiered.generate(follow_up, NEW_TOKENS)
@@ -360,23 +367,16 @@ def test_a_copy_handed_out_while_interrupted_is_finished_by_the_next_call(
     m = make_manager(host_slots=12)
     tiered = TieredModel(model, identity, m)
     first = prompt(44, seed=3)
-    real_submit, real_take, interrupted = TransferEngine.submit_store, TransferEngine._take, []
+    real_submit = TransferEngine.submit_store
 
     def submit_store(engine: TransferEngine, *args: Any) -> int:
         job_id = real_submit(engine, *args)
         engine._jobs[job_id].event = StillCopying()  # lands when flush waits for it
         return job_id
 
-    def take(engine: TransferEngine, job_id: int) -> Any:
-        result = real_take(engine, job_id)
-        if result.op == "store" and not interrupted:
-            interrupted.append(job_id)
-            raise KeyboardInterrupt
-        return result
-
     if where == "flush":
         monkeypatch.setattr(TransferEngine, "submit_store", submit_store)
-    monkeypatch.setattr(TransferEngine, "_take", take)
+    interrupted = interrupt_hand_out(monkeypatch, "store")
     with pytest.raises(KeyboardInterrupt):
         tiered.generate(first, NEW_TOKENS)
         tiered.flush()
