@@ -73,13 +73,21 @@ def main() -> None:
         repeats = [one_repeat(args.conversations, s, root / str(s)) for s in range(args.repeats)]
     keys = ("prefetch_of_ceiling", "no-prefetch_of_ceiling", "prefetch_over_no_prefetch")
     doc = {
-        "commit": _commit(),
-        "conversations": args.conversations,
-        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        **header(args.conversations, load_before),
         "repeats": repeats,
         "median": {k: statistics.median(r[k] for r in repeats) for k in keys},
     }
     print(json.dumps(doc, indent=1))
+
+
+def header(conversations: int, load_before: float) -> dict[str, Any]:
+    """What a run's JSON starts with: the commit, the conversations, and the 1-minute load
+    average at the start (``load_before``) and now."""
+    return {
+        "commit": _commit(),
+        "conversations": conversations,
+        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
 
 
 def _commit() -> str:
