@@ -6,7 +6,9 @@ prints the Markdown table (and the line naming commit, command and load) that th
 carries between its ``fs-vs-vllm`` markers; ``tests/docs`` checks that the README's table is
 this rendering of the JSON it names, so the table can only change by rerunning the benchmark.
 Every ratio is read from the JSON (kvtier's GB/s over the other side's, same run); nothing is
-computed here but formatting.
+computed here but formatting. A run with ``intervals`` (since 2026-12-06) shows the median of
+the per-round ratios with its 95 % interval, ``0.990x [0.950, 1.040]``, and the cold loads'
+verdict; an older run, the ratio of the medians alone.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any
 
 TIMES = "\u00d7"  # the multiplication sign the docs write ratios with
 HEADER = (
-    "| chunk | store | load, hot | load, cold | cold, kvtier / raw | {extra}"
+    "| chunk | store | load, hot | load, cold | {verdict}cold, kvtier / raw | {extra}"
     "CPU µs per cold chunk, kvtier / vLLM |"
 )
+VERDICT = "cold, verdict | "
 
 
 def _size(nbytes: int) -> str:
@@ -38,19 +41,37 @@ def _label(name: str) -> str:
     return ",".join(f.split("=", 1)[0] if "/" in f else f for f in fields)
 
 
+def _ratio(result: dict[str, Any], pair: str, phase: str, sign: str = TIMES) -> str:
+    """``pair``'s ratio at ``phase``: ``0.990x [0.950, 1.040]`` from the run's intervals (the
+    median of the per-round ratios), else the ratio of the medians."""
+    found = result.get("intervals", {}).get(pair, {}).get(phase)
+    if found is None:
+        return f"{result['ratios'][pair][phase]:.2f}{sign}"
+    if found["low"] is None:
+        return f"{found['median']:.3f}{sign} ({found['rounds']} rounds: no interval)"
+    # three places, as ``verdict.Interval.describe``: an interval that misses 1.0 never
+    # prints as touching it
+    return f"{found['median']:.3f}{sign} [{found['low']:.3f}, {found['high']:.3f}]"
+
+
 def _row(result: dict[str, Any], extras: list[str]) -> str:
-    ratios, cpu = result["ratios"], result["cpu_us_per_chunk"]
-    ours = ratios["kvtier/vllm"]
+    cpu = result["cpu_us_per_chunk"]
+    cold = _ratio(result, "kvtier/vllm", "load_cold").split(" ", 1)
     cells = [
         _size(result["chunk_bytes"]),
-        f"{ours['store']:.2f}{TIMES}",
-        f"{ours['load_hot']:.2f}{TIMES}",
-        f"**{ours['load_cold']:.2f}{TIMES}**",
-        f"{ratios['kvtier/raw']['load_cold']:.2f}",
-        *(f"{ratios[f'{name}/vllm']['load_cold']:.2f}{TIMES}" for name in extras),
+        _ratio(result, "kvtier/vllm", "store"),
+        _ratio(result, "kvtier/vllm", "load_hot"),
+        " ".join([f"**{cold[0]}**", *cold[1:]]),
+        *([result["intervals"]["kvtier/vllm"]["load_cold"]["verdict"]] if _judged(result) else []),
+        _ratio(result, "kvtier/raw", "load_cold", ""),
+        *(_ratio(result, f"{name}/vllm", "load_cold") for name in extras),
         f"{cpu['kvtier']['load_cold']:,} / {cpu['vllm']['load_cold']:,}",
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _judged(result: dict[str, Any]) -> bool:
+    return "intervals" in result
 
 
 def render(document: dict[str, Any]) -> str:
@@ -58,17 +79,27 @@ def render(document: dict[str, Any]) -> str:
     results = document["results"]
     extras = _extras(results[0])
     extra = "".join(f"cold, `{_label(name)}` / vLLM | " for name in extras)
+    judged = _judged(results[0])
     lines = [
-        HEADER.format(extra=extra),
-        "|" + "---|" * (6 + len(extras)),
+        HEADER.format(verdict=VERDICT if judged else "", extra=extra),
+        "|" + "---|" * (6 + judged + len(extras)),
         *(_row(result, extras) for result in results),
         "",
         f"Commit `{document.get('commit', 'unknown')}`, `{document.get('command', '?')}`; "
         f"{document['statistic']}, {document['threads']} threads, cold loads after "
         f"`{document['cold_cache']}`; load average {document['load_average_at_start'][0]} at "
-        f"the start, {document['load_average_at_end'][0]} at the end.",
+        f"the start, {document['load_average_at_end'][0]} at the end.{_how(judged)}",
     ]
     return "\n".join(lines)
+
+
+def _how(judged: bool) -> str:
+    if not judged:
+        return ""
+    return (
+        " Ratios: the median of the rounds' ratios [its 95 % interval]; the verdict is"
+        " `ahead` when the interval lies above 1.0, `behind` when below."
+    )
 
 
 def main() -> None:

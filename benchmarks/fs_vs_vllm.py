@@ -29,6 +29,13 @@ counts payload bytes (GB = 1e9). Ratios: kvtier (and each extra kvtier column) o
 over raw. ``cpu_us_per_chunk``: the process's CPU time (user + system, all threads) per chunk,
 median of the rounds; on a machine shared with other work it moves less than wall time does.
 
+``intervals`` gives the verdict a noisy machine allows: per phase, the median of the per-round
+throughput ratios (each side's round ``i`` ran back to back with the other's, under the same
+load) with its 95 % interval of the median and ``ahead``, ``behind`` or ``no difference shown``
+(``kvtier.bench.verdict``, the rule ``kvtier bench --repeat`` uses; 6 rounds at least, 9 for an
+interval narrower than the rounds' whole range). ``rounds`` keeps every round's wall and CPU
+seconds, so a reader can recompute any figure.
+
 ``--extra-kvtier o_direct=off`` adds a kvtier column with other config fields;
 ``--baseline-pkg NAME`` adds a column for another copy of the package importable as NAME (e.g.
 the previous commit's ``src/kvtier`` with its imports renamed), for before/after figures.
@@ -56,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.bench import verdict
 from kvtier.region import HostRegion
 
 SIZES = (256 << 10, 2 << 20, 8 << 20)
@@ -377,7 +385,9 @@ def measure(size: int, args: argparse.Namespace, roots: list[Path]) -> dict[str,
         "raw_o_direct": direct,
         "GBps": gbps,
         "ratios": _ratios(gbps),
+        "intervals": _intervals(rounds),
         "cpu_us_per_chunk": cpu,
+        "rounds": {name: [_rounded(times) for times in runs] for name, runs in rounds.items()},
     }
 
 
@@ -397,13 +407,38 @@ def _ratios(gbps: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     return ratios
 
 
+def _intervals(rounds: dict[str, list[Times]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per kvtier side over vLLM and over raw, per phase: the median of the per-round
+    throughput ratios (the other side's wall seconds over this side's, same round), its
+    interval and verdict (``verdict.interval``, ``verdict.metric_verdict``)."""
+    out = {}
+    for name, runs in rounds.items():
+        if name in ("raw", "vllm"):
+            continue
+        for base in ("vllm", "raw"):
+            pairs = list(zip(runs, rounds[base], strict=True))
+            out[f"{name}/{base}"] = {
+                p: _judged([other[p][0] / mine[p][0] for mine, other in pairs]) for p in PHASES
+            }
+    return out
+
+
+def _judged(ratios: list[float]) -> dict[str, Any]:
+    found = verdict.interval(ratios)
+    return {**found.to_json(), "verdict": verdict.metric_verdict(found, higher_is_better=True)}
+
+
+def _rounded(times: Times) -> dict[str, list[float]]:
+    return {phase: [round(wall, 5), round(cpu, 5)] for phase, (wall, cpu) in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=None, help="where to write (default: the temp dir)")
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--keys-per-job", type=int, default=4)
     parser.add_argument("--total-mib", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=9, help="9 or more: a 95 %% interval")
     parser.add_argument(
         "--settle-s",
         type=float,

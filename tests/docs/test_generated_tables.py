@@ -83,3 +83,94 @@ def test_a_path_in_an_extra_column_is_left_out_of_its_header() -> None:
     label = _fs_table()._label
     assert label("kvtier[integrity_key_file=/tmp/chunks.key]") == "integrity_key_file"
     assert label("kvtier[integrity_key_file=/k,o_direct=off]") == "integrity_key_file,o_direct=off"
+
+
+def _judged_document() -> dict[str, Any]:
+    """The README's run with intervals added as ``fs_vs_vllm.py`` writes them: cold loads
+    ahead at the first size, without an interval (5 rounds) at the others."""
+    document = _document()
+    for index, result in enumerate(document["results"]):
+        pairs = [name for name in result["ratios"] if name != "vllm/raw"]
+        result["intervals"] = {
+            pair: {
+                phase: {"median": 1.2, "low": 1.004, "high": 1.31, "rounds": 9, "verdict": "ahead"}
+                if index == 0
+                else {
+                    "median": 0.98,
+                    "low": None,
+                    "high": None,
+                    "rounds": 5,
+                    "verdict": "no difference shown",
+                }
+                for phase in ("store", "load_hot", "load_cold")
+            }
+            for pair in pairs
+        }
+    return document
+
+
+def test_a_run_with_intervals_shows_them_and_the_cold_verdict() -> None:
+    """The interval is printed to three places, so one that misses 1.0 (low 1.004) never
+    reads as touching it; a size without an interval says why."""
+    lines = _fs_table().render(_judged_document()).splitlines()
+    assert "| cold, verdict |" in lines[0]
+    assert lines[1].count("---") == lines[0].count("|") - 1
+    first = [cell.strip() for cell in lines[2].strip("|").split("|")]
+    assert first[1:6] == [
+        "1.200\u00d7 [1.004, 1.310]",
+        "1.200\u00d7 [1.004, 1.310]",
+        "**1.200\u00d7** [1.004, 1.310]",
+        "ahead",
+        "1.200 [1.004, 1.310]",
+    ]
+    second = [cell.strip() for cell in lines[3].strip("|").split("|")]
+    assert second[3] == "**0.980\u00d7** (5 rounds: no interval)"
+    assert second[4] == "no difference shown"
+    assert "95 % interval" in lines[-1]
+
+
+def test_a_run_without_intervals_has_no_verdict_column() -> None:
+    table = _fs_table().render(_document())
+    assert "verdict" not in table and "95 % interval" not in table
+
+
+def _fs_vs_vllm() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fs_vs_vllm", REPO / "benchmarks/fs_vs_vllm.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rounds(walls: list[float]) -> list[dict[str, tuple[float, float]]]:
+    phases = ("store", "load_hot", "load_cold")
+    return [{phase: (wall, 0.1) for phase in phases} for wall in walls]
+
+
+def test_fs_vs_vllm_pairs_each_round_with_the_same_round_of_the_other_side() -> None:
+    """Round i of kvtier is judged against round i of vLLM (the same load): a machine whose
+    load changes from round to round slows both sides of each ratio, and the verdict sees
+    kvtier ahead in every round; paired with other rounds, the load would swamp it."""
+    load = [2 ** (i % 3) for i in range(9)]
+    intervals = _fs_vs_vllm()._intervals(
+        {
+            "raw": _rounds([0.1] * 9),
+            "vllm": _rounds([1.1 * x for x in load]),
+            "kvtier": _rounds([1.0 * x for x in load]),
+        }
+    )
+    cold = intervals["kvtier/vllm"]["load_cold"]
+    assert cold["median"] == pytest.approx(1.1) and cold["rounds"] == 9
+    assert cold["low"] == pytest.approx(1.1) and cold["verdict"] == "ahead"
+    behind = intervals["kvtier/raw"]["store"]
+    assert behind["median"] == pytest.approx(0.05) and behind["verdict"] == "behind"
+    assert set(intervals) == {"kvtier/vllm", "kvtier/raw"}
+
+
+def test_fs_vs_vllm_gives_no_verdict_without_an_interval() -> None:
+    intervals = _fs_vs_vllm()._intervals(
+        {"raw": _rounds([1.0] * 5), "vllm": _rounds([2.0] * 5), "kvtier": _rounds([1.0] * 5)}
+    )
+    cold = intervals["kvtier/vllm"]["load_cold"]
+    assert cold["median"] == pytest.approx(2.0) and cold["low"] is None
+    assert cold["verdict"] == "no difference shown"
