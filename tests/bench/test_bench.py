@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvtier.bench import report
+from kvtier.bench import provenance, report
 from kvtier.bench.cli import options_from
 from kvtier.bench.runner import Bench, BenchOptions, Sweep
 from kvtier.cli.main import build_parser
@@ -66,9 +66,10 @@ def test_reports_are_written(sweep: Sweep, tmp_path: Path) -> None:
     text = report.format_table(table)
     assert all(name in text for name in sweep.strategies)
     document = report.to_json(sweep, table)
-    report.write_json(document, tmp_path / "bench.json")
+    provenance.write_json(document, tmp_path / "bench.json")
     report.write_chart(sweep, table, tmp_path / "bench.png")
     loaded = json.loads((tmp_path / "bench.json").read_text())
+    assert next(iter(loaded)) == "run" and loaded["run"]["kvtier_version"]
     assert loaded["headline"]["conversations"] == 4
     assert len(loaded["results"]) == 12
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -10,7 +10,6 @@ counted (``RunResult.sources`` and the manager's counters); nothing is estimated
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -170,11 +169,6 @@ def to_json(sweep: AdmissionSweep, table: list[dict[str, Any]]) -> dict[str, Any
         "results": table,
         "headline": headline(table),
     }
-
-
-def write_json(document: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 #: The chart's panels: title, y label, and the values of a row (stacked when several).

@@ -146,6 +146,7 @@ def run_engine(
     run it, print ``report``'s table and ratio lines, write the JSON (``to_json(bench,
     reports, table)``) and ``report``'s chart (``OUTPUT_DIR/bench-<engine>.json`` and ``.png``
     unless ``--json``, ``--chart``); 1 (and the failure on stderr) when an engine failed."""
+    from kvtier.bench import provenance
     from kvtier.bench.engine_bench import EngineFailed
     from kvtier.bench.outputs import output_paths
 
@@ -161,7 +162,7 @@ def run_engine(
     document = to_json(bench, reports, table)
     print(report.format_table(table))
     print("\n".join(report.ratio_lines(document)))
-    report.write_json(document, json_path)
+    provenance.write_json(document, json_path)
     chart_title = title(engine, bench.options)
     report.write_chart(table, chart_title, chart_path, document[report.VERDICT])
     print(f"wrote {json_path} and {chart_path}")

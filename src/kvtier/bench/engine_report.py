@@ -14,7 +14,6 @@ strategies round by round and N by N.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -207,11 +206,6 @@ def header(options: Any, reports: dict[str, Any]) -> dict[str, Any]:
         "engine_load_seconds": {s: round(r["load_seconds"], 1) for s, r in reports.items()},
         "load_average_1m": {s: r.get("load_average_1m") for s, r in reports.items()},
     }
-
-
-def write_json(document: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 #: Drawn only when a ceiling ran: without one there is no fraction of it.

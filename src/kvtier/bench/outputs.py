@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kvtier.bench import provenance
 from kvtier.cli.common import UsageError
 from kvtier.cli.files import check_output
 from kvtier.errors import KVTierError
@@ -33,7 +34,7 @@ def sweep_and_report(
     document = report.to_json(sweep, table)
     print(report.format_table(table))
     print(report.format_headline(document["headline"]))
-    report.write_json(document, json_path)
+    provenance.write_json(document, json_path)
     report.write_chart(sweep, table, chart_path)
     print(f"wrote {json_path} and {chart_path}")
 

@@ -8,7 +8,6 @@ recompute.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -135,11 +134,6 @@ def to_json(sweep: Sweep, table: list[dict[str, Any]]) -> dict[str, Any]:
         "results": table,
         "headline": headline(sweep, table),
     }
-
-
-def write_json(document: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 #: The chart's panels: title, y label, and the value of a row.

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench import engine_report, pair_verdict
-from kvtier.bench.engine_report import format_table, same_run_ratios, write_json
+from kvtier.bench.engine_report import format_table, same_run_ratios
 from kvtier.bench.sglang_strategies import KVTIER_FS, SGLANG_FILE
 
-__all__ = ["format_table", "write_json"]
+__all__ = ["format_table"]
 
 PAIR = "kvtier-fs / sglang-file"
 RATIOS = "kvtier_fs_vs_sglang_file"

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench import engine_report, pair_verdict
-from kvtier.bench.engine_report import format_table, same_run_ratios, write_json
+from kvtier.bench.engine_report import format_table, same_run_ratios
 from kvtier.bench.vllm_strategies import KVTIER_FS, KVTIER_FS_OPS, VLLM_FS
 
-__all__ = ["format_table", "write_json"]
+__all__ = ["format_table"]
 
 #: vLLM counter -> the byte column it feeds (tiered ones carry ``tier=<i>:<type>``).
 BYTE_COUNTERS = {
