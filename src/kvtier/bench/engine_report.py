@@ -58,6 +58,7 @@ def summarize(
         "throughput_tok_s": round(tokens / phase["seconds"], 1),
         "fraction_of_ceiling": None,
         "seconds": round(phase["seconds"], 3),
+        "settle_seconds": round(phase.get("settle_seconds", 0.0), 3),
         "cpu_ms_per_request": None if cpu is None else round(cpu * 1000 / len(requests), 2),
         "tokens": tokens,
         "requests": len(requests),

@@ -18,6 +18,8 @@ import itertools
 import os
 import random
 import resource
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,3 +146,41 @@ def tree_bytes(root: str) -> int:
             with contextlib.suppress(OSError):
                 total += os.path.getsize(os.path.join(directory, name))
     return total
+
+
+#: ``settle_writes``: how long the files must stop growing, and the longest it waits.
+SETTLE_QUIET_S, SETTLE_LIMIT_S = 0.25, 10.0
+
+
+def quiet_bytes(dirs: Iterable[str], quiet_s: float, limit_s: float) -> int:
+    """The bytes under ``dirs`` once they have not grown for ``quiet_s``, or when ``limit_s``
+    ran out first (a tier that never stops writing is not waited for for ever). Polls five
+    times per ``quiet_s``; a directory that does not exist holds 0 bytes."""
+    folders = list(dirs)
+    start = time.perf_counter()
+    size, since = sum(map(tree_bytes, folders)), start
+    while folders and time.perf_counter() - since < quiet_s:
+        if time.perf_counter() - start >= limit_s:
+            break
+        time.sleep(quiet_s / 5)
+        grown = sum(map(tree_bytes, folders))
+        if grown != size:
+            size, since = grown, time.perf_counter()
+    return size
+
+
+def settle_writes(
+    dirs: Iterable[str],
+    quiet_s: float = SETTLE_QUIET_S,
+    limit_s: float = SETTLE_LIMIT_S,
+    sync: Callable[[], None] = os.sync,
+) -> float:
+    """``quiet_bytes``, then ``sync``; the seconds it took. A tier writes a phase's chunks
+    after the requests that made them finished: without this, those writes and their writeback
+    would run in the next strategy's phase on a small machine, and a ratio of two strategies
+    would measure them. Runs after a phase's clock stopped, so it adds nothing to the phase's
+    figures."""
+    start = time.perf_counter()
+    quiet_bytes(dirs, quiet_s, limit_s)
+    sync()
+    return time.perf_counter() - start

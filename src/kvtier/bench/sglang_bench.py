@@ -15,14 +15,13 @@ L3 directories, so no run is served another's pages.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kvtier.bench import engine_bench, phase, sglang_client
 from kvtier.bench.engine_bench import EngineBenchOptions, EngineFailed
-from kvtier.bench.phase import tree_bytes
+from kvtier.bench.phase import quiet_bytes, settle_writes
 from kvtier.bench.sglang_server import SHIMS, SglangServer, cpu_environ
 from kvtier.bench.sglang_strategies import L3_STRATEGIES, STRATEGIES, Pools, server_flags
 
@@ -142,6 +141,8 @@ class Engine:
             self.done[index] = sglang_client.run_phase(
                 self.server, self.phases[index], self.concurrency
             )
+            written = [str(self.l3_dir)] if self.strategy in L3_STRATEGIES else []
+            self.done[index]["settle_seconds"] = settle_writes(written)  # see phase.settle_writes
         except (OSError, RuntimeError, ValueError, KeyError) as exc:
             raise EngineFailed(
                 f"SGLang {self.strategy} failed ({exc!r}), log {self.server.log}:\n"
@@ -172,15 +173,7 @@ class Engine:
 
     def _settled_bytes(self) -> int:
         """The L3 directory's bytes once it stopped growing (SGLang backs up asynchronously)."""
-        deadline, last, since = time.monotonic() + SETTLE_TIMEOUT_S, -1, time.monotonic()
-        while time.monotonic() < deadline:
-            size = tree_bytes(str(self.l3_dir))
-            if size != last:
-                last, since = size, time.monotonic()
-            elif time.monotonic() - since >= SETTLE_S:
-                break
-            time.sleep(0.5)
-        return last
+        return quiet_bytes([str(self.l3_dir)], SETTLE_S, SETTLE_TIMEOUT_S)
 
     def stop(self) -> None:
         self.server.stop()

@@ -12,10 +12,12 @@ runner over stdin/stdout (see ``main``), one phase at a time. The scenario::
      "disk_dirs": {"label": DIR, ...}, "output": PATH, "kvtier_metrics_port": N (optional)}
 
 Every phase starts from an empty device prefix cache (``reset_prefix_cache``) and uses its own
-seed, so no phase is served what an earlier one stored. Within a phase ``concurrency`` requests
-are in flight: a finished request is replaced at once by the next one in the workload's order
-whose conversation has no request in flight (its next turn needs the answer). Greedy decoding,
-``ignore_eos``: every request generates exactly ``new_tokens`` tokens.
+seed, so no phase is served what an earlier one stored. After a phase, before ``DONE``, the
+runner waits for its fs directory to stop growing and syncs (``settle_writes``), so the next
+strategy's phase does not pay for this one's trailing writes. Within a phase ``concurrency``
+requests are in flight: a finished request is replaced at once by the next one in the
+workload's order whose conversation has no request in flight (its next turn needs the answer).
+Greedy decoding, ``ignore_eos``: every request generates exactly ``new_tokens`` tokens.
 
 The output JSON has, per phase: its round, every request's answer, TTFT and inter-token gaps
 (seconds, measured at ``LLMEngine.step`` returns), the phase's wall seconds and tokens, the CPU
@@ -43,6 +45,7 @@ from kvtier.bench.phase import (
     finished,
     one_shot_prompt,
     order,
+    settle_writes,
     tree_bytes,
     tree_cpu_seconds,
     user_turn,
@@ -197,6 +200,7 @@ def main(path: str) -> None:
         index = int(line)
         llm.reset_prefix_cache()
         phases[index] = run_phase(llm, scenario["phases"][index], scenario["concurrency"])
+        phases[index]["settle_seconds"] = settle_writes(scenario.get("disk_dirs", {}).values())
         print(f"phase N={phases[index]['conversations']}: {phases[index]['seconds']:.1f}s")
         print("DONE", file=replies)
     disk = {label: tree_bytes(d) for label, d in scenario.get("disk_dirs", {}).items()}

@@ -1,0 +1,71 @@
+"""``phase.settle_writes``: the engine benches wait for a phase's trailing writes before the next
+strategy's phase, on a real directory written by a real thread, and never wait for ever."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from kvtier.bench.phase import settle_writes, tree_bytes
+
+
+def _writer(folder: Path, files: int, pause_s: float) -> threading.Thread:
+    def write() -> None:
+        for index in range(files):
+            (folder / f"chunk-{index}").write_bytes(b"x" * 4096)
+            time.sleep(pause_s)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    return thread
+
+
+def test_it_returns_after_the_writes_stop_and_syncs_what_they_wrote(tmp_path: Path) -> None:
+    synced: list[int] = []
+    writer = _writer(tmp_path, files=12, pause_s=0.05)  # writes for about 0.6 s, 50 ms apart
+    waited = settle_writes(
+        [str(tmp_path)], quiet_s=0.5, sync=lambda: synced.append(tree_bytes(str(tmp_path)))
+    )
+    writer.join()
+    assert synced == [12 * 4096]  # once, after the last write
+    assert waited >= 0.55  # it saw the pauses between writes as growth, not as quiet
+
+
+def test_a_directory_that_never_stops_growing_is_waited_for_at_most_the_limit(
+    tmp_path: Path,
+) -> None:
+    stop = threading.Event()
+
+    def write() -> None:
+        index = 0
+        while not stop.is_set():
+            (tmp_path / f"chunk-{index}").write_bytes(b"x")
+            index += 1
+            time.sleep(0.01)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    synced: list[bool] = []
+    try:
+        waited = settle_writes(
+            [str(tmp_path)], quiet_s=0.2, limit_s=0.5, sync=lambda: synced.append(True)
+        )
+    finally:
+        stop.set()
+        writer.join()
+    assert 0.5 <= waited < 5 and synced == [True]
+
+
+def test_quiet_or_missing_directories_cost_the_quiet_time_only(tmp_path: Path) -> None:
+    (tmp_path / "old").write_bytes(b"x" * 100)
+    synced: list[bool] = []
+    waited = settle_writes(
+        [str(tmp_path), str(tmp_path / "missing")], quiet_s=0.1, sync=lambda: synced.append(True)
+    )
+    assert 0.1 <= waited < 2 and synced == [True]
+
+
+def test_no_directories_only_sync(tmp_path: Path) -> None:
+    synced: list[bool] = []
+    assert settle_writes([], sync=lambda: synced.append(True)) < 0.1 and synced == [True]
