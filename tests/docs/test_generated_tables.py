@@ -49,21 +49,44 @@ def _document() -> dict[str, Any]:
 
 
 def test_each_row_carries_the_runs_own_ratios() -> None:
+    """The README's run has intervals: each row shows the cold loads' median ratio with its
+    interval and verdict, and kvtier over raw, as the JSON has them."""
     document = _document()
     rows = _fs_table().render(document).splitlines()[2 : 2 + len(document["results"])]
     for row, result in zip(rows, document["results"], strict=True):
         cells = [cell.strip() for cell in row.strip("|").split("|")]
-        cold = result["ratios"]["kvtier/vllm"]["load_cold"]
-        assert cells[3] == f"**{cold:.2f}\u00d7**"
-        assert cells[4] == f"{result['ratios']['kvtier/raw']['load_cold']:.2f}"
+        cold, raw = (
+            result["intervals"][pair]["load_cold"] for pair in ("kvtier/vllm", "kvtier/raw")
+        )
+        assert cells[3] == f"**{cold['median']:.3f}\u00d7** [{cold['low']:.3f}, {cold['high']:.3f}]"
+        assert cells[4] == cold["verdict"]
+        assert cells[5] == f"{raw['median']:.3f} [{raw['low']:.3f}, {raw['high']:.3f}]"
 
 
 @pytest.mark.parametrize("field", ["store", "load_hot", "load_cold"])
-def test_a_changed_figure_changes_the_table(field: str) -> None:
+@pytest.mark.parametrize("part", ["median", "low", "high"])
+def test_a_changed_figure_changes_the_table(field: str, part: str) -> None:
     document = _document()
     before = _fs_table().render(document)
-    document["results"][0]["ratios"]["kvtier/vllm"][field] += 0.5
+    document["results"][0]["intervals"]["kvtier/vllm"][field][part] += 0.5
     assert _fs_table().render(document) != before
+
+
+def _without_intervals() -> dict[str, Any]:
+    """The README's run as an older ``fs_vs_vllm.py`` wrote it: no intervals."""
+    document = _document()
+    for result in document["results"]:
+        del result["intervals"]
+    return document
+
+
+def test_a_run_without_intervals_shows_the_ratio_of_the_medians() -> None:
+    document = _without_intervals()
+    row = _fs_table().render(document).splitlines()[2]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert (
+        cells[3] == f"**{document['results'][0]['ratios']['kvtier/vllm']['load_cold']:.2f}\u00d7**"
+    )
 
 
 def test_an_extra_kvtier_column_gets_its_own_header_and_cells() -> None:
@@ -130,7 +153,8 @@ def test_a_run_with_intervals_shows_them_and_the_cold_verdict() -> None:
 
 
 def test_a_run_without_intervals_has_no_verdict_column() -> None:
-    table = _fs_table().render(_document())
+    document = _without_intervals()
+    table = _fs_table().render(document)
     assert "verdict" not in table and "95 % interval" not in table
 
 
