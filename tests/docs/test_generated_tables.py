@@ -21,12 +21,17 @@ REPO = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"<!-- fs-vs-vllm: (\S+) -->\n(.*?)\n<!-- /fs-vs-vllm -->", re.S)
 
 
-def _fs_table() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fs_table", REPO / "benchmarks/fs_table.py")
+def _benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py``, imported by path (``benchmarks`` is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / f"benchmarks/{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _fs_table() -> ModuleType:
+    return _benchmark("fs_table")
 
 
 def _readme_block() -> tuple[Path, str]:
@@ -159,11 +164,7 @@ def test_a_run_without_intervals_has_no_verdict_column() -> None:
 
 
 def _fs_vs_vllm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fs_vs_vllm", REPO / "benchmarks/fs_vs_vllm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _benchmark("fs_vs_vllm")
 
 
 def _rounds(walls: list[float]) -> list[dict[str, tuple[float, float]]]:
