@@ -19,7 +19,8 @@ chunks in its host tier and this process loads all of them:
 Each row runs ``--repeats`` rounds after one untimed warm-up round, the sides back to back in
 every round (which goes first rotates); it reports the median (and for raw and the tiers the
 best) round of each side, and ``ratio`` (``ratio_into_slots``; ``tcp_ratio``... for the tier
-over TCP), the median over rounds of tier / raw (raw into slots) throughput in that round.
+over TCP), the median over rounds of tier / raw (raw into slots) throughput in that round,
+with its 95 % interval (``ratio_interval``...; ``kvtier.bench.verdict``).
 Before 2026-12-03 the raw server sent one 2 or 8 MiB buffer for every chunk, always in the CPU
 cache, which the tier's 256 MiB of slots never are.
 Throughput is payload bytes per second (GB = 1e9). ``load`` is the 1-minute load average at
@@ -47,13 +48,13 @@ import numpy as np
 import zmq
 
 from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager
+from kvtier.bench import verdict
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.peer.config import P2PTierConfig
 from kvtier.tiers.peer.curve_keys import read_key, write_keypair
-from kvtier.tiers.peer.link import MAX_IN_FLIGHT
-from kvtier.tiers.peer.protocol import fetch_batch
+from kvtier.tiers.peer.protocol import MAX_IN_FLIGHT, fetch_batch
 from kvtier.tiers.peer.tier import PeerTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 
@@ -257,26 +258,27 @@ def measure(
 TIER_SIDE = {"zmq": "tier", "tcp": "tier_tcp"}
 
 
-def summary(payload: int, rounds: list[dict[str, float]]) -> dict[str, float]:
+def summary(payload: int, rounds: list[dict[str, float]]) -> dict[str, Any]:
     """Medians (and, for raw and each tier, bests) of each side's GB/s; ``ratio`` and
     ``ratio_into_slots`` (``tcp_ratio``...: the tier over TCP): the median of each round's
     tier / raw (raw into slots) throughput ratio, so that load that changes between rounds
-    cancels out."""
+    cancels out; ``ratio_interval`` (...): that median's 95 % interval (``kvtier.bench.verdict``,
+    6 rounds at least), to read against an aim such as 0.8x raw."""
     mid = statistics.median
     gbps: dict[str, float] = {}
-    ratios: dict[str, float] = {}
+    ratios: dict[str, Any] = {}
     for side in rounds[0]:
         seconds = [r[side] for r in rounds]
-        gbps[f"{side}_gbps"] = payload / mid(seconds)
+        gbps[f"{side}_gbps"] = round(payload / mid(seconds) / 1e9, 3)
         if side != "raw_into_slots":
-            gbps[f"{side}_best_gbps"] = payload / min(seconds)
+            gbps[f"{side}_best_gbps"] = round(payload / min(seconds) / 1e9, 3)
         if side.startswith("tier"):
             prefix = "" if side == "tier" else "tcp_"
-            ratios[f"{prefix}ratio"] = mid(r["raw"] / r[side] for r in rounds)
-            ratios[f"{prefix}ratio_into_slots"] = mid(r["raw_into_slots"] / r[side] for r in rounds)
-    return {k: round(v / 1e9, 3) for k, v in gbps.items()} | {
-        k: round(v, 3) for k, v in ratios.items()
-    }
+            for name, base in (("ratio", "raw"), ("ratio_into_slots", "raw_into_slots")):
+                found = verdict.interval([r[base] / r[side] for r in rounds])
+                ratios[f"{prefix}{name}"] = round(found.median, 3)
+                ratios[f"{prefix}{name}_interval"] = found.to_json()
+    return gbps | ratios
 
 
 def main() -> None:
