@@ -48,7 +48,8 @@ def _ratio(result: dict[str, Any], pair: str, phase: str, sign: str = TIMES) -> 
     if found is None:
         return f"{result['ratios'][pair][phase]:.2f}{sign}"
     if found["low"] is None:
-        return f"{found['median']:.3f}{sign} ({found['rounds']} rounds: no interval)"
+        rounds = f"{found['rounds']} round{'s' if found['rounds'] != 1 else ''}"
+        return f"{found['median']:.3f}{sign} ({rounds}: no interval)"
     # three places, as ``verdict.Interval.describe``: an interval that misses 1.0 never
     # prints as touching it
     return f"{found['median']:.3f}{sign} [{found['low']:.3f}, {found['high']:.3f}]"

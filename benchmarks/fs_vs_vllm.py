@@ -30,11 +30,11 @@ over raw. ``cpu_us_per_chunk``: the process's CPU time (user + system, all threa
 median of the rounds; on a machine shared with other work it moves less than wall time does.
 
 ``intervals`` gives the verdict a noisy machine allows: per phase, the median of the per-round
-throughput ratios (each side's round ``i`` ran back to back with the other's, under the same
-load) with its 95 % interval of the median and ``ahead``, ``behind`` or ``no difference shown``
-(``kvtier.bench.verdict``, the rule ``kvtier bench --repeat`` uses; 6 rounds at least, 9 for an
-interval narrower than the rounds' whole range). ``rounds`` keeps every round's wall and CPU
-seconds, so a reader can recompute any figure.
+throughput ratios (each side's round ``i`` ran in the same round as the other's, minutes
+apart at most, under the same load) with its 95 % interval of the median and ``ahead``,
+``behind`` or ``no difference shown`` (``kvtier.bench.verdict``, the rule ``kvtier bench
+--repeat`` uses; 6 rounds at least, 9 for an interval narrower than the rounds' whole range).
+``rounds`` keeps every round's wall and CPU seconds, so a reader can recompute any figure.
 
 ``--extra-kvtier o_direct=off`` adds a kvtier column with other config fields;
 ``--baseline-pkg NAME`` adds a column for another copy of the package importable as NAME (e.g.
@@ -438,7 +438,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--keys-per-job", type=int, default=4)
     parser.add_argument("--total-mib", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=9, help="9 or more: a 95 %% interval")
+    parser.add_argument(
+        "--rounds", type=int, default=9, help="6 or more: a 95 %% interval (9: inside the range)"
+    )
     parser.add_argument(
         "--settle-s",
         type=float,

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from kvtier.bench import sglang_client, sglang_report
+from kvtier.bench import sglang_bench, sglang_client, sglang_report
 from kvtier.bench.sglang_bench import SglangBenchOptions
 from kvtier.bench.sglang_strategies import Pools, asked_from_l3, server_flags
 from kvtier.cli.main import main
@@ -215,3 +215,22 @@ def test_bad_sglang_options_are_usage_errors(tmp_path, capsys, argv, message):
     argv = ["--sglang-python", str(python), "--model", str(model), *argv]
     code, err = run_cli(argv, tmp_path, capsys)
     assert code == 2 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("strategy", ["kvtier-fs", "sglang-file", "recompute"])
+def test_each_phase_settles_the_l3_writes_with_sglangs_own_quiet_time(
+    strategy, fake_server, tmp_path, monkeypatch
+):
+    """SGLang backs up to L3 in batches, so a phase's trailing writes are waited for with the
+    bench's 3 s of quiet (``SETTLE_S``), not ``settle_writes``' default 0.25 s, after the
+    phase's clock stopped; a strategy without L3 only syncs."""
+    calls = []
+    monkeypatch.setattr(
+        sglang_bench, "settle_writes", lambda dirs, *limits: calls.append((dirs, limits)) or 0.5
+    )
+    server = SimpleNamespace(**vars(fake_server), workdir=tmp_path, flush=lambda: None)
+    engine = sglang_bench.Engine(server, strategy, [PHASE], 2)
+    engine.ask("0", "DONE")
+    assert engine.done[0]["settle_seconds"] == 0.5 and engine.done[0]["seconds"] > 0
+    wanted = [str(tmp_path / f"l3-{strategy}")] if strategy != "recompute" else []
+    assert calls == [(wanted, (sglang_bench.SETTLE_S, sglang_bench.SETTLE_PHASE_LIMIT_S))]

@@ -32,7 +32,8 @@ def checkout(tmp_path: Path) -> Path:
     (repo / "src" / "kvtier" / "__init__.py").write_text("")
     _git(repo.parent, "init", "-q", str(repo))
     _git(repo, "add", ".")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    config = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    _git(repo, *config, "-c", "core.hooksPath=/dev/null", "commit", "-qm", "one")
     return repo
 
 
@@ -72,6 +73,7 @@ def test_a_git_that_hangs_costs_the_timeout_and_names_no_commit(
     assert provenance.checkout_commit(checkout) is None
 
 
+@needs_git  # the fixture needs git; the test then hides it
 def test_a_missing_git_names_no_commit(checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     assert provenance.checkout_commit(checkout) is None
@@ -93,3 +95,19 @@ def test_the_document_is_written_with_the_run_first(tmp_path: Path) -> None:
 def test_the_command_line_is_the_arguments_given() -> None:
     record = provenance.run_record(["bench", "--engine", "vllm", "--repeat", "20"])
     assert record["command"] == "kvtier bench --engine vllm --repeat 20"
+
+
+def test_an_argument_with_a_space_is_quoted_as_a_shell_needs_it() -> None:
+    record = provenance.run_record(["bench", "--output-dir", "my results"])
+    assert record["command"] == "kvtier bench --output-dir 'my results'"
+
+
+def test_a_load_average_that_cannot_be_read_is_none_and_the_json_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable() -> tuple[float, float, float]:
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(os, "getloadavg", unreadable)
+    provenance.write_json({"results": []}, tmp_path / "bench.json")
+    assert json.loads((tmp_path / "bench.json").read_text())["run"]["load_average"] is None

@@ -85,6 +85,14 @@ def _without_intervals() -> dict[str, Any]:
     return document
 
 
+@pytest.mark.parametrize("field", ["store", "load_hot", "load_cold"])
+def test_a_changed_ratio_changes_a_table_without_intervals(field: str) -> None:
+    document = _without_intervals()
+    before = _fs_table().render(document)
+    document["results"][0]["ratios"]["kvtier/vllm"][field] += 0.5
+    assert _fs_table().render(document) != before
+
+
 def test_a_run_without_intervals_shows_the_ratio_of_the_medians() -> None:
     document = _without_intervals()
     row = _fs_table().render(document).splitlines()[2]

@@ -58,7 +58,7 @@ def summarize(
         "throughput_tok_s": round(tokens / phase["seconds"], 1),
         "fraction_of_ceiling": None,
         "seconds": round(phase["seconds"], 3),
-        "settle_seconds": round(phase.get("settle_seconds", 0.0), 3),
+        "settle_seconds": _rounded(phase.get("settle_seconds")),
         "cpu_ms_per_request": None if cpu is None else round(cpu * 1000 / len(requests), 2),
         "tokens": tokens,
         "requests": len(requests),
@@ -73,6 +73,11 @@ def summarize(
     if shots:
         row["one_shot_ttft_ms"] = percentiles_ms(shots)
     return row
+
+
+def _rounded(seconds: float | None) -> float | None:
+    """``phase.settle_writes``' wait, or ``None`` from a runner that did not settle."""
+    return None if seconds is None else round(seconds, 3)
 
 
 def equal_fraction(requests: list[dict[str, Any]], reference: dict[str, Any] | None) -> Any:

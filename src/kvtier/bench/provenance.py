@@ -3,9 +3,10 @@
 Every ``kvtier bench`` mode writes its document through ``write_json``, which puts ``run``
 first: the kvtier version, the commit of the checkout kvtier was imported from (``git
 rev-parse --short HEAD``, with ``+`` when tracked files had uncommitted changes; ``None`` when
-kvtier is an installed package, or git is missing or takes over ``GIT_TIMEOUT_S``), the
-command line, when the document was written (UTC) and the machine's CPUs and load average
-then. None of it changes what the run measured; a missing field never fails a run.
+kvtier is an installed package, or git is missing or one of its two calls takes over
+``GIT_TIMEOUT_S``), the command line (quoted as a shell would need it), when the document was
+written (UTC) and the machine's CPUs and load average then (``None`` where it cannot be read).
+None of it changes what the run measured; a field that cannot be known never fails a run.
 
 Thread safety: plain functions; any thread (the bench calls them once, at the end).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -33,11 +35,18 @@ def run_record(argv: list[str] | None = None) -> dict[str, Any]:
     return {
         "kvtier_version": kvtier.__version__,
         "commit": checkout_commit(),
-        "command": " ".join(["kvtier", *args]),
+        "command": shlex.join(["kvtier", *args]),
         "written_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "load_average": _load_average(),
     }
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):  # not readable here, or a platform without it
+        return None
 
 
 def checkout_commit(checkout: Path = CHECKOUT) -> str | None:

@@ -21,7 +21,8 @@ Greedy decoding, ``ignore_eos``: every request generates exactly ``new_tokens`` 
 
 The output JSON has, per phase: its round, every request's answer, TTFT and inter-token gaps
 (seconds, measured at ``LLMEngine.step`` returns), the phase's wall seconds and tokens, the CPU
-seconds the runner and its child processes spent in it (``tree_cpu_seconds``), how much every
+seconds the runner and its child processes spent in it (``tree_cpu_seconds``), the seconds
+it then waited for its trailing writes (``settle_seconds``), how much every
 vLLM counter grew (``name{label=value,...}``) and the bytes under each of ``disk_dirs``. With
 ``kvtier_metrics_port`` (kvtier's operator plane on in the engine), ``operator_plane``: what
 kvtier's ``/metrics`` and ``/admin/tiers`` served there once every phase was done
