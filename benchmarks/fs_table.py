@@ -41,28 +41,32 @@ def _label(name: str) -> str:
     return ",".join(f.split("=", 1)[0] if "/" in f else f for f in fields)
 
 
-def _ratio(result: dict[str, Any], pair: str, phase: str, sign: str = TIMES) -> str:
+def _ratio(
+    result: dict[str, Any], pair: str, phase: str, sign: str = TIMES, bold: bool = False
+) -> str:
     """``pair``'s ratio at ``phase``: ``0.990x [0.950, 1.040]`` from the run's intervals (the
-    median of the per-round ratios), else the ratio of the medians."""
+    median of the per-round ratios), else the ratio of the medians; ``bold``: the figure in
+    bold, not its interval."""
     found = result.get("intervals", {}).get(pair, {}).get(phase)
+    mark = "**" if bold else ""
     if found is None:
-        return f"{result['ratios'][pair][phase]:.2f}{sign}"
+        return f"{mark}{result['ratios'][pair][phase]:.2f}{sign}{mark}"
+    figure = f"{mark}{found['median']:.3f}{sign}{mark}"
     if found["low"] is None:
         rounds = f"{found['rounds']} round{'s' if found['rounds'] != 1 else ''}"
-        return f"{found['median']:.3f}{sign} ({rounds}: no interval)"
+        return f"{figure} ({rounds}: no interval)"
     # three places, as ``verdict.Interval.describe``: an interval that misses 1.0 never
     # prints as touching it
-    return f"{found['median']:.3f}{sign} [{found['low']:.3f}, {found['high']:.3f}]"
+    return f"{figure} [{found['low']:.3f}, {found['high']:.3f}]"
 
 
 def _row(result: dict[str, Any], extras: list[str]) -> str:
     cpu = result["cpu_us_per_chunk"]
-    cold = _ratio(result, "kvtier/vllm", "load_cold").split(" ", 1)
     cells = [
         _size(result["chunk_bytes"]),
         _ratio(result, "kvtier/vllm", "store"),
         _ratio(result, "kvtier/vllm", "load_hot"),
-        " ".join([f"**{cold[0]}**", *cold[1:]]),
+        _ratio(result, "kvtier/vllm", "load_cold", bold=True),
         *([result["intervals"]["kvtier/vllm"]["load_cold"]["verdict"]] if _judged(result) else []),
         _ratio(result, "kvtier/raw", "load_cold", ""),
         *(_ratio(result, f"{name}/vllm", "load_cold") for name in extras),

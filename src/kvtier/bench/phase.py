@@ -157,15 +157,13 @@ def quiet_bytes(dirs: Iterable[str], quiet_s: float, limit_s: float) -> int:
     ran out first (a tier that never stops writing is not waited for for ever). Polls five
     times per ``quiet_s``; a directory that does not exist holds 0 bytes."""
     folders = list(dirs)
-    start = time.perf_counter()
+    start = now = time.perf_counter()
     size, since = sum(map(tree_bytes, folders)), start
-    while folders and time.perf_counter() - since < quiet_s:
-        if time.perf_counter() - start >= limit_s:
-            break
+    while folders and now - since < quiet_s and now - start < limit_s:
         time.sleep(quiet_s / 5)
-        grown = sum(map(tree_bytes, folders))
+        grown, now = sum(map(tree_bytes, folders)), time.perf_counter()
         if grown != size:
-            size, since = grown, time.perf_counter()
+            size, since = grown, now
     return size
 
 
