@@ -13,7 +13,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -27,7 +27,9 @@ from kvtier.tiers.peer.config import ServeConfig
 from kvtier.tiers.peer.tcp_transport import TcpListener, TcpTransport
 from kvtier.tiers.peer.tcp_wire import GREETING
 from kvtier.tiers.peer.tier import PeerTier
-from kvtier.tiers.peer.transport import MessageLimits
+from kvtier.tiers.peer.transport import Landing, MessageLimits, Transport
+from kvtier.tiers.peer.zmq_transport import ZmqTransport
+from kvtier.tiers.shared import codec
 from tests.conftest import (
     collect,
     holds,
@@ -109,10 +111,12 @@ def test_an_unknown_transport_is_a_config_error(value):
 class Pair:
     """A listener and a client channel of two transports on this thread."""
 
-    def __init__(self, limits: MessageLimits = LIMITS) -> None:
-        self.server, self.client = TcpTransport(), TcpTransport()
-        self.listener = self.server.listen("127.0.0.1", 0, limits)
-        self.channel = self.client.connect("127.0.0.1", self.listener.port, limits)
+    def __init__(
+        self, limits: MessageLimits = LIMITS, transport: Callable[[], Transport] = TcpTransport
+    ) -> None:
+        self.server, self.client = transport(), transport()
+        self.listener, port = on_a_free_port(lambda p: self.server.listen("127.0.0.1", p, limits))
+        self.channel = self.client.connect("127.0.0.1", port, limits)
 
     def turn(self) -> None:
         self.client.wait(0.005)
@@ -169,6 +173,33 @@ def test_a_frame_lands_in_the_buffer_place_gives_and_one_too_long_comes_back_emp
     assert len(frames[2]) == 0 and bytes(short) == bytes(299)
     assert bytes(frames[3]) == b"tail"
     assert asked[0] == (1, [b"m"]) and [i for i, _ in asked] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("transport", [TcpTransport, ZmqTransport])
+def test_a_checksummed_landing_holds_every_byte_and_its_checksum(transport):
+    """A payload landing with a checksum (``feed`` over TCP, ``copy_in`` over ZeroMQ): its bytes
+    in the buffer and the checksum of exactly those; one byte too long: empty, buffer untouched,
+    nothing folded, and the frame after it whole."""
+    pair = Pair(LIMITS, transport)
+    try:
+        peer, payload = _connected(pair), os.urandom(900)
+        buffers, fillings = {1: bytearray(900), 2: bytearray(899)}, {}
+
+        def place(index, frames):
+            if index not in buffers:
+                return None
+            filling = fillings[index] = codec.filling(memoryview(buffers[index]))
+            return Landing(memoryview(buffers[index]), filling.feed, filling.copy_in)
+
+        pair.listener.send(peer, [b"m", payload, payload, b"tail"])
+        frames = pair.reply(place)
+        assert bytes(frames[1]) == payload and frames[1].obj is buffers[1]
+        assert fillings[1].digest(900) == codec.checksum(payload)
+        assert len(frames[2]) == 0 and bytes(buffers[2]) == bytes(899)
+        assert fillings[2].digest(899) == codec.checksum(bytes(899))
+        assert bytes(frames[3]) == b"tail"
+    finally:
+        pair.close()
 
 
 def test_a_receipt_is_done_only_once_the_kernel_has_every_byte(pair):

@@ -7,12 +7,15 @@ the last partial stripe) and on random contents.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+import types
 
 import pytest
 import xxhash
 
+import kvtier.tiers.shared
 from kvtier.tiers.shared import codec
 
 _checksum = pytest.importorskip("kvtier.tiers.shared._checksum")
@@ -107,3 +110,61 @@ def test_copy_digest_refuses_overlapping_views():
     assert _checksum.copy_digest(buffer[2048:], buffer[:2048]) == xxhash.xxh3_128_digest(
         buffer[:2048]
     )
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("length", [0, 100, 241, 1024, 1025, 300_000, (3 << 20) + 7])
+def test_copy_in_lands_pieces_held_elsewhere_and_folds_them(
+    compiled: bool, length: int, monkeypatch: pytest.MonkeyPatch
+):
+    if not compiled:
+        monkeypatch.setattr(codec, "_checksum", None)
+    source = os.urandom(length)
+    target = bytearray(length + 64)  # room left over: only the prefix filled is hashed
+    filling = codec.filling(memoryview(target))
+    done, step = 0, 1
+    while done < length:  # copied in, or written in place and fed, in turn
+        piece = min(length - done, step)
+        if step % 2:
+            filling.copy_in(memoryview(source)[done : done + piece])
+        else:
+            target[done : done + piece] = source[done : done + piece]
+            filling.feed(done + piece)
+        done += piece
+        step = step * 5 + 2
+    assert bytes(target[:length]) == source
+    assert filling.digest(length) == xxhash.xxh3_128_digest(source)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_copy_in_refuses_what_does_not_fit(compiled: bool, monkeypatch: pytest.MonkeyPatch):
+    if not compiled:
+        monkeypatch.setattr(codec, "_checksum", None)
+    target = bytearray(4096)
+    filling = codec.filling(memoryview(target))
+    filling.copy_in(b"a" * 4000)
+    with pytest.raises(ValueError, match="do not fit"):
+        filling.copy_in(b"b" * 97)
+    filling.copy_in(b"c" * 96)  # the refused piece left the mark where it was
+    assert bytes(target) == b"a" * 4000 + b"c" * 96
+    assert filling.digest(4096) == xxhash.xxh3_128_digest(bytes(target))
+
+
+def test_copy_in_refuses_overlap():
+    buffer = memoryview(bytearray(os.urandom(8192)))
+    filling = _checksum.Filling(buffer[4096:])
+    with pytest.raises(ValueError, match="overlap"):
+        filling.copy_in(buffer[4000:4200])
+
+
+@pytest.mark.parametrize("abi", [1, codec.CHECKSUM_ABI])
+def test_a_checksum_module_of_another_build_is_not_used(abi: int, monkeypatch: pytest.MonkeyPatch):
+    """A ``_checksum`` left from an older build (no ``copy_in``) must not be called."""
+    build = types.SimpleNamespace(ABI=abi)
+    monkeypatch.setattr(kvtier.tiers.shared, "_checksum", build)
+    spec = importlib.util.spec_from_file_location("codec_again", codec.__file__)
+    assert spec is not None and spec.loader is not None
+    fresh = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "codec_again", fresh)  # its dataclasses look it up
+    spec.loader.exec_module(fresh)
+    assert fresh.COMPILED_CHECKSUM is (abi == codec.CHECKSUM_ABI)

@@ -170,8 +170,11 @@ class PeerLink:
             return None
         self._landed_at = index
         buffer = self._landing[found]
-        self._filling = codec.filling(buffer) if self._checksum else None
-        return Landing(buffer, self._filling.feed if self._filling is not None else None)
+        if not self._checksum:
+            self._filling = None
+            return Landing(buffer)
+        self._filling = codec.filling(buffer)
+        return Landing(buffer, self._filling.feed, self._filling.copy_in)
 
     def _checksum_landed(self, frames: Sequence[memoryview], received: int) -> None:
         """The checksum of frame ``received - 1`` if it landed (folded in as it landed)."""

@@ -54,10 +54,13 @@ Buffer = bytes | memoryview
 class Landing:
     """Where a frame lands: ``buffer``, and ``feed(filled)`` (if given), called each time more
     of the frame has landed (``buffer[:filled]``), so that a streaming checksum takes each piece
-    while it is still in the CPU cache."""
+    while it is still in the CPU cache. A transport that receives the frame whole into memory
+    of its own calls ``copy_in(frame)`` instead, where given: the copy into ``buffer`` and the
+    checksum in one pass (a copy, then a checksum of ``buffer``, reads the frame twice)."""
 
     buffer: memoryview
     feed: Callable[[int], object] | None = None
+    copy_in: Callable[[Buffer], object] | None = None
 
 
 #: ``place(i, frames)``: called before frame ``i >= 1`` of a message is received, with frames

@@ -10,7 +10,7 @@ not thread-safe), except ``wake``, which any thread may call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -63,12 +63,25 @@ class _Dealer:
     def _next_frame(self, land: Landing | None) -> memoryview:
         if land is None:
             return self._socket.recv(copy=False).buffer
+        if land.copy_in is not None:
+            return self._copied_in(land, land.copy_in)
         size = self._socket.recv_into(land.buffer)  # one copy, without the GIL
         if size > len(land.buffer):
             return land.buffer[:0]
         if land.feed is not None:
             land.feed(size)
         return land.buffer[:size]
+
+    def _copied_in(self, land: Landing, copy_in: Callable[[Buffer], object]) -> memoryview:
+        """The next frame, copied into ``land.buffer`` and checksummed in one pass, without the
+        GIL (libzmq received it whole into its own buffer). Against a copy then a checksum, in
+        alternating rounds through one tier: 1.11x [1.04, 1.12] the throughput at 8 MiB, where
+        the slot no longer sits in cache when it is hashed; 1.03x [0.97, 1.06] at 2 MiB."""
+        frame = self._socket.recv(copy=False).buffer
+        if len(frame) > len(land.buffer):
+            return land.buffer[:0]
+        copy_in(frame)
+        return land.buffer[: len(frame)]
 
     def close(self) -> None:
         self._transport.forget(self._socket)

@@ -11,7 +11,10 @@
  *                                   pieces (a network stream landing in a host slot):
  *                                   feed(filled) after each piece folds what is new while it is
  *                                   still in cache; digest(length) gives the checksum of
- *                                   buffer[:length]. One thread at a time.
+ *                                   buffer[:length]. copy_in(source) appends source at
+ *                                   the fill mark (the longest prefix fed), folding each
+ *                                   piece right after it is copied: a message that arrived
+ *                                   whole elsewhere lands in one pass. One thread at a time.
  *
  * Optional like `_fastio`: `kvtier.tiers.shared.codec` falls back to the `xxhash` package.
  */
@@ -20,7 +23,7 @@
 
 #include "xxh3.h"
 
-#define ABI_VERSION 1
+#define ABI_VERSION 2
 #define COPY_PIECE (128 * 1024) /* well inside a core's L2 */
 /* Filling.feed hashes a smaller step with the GIL held: releasing and retaking it costs more
  * than hashing a few KiB of network buffer (the obj tier feeds every received piece). */
@@ -39,17 +42,31 @@ static PyObject *checksum_digest(PyObject *self, PyObject *args)
     return PyBytes_FromStringAndSize((const char *)out, 16);
 }
 
+/* Copy src[:n] to buf[at:at + n], folding into `run` (a hash of buf[:len]) each piece right
+ * after it is copied, while it is still in cache. */
+static void copy_folding(struct xxh3_run *run, uint8_t *buf, size_t at, const uint8_t *src,
+                         size_t n, size_t len)
+{
+    for (size_t done = 0; done < n;) {
+        size_t piece = n - done < COPY_PIECE ? n - done : COPY_PIECE;
+        memcpy(buf + at + done, src + done, piece);
+        done += piece;
+        xxh3_run_feed(run, buf, at + done, len);
+    }
+}
+
 static void copy_hashing(uint8_t *dst, const uint8_t *src, size_t len, uint8_t out[16])
 {
     struct xxh3_run run;
     xxh3_run_init(&run);
-    for (size_t done = 0; done < len;) {
-        size_t piece = len - done < COPY_PIECE ? len - done : COPY_PIECE;
-        memcpy(dst + done, src + done, piece);
-        done += piece;
-        xxh3_run_feed(&run, dst, done, len);
-    }
+    copy_folding(&run, dst, 0, src, len, len);
     xxh3_run_finish(&run, dst, len, out);
+}
+
+/* Whether n bytes at a and b overlap. */
+static int overlap(const char *a, const char *b, Py_ssize_t n)
+{
+    return a < b + n && b < a + n;
 }
 
 static PyObject *checksum_copy_digest(PyObject *self, PyObject *args)
@@ -58,8 +75,7 @@ static PyObject *checksum_copy_digest(PyObject *self, PyObject *args)
     uint8_t out[16];
     if (!PyArg_ParseTuple(args, "w*y*", &dst, &src))
         return NULL;
-    const char *d = dst.buf, *s = src.buf;
-    if (dst.len < src.len || (d < s + src.len && s < d + src.len)) {
+    if (dst.len < src.len || overlap(dst.buf, src.buf, src.len)) {
         PyBuffer_Release(&dst);
         PyBuffer_Release(&src);
         if (dst.len < src.len)
@@ -125,6 +141,36 @@ static PyObject *filling_feed(Filling *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* Copy a buffer into target at the fill mark, folding it in as it is copied (copy_folding);
+ * the mark moves past it. ValueError when it does not fit or overlaps the target. */
+static PyObject *filling_copy_in(Filling *self, PyObject *arg)
+{
+    Py_buffer src;
+    if (!self->target.obj)
+        return PyErr_Format(PyExc_ValueError, "Filling.copy_in: not initialised");
+    if (PyObject_GetBuffer(arg, &src, PyBUF_SIMPLE) < 0)
+        return NULL;
+    size_t room = (size_t)self->target.len - self->fed;
+    uint8_t *at = (uint8_t *)self->target.buf + self->fed;
+    if ((size_t)src.len > room || overlap((const char *)at, src.buf, src.len)) {
+        PyErr_Format(PyExc_ValueError, "Filling.copy_in: %zd bytes do not fit in %zu, or overlap",
+                     src.len, room);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    size_t n = (size_t)src.len;
+    if (n >= FEED_UNLOCKED_FROM) {
+        Py_BEGIN_ALLOW_THREADS
+        copy_folding(&self->run, self->target.buf, self->fed, src.buf, n, self->target.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        copy_folding(&self->run, self->target.buf, self->fed, src.buf, n, self->target.len);
+    }
+    self->fed += n;
+    PyBuffer_Release(&src);
+    Py_RETURN_NONE;
+}
+
 /* The checksum of target[:length]: what was folded when length is the whole buffer, else a
  * fresh pass over the prefix (a short object: it fails its length check anyway). */
 static PyObject *filling_digest(Filling *self, PyObject *arg)
@@ -148,6 +194,8 @@ static PyObject *filling_digest(Filling *self, PyObject *arg)
 
 static PyMethodDef filling_methods[] = {
     {"feed", (PyCFunction)filling_feed, METH_O, "Fold buffer[:filled] (whole blocks) in."},
+    {"copy_in", (PyCFunction)filling_copy_in, METH_O,
+     "Copy a buffer in at the fill mark, folding it in as it is copied."},
     {"digest", (PyCFunction)filling_digest, METH_O, "XXH3-128 of buffer[:length]."},
     {NULL, NULL, 0, NULL},
 };

@@ -55,6 +55,11 @@ try:  # the compiled XXH3-128 (``xxh3.h``): the GIL released, and copy and hash 
     from kvtier.tiers.shared import _checksum
 except ImportError:  # not built (no compiler at install, not Linux): the xxhash package
     _checksum = None
+#: The calling convention used here; a module built from another ``_checksum.c`` (a stale
+#: build in a working tree) is not used.
+CHECKSUM_ABI = 2
+if _checksum is not None and getattr(_checksum, "ABI", 1) != CHECKSUM_ABI:
+    _checksum = None
 
 #: Whether ``checksum`` and ``copy_checksum`` run compiled (same values either way).
 COMPILED_CHECKSUM = _checksum is not None
@@ -127,10 +132,17 @@ class _SecondPass:
     """``filling``'s stand-in where the checksum is not compiled: one pass at the end."""
 
     def __init__(self, target: memoryview) -> None:
-        self._target = target
+        self._target, self._filled = target, 0
 
     def feed(self, filled: int) -> None:
-        pass
+        self._filled = max(self._filled, filled)
+
+    def copy_in(self, source: bytes | bytearray | memoryview) -> None:
+        end = self._filled + len(source)
+        if end > len(self._target):
+            raise ValueError(f"copy_in: {len(source)} bytes do not fit")
+        self._target[self._filled : end] = source
+        self._filled = end
 
     def digest(self, length: int) -> bytes:
         return checksum(self._target[:length])
@@ -138,9 +150,12 @@ class _SecondPass:
 
 def filling(target: memoryview) -> Any:
     """The checksum of ``target`` as it fills from its start in pieces (a stream landing in a
-    host slot): call ``feed(filled)`` after each piece, while it is still in CPU cache, then
-    ``digest(length)`` for ``checksum(target[:length])``. Compiled, each whole block is hashed
-    once, as it arrives; else ``digest`` hashes the prefix then. For one thread at a time."""
+    host slot): call ``feed(filled)`` after each piece, while it is still in CPU cache, or
+    ``copy_in(source)`` to copy a piece held elsewhere in at the fill mark (the longest prefix
+    fed), then ``digest(length)`` for ``checksum(target[:length])``. Compiled, each whole block
+    is hashed once, as it arrives (``copy_in``: right after its copy, one pass over memory);
+    else ``digest`` hashes the prefix then. ``copy_in`` raises ``ValueError`` when the piece
+    does not fit. For one thread at a time."""
     return _SecondPass(target) if _checksum is None else _checksum.Filling(target)
 
 
