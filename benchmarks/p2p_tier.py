@@ -40,6 +40,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -181,7 +182,7 @@ def tier_round(tier: PeerTier, n: int, job_id: int) -> float:
 
 
 def raw_dealer(context: zmq.Context[Any], port: int, keys: Keys) -> zmq.Socket[bytes]:
-    dealer = context.socket(zmq.DEALER)
+    dealer: zmq.Socket[bytes] = context.socket(zmq.DEALER)
     if keys:
         secret = read_key(keys["client_secret"], "client secret")
         dealer.curve_secretkey, dealer.curve_publickey = secret, zmq.curve_public(secret)
@@ -236,7 +237,7 @@ def measure(
         "raw_into_slots": lambda round_: raw_round(dealer, chunk_bytes, n, slots),
     }
     for transport, tier in zip(transports, tiers, strict=True):
-        sides[TIER_SIDE[transport]] = lambda round_, tier=tier: tier_round(tier, n, round_)
+        sides[TIER_SIDE[transport]] = partial(tier_round, tier, n)
     names = list(sides)
     rounds: list[dict[str, float]] = []
     try:

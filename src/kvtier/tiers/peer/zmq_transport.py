@@ -75,8 +75,9 @@ class _Dealer:
     def _copied_in(self, land: Landing, copy_in: Callable[[Buffer], object]) -> memoryview:
         """The next frame, copied into ``land.buffer`` and checksummed in one pass, without the
         GIL (libzmq received it whole into its own buffer). Against a copy then a checksum, in
-        alternating rounds through one tier: 1.11x [1.04, 1.12] the throughput at 8 MiB, where
-        the slot no longer sits in cache when it is hashed; 1.03x [0.97, 1.06] at 2 MiB."""
+        alternating rounds through one tier: 1.085x [1.065, 1.124] the throughput at 8 MiB,
+        where the slot no longer sits in cache when it is hashed; no difference shown at 2 MiB
+        (``benchmarks/payload_passes.py``)."""
         frame = self._socket.recv(copy=False).buffer
         if len(frame) > len(land.buffer):
             return land.buffer[:0]
