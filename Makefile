@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml setup.py src/kvtier/tiers/fs/_fastio.c src/kvtier/tiers
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
-	$(BIN)/mypy --strict src
+	$(BIN)/mypy --strict src benchmarks
 
 test: lint
 	KVTIER_VLLM_CACHE=$(VLLM_CACHE) KVTIER_SGLANG_CACHE=$(SGLANG_CACHE) $(BIN)/pytest

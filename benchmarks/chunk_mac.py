@@ -158,7 +158,7 @@ def fs_round(files: ChunkFiles, region: HostRegion, keys: list[ChunkKey]) -> dic
     """Store, hot load and cold load of every slot, one thread; per-chunk timings."""
     slots = range(len(keys))
 
-    def each(fn: Callable[[ChunkKey, HostRegion, int], int]) -> Timing:
+    def each(fn: Callable[[ChunkKey, HostRegion, int], object]) -> Timing:
         pairs = iter(list(zip(keys, slots, strict=True)))
         return per_call(len(keys), lambda: fn(*_with_region(next(pairs), region)))
 
@@ -220,7 +220,7 @@ def main() -> None:
 
 
 def machine() -> dict[str, Any]:
-    versions = {}
+    versions: dict[str, str | None] = {}
     for package in ("cryptography", "xxhash", "blake3"):
         try:
             versions[package] = metadata.version(package)

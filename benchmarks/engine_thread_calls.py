@@ -19,7 +19,7 @@ import json
 import os
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ ENTRY_POINTS = (
 )  # fmt: skip
 
 
-def clocked(cls: type, name: str, calls: Counter[str], cpu: Counter[str]) -> None:
+def clocked(cls: type, name: str, calls: Counter[str], cpu: defaultdict[str, float]) -> None:
     """Wrap ``cls.name`` so each call adds its thread CPU to ``cpu`` under ``Class.name``."""
     fn, label = getattr(cls, name), f"{cls.__name__}.{name}"
 
@@ -61,7 +61,7 @@ def run(conversations: int, seed: int, root: Path) -> dict[str, Any]:
     strategy = Strategy("host+fs", caps["device_chunks"], TieringConfig.from_dict(config))
     spec = bench.options.spec(conversations, bench.vocab_size)
     calls: Counter[str] = Counter()
-    cpu: Counter[str] = Counter()
+    cpu: defaultdict[str, float] = defaultdict(float)
     for name in ENTRY_POINTS:
         clocked(TieringManager, name, calls, cpu)
     clocked(promotion.Promoter, "prefetch", calls, cpu)

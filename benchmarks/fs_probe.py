@@ -32,6 +32,7 @@ from fs_vs_vllm import report
 
 from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager, chunk_keys
 from kvtier.tiers.base import RETRY
+from kvtier.tiers.fs.tier import FilesystemTier
 
 SIDES = ("inline", "background")
 
@@ -42,7 +43,8 @@ def manager(root: Path, probe: str, identity: CacheIdentity, held: int) -> Tieri
     slots = 2 * held + 8
     config = TieringConfig.from_dict({"cpu_bytes_to_use": slots * stride, "secondary_tiers": [fs]})
     m = TieringManager(config, identity)
-    assert m.tiers[0].wait_scanned(30)
+    tier = m.tiers[0]
+    assert isinstance(tier, FilesystemTier) and tier.wait_scanned(30)
     return m
 
 

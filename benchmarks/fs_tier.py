@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -98,7 +99,7 @@ def raw_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> l
 
 def tier_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> list[Timing]:
     """[store, load] timings through a FilesystemTier, one job per thread."""
-    mode = "on" if direct else "off"
+    mode: Literal["on", "off"] = "on" if direct else "off"
     config = FsTierConfig(
         str(root), n_read_threads=n_threads, n_write_threads=n_threads, o_direct=mode
     )
@@ -118,7 +119,7 @@ def tier_round(region: HostRegion, root: Path, n_threads: int, direct: bool) -> 
         tier.close()
 
 
-def run_jobs(tier: FilesystemTier, jobs: list, submit: Callable[[TransferJob], None]) -> None:
+def run_jobs(tier: FilesystemTier, jobs: list[Any], submit: Callable[[TransferJob], None]) -> None:
     for job_id, (keys, slots) in enumerate(jobs):
         submit(TransferJob(job_id, keys, slots))
     pending = len(jobs)

@@ -57,6 +57,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -210,8 +211,9 @@ class VllmSide(Side):
 def _whole(region: HostRegion) -> memoryview:
     """The region as a 2-D byte view, one row per slot (vLLM reads the block size off its
     stride)."""
-    flat = np.frombuffer(region.aligned_view(0).obj, dtype=np.uint8)[: region.nbytes]
-    return memoryview(flat.reshape(region.num_slots, region.stride))
+    whole: Any = region.aligned_view(0).obj  # the region's whole buffer
+    flat = np.frombuffer(whole, dtype=np.uint8)[: region.nbytes]
+    return flat.reshape(region.num_slots, region.stride).data
 
 
 def _vllm_spec() -> SimpleNamespace:
@@ -244,9 +246,12 @@ class RawSide(Side):
 
     def _each(self, work: Callable[[int], None]) -> None:
         n, t = self._region.num_slots, self._threads
-        threads = [
-            threading.Thread(target=lambda f=f: [work(i) for i in range(f, n, t)]) for f in range(t)
-        ]
+
+        def every(first: int) -> None:
+            for i in range(first, n, t):
+                work(i)
+
+        threads = [threading.Thread(target=every, args=(f,)) for f in range(t)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -360,7 +365,7 @@ def measure(size: int, args: argparse.Namespace, roots: list[Path]) -> dict[str,
             k: int(v) if v.isdigit() else v
             for k, v in (item.split("=", 1) for item in spec.split(","))
         }
-        sides[f"kvtier[{spec}]"] = lambda root, e=extra: KvtierSide("kvtier", region, root, args, e)
+        sides[f"kvtier[{spec}]"] = partial(KvtierSide, "kvtier", region, args=args, extra=extra)
     if args.baseline_pkg:
         sides[args.baseline_pkg] = lambda root: KvtierSide(
             args.baseline_pkg, region, root, args, {}
@@ -451,6 +456,8 @@ def main() -> None:
     parser.add_argument("--extra-kvtier", action="append", default=[])
     parser.add_argument("--baseline-pkg", default=None)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds: 1 or more (6 or more for an interval)")
     args.cache_drop = "none"
     load_before = [round(x, 2) for x in os.getloadavg()]
     roots: list[Path] = []

@@ -30,10 +30,9 @@ from typing import Any
 from unittest import mock
 
 import obstore
+from obj_tier import start_server  # beside this script
 from obstore.store import S3Store
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.obj_tier import start_server
 from kvtier import CacheIdentity, KVLayout
 from kvtier.config import ObjTierConfig
 from kvtier.region import HostRegion

@@ -139,8 +139,8 @@ def plan_cases(args: argparse.Namespace, root: Path) -> dict[str, object]:
     mix, huge, tiny = root / "mix.jsonl", root / "huge.jsonl", root / "tiny.jsonl"
     synth_trace(mix, args.trace_mb * 10**6)
     huge_trace(huge, args.huge_mb * MiB)
-    with open(tiny, "wb") as out:
-        write(SynthSpec(requests=100), out)
+    with open(tiny, "wb") as stream:
+        write(SynthSpec(requests=100), stream)
     src, out = ROOT / "src", root / "out"
     runs: dict[str, object] = {
         "baseline": plan(tiny, src, None, out),
@@ -195,7 +195,11 @@ def events_cases(args: argparse.Namespace, root: Path) -> dict[str, object]:
     chain_capture(chain)
     shared_capture(shared)
     tight = ["--memory-budget", "64MiB", "--max-output-bytes", "32MiB"]
-    todo = {"chain": (chain, []), "chain_tight": (chain, tight), "shared": (shared, [])}
+    todo: dict[str, tuple[Path, list[str] | None]] = {
+        "chain": (chain, []),
+        "chain_tight": (chain, tight),
+        "shared": (shared, []),
+    }
     todo |= {f"shared_{b}": (shared, ["--memory-budget", b]) for b in ("256MiB", "64MiB")}
     if args.baseline_src:
         todo |= {"chain_before": (chain, None), "shared_before": (shared, None)}
