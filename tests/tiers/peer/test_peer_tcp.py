@@ -202,6 +202,24 @@ def test_a_checksummed_landing_holds_every_byte_and_its_checksum(transport):
         pair.close()
 
 
+@pytest.mark.parametrize("transport", [TcpTransport, ZmqTransport])
+def test_a_payload_that_fills_its_slot_exactly_lands_with_its_checksum(transport):
+    """A 1 MiB payload into a 1 MiB buffer: the checksum folded as it landed (over ZeroMQ, by
+    ``copy_in`` without the GIL) is the payload's."""
+    size = (1 << 20) + 7
+    pair = Pair(MessageLimits(size, 4, 2 * size), transport)
+    try:
+        peer, payload, slot = _connected(pair), os.urandom(size), bytearray(size)
+        filling = codec.filling(memoryview(slot))
+        land = Landing(memoryview(slot), filling.feed, filling.copy_in)
+        pair.listener.send(peer, [b"m", payload])
+        frames = pair.reply(lambda index, frames: land if index == 1 else None)
+        assert frames[1].obj is slot and bytes(slot) == payload
+        assert filling.digest(size) == codec.checksum(payload)
+    finally:
+        pair.close()
+
+
 def test_a_receipt_is_done_only_once_the_kernel_has_every_byte(pair):
     peer = _connected(pair)
     payload = bytearray(64 << 20)

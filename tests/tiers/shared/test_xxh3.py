@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 import types
 
 import pytest
@@ -113,14 +114,16 @@ def test_copy_digest_refuses_overlapping_views():
 
 
 @pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("slack", [0, 64])
 @pytest.mark.parametrize("length", [0, 100, 241, 1024, 1025, 300_000, (3 << 20) + 7])
 def test_copy_in_lands_pieces_held_elsewhere_and_folds_them(
-    compiled: bool, length: int, monkeypatch: pytest.MonkeyPatch
+    compiled: bool, slack: int, length: int, monkeypatch: pytest.MonkeyPatch
 ):
+    """Exactly filled (the digest is what was folded) or with room left (a fresh pass)."""
     if not compiled:
         monkeypatch.setattr(codec, "_checksum", None)
     source = os.urandom(length)
-    target = bytearray(length + 64)  # room left over: only the prefix filled is hashed
+    target = bytearray(length + slack)
     filling = codec.filling(memoryview(target))
     done, step = 0, 1
     while done < length:  # copied in, or written in place and fed, in turn
@@ -168,3 +171,47 @@ def test_a_checksum_module_of_another_build_is_not_used(abi: int, monkeypatch: p
     monkeypatch.setitem(sys.modules, "codec_again", fresh)  # its dataclasses look it up
     spec.loader.exec_module(fresh)
     assert fresh.COMPILED_CHECKSUM is (abi == codec.CHECKSUM_ABI)
+
+
+@pytest.mark.parametrize("length", [(128 << 10) - 1, 128 << 10, (1 << 20) + 7, 8 << 20])
+def test_one_copy_in_of_a_whole_payload_is_its_checksum(length: int):
+    """One frame filling its slot exactly, as the peer tier lands it: below and above the size
+    from which the copy runs without the GIL."""
+    source, target = os.urandom(length), bytearray(length)
+    filling = _checksum.Filling(target)
+    filling.copy_in(source)
+    assert target == source and filling.digest(length) == xxhash.xxh3_128_digest(source)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_copy_in_refuses_a_read_only_target(compiled: bool, monkeypatch: pytest.MonkeyPatch):
+    if not compiled:
+        monkeypatch.setattr(codec, "_checksum", None)
+    target = bytes(64)
+    filling = codec.filling(memoryview(target))
+    with pytest.raises(ValueError, match="read-only"):
+        filling.copy_in(b"x" * 8)
+    assert target == bytes(64)
+
+
+def test_a_filling_in_use_by_another_thread_refuses_calls():
+    """While one thread copies in without the GIL, another thread's calls raise instead of
+    folding into the same state or copying to the same place; the copy is unharmed."""
+    source, target = os.urandom(64 << 20), bytearray(64 << 20)
+    filling = _checksum.Filling(target)
+    copier = threading.Thread(target=filling.copy_in, args=(source,))
+    refused = []
+    copier.start()
+    while copier.is_alive() and not refused:
+        for call in (
+            lambda: filling.copy_in(b""),
+            lambda: filling.feed(0),
+            lambda: filling.digest(0),
+        ):
+            try:
+                call()
+            except RuntimeError as exc:
+                refused.append(str(exc))
+    copier.join()
+    assert refused and "in use by another thread" in refused[0]
+    assert target == source and filling.digest(len(target)) == xxhash.xxh3_128_digest(source)

@@ -55,8 +55,10 @@ class Landing:
     """Where a frame lands: ``buffer``, and ``feed(filled)`` (if given), called each time more
     of the frame has landed (``buffer[:filled]``), so that a streaming checksum takes each piece
     while it is still in the CPU cache. A transport that receives the frame whole into memory
-    of its own calls ``copy_in(frame)`` instead, where given: the copy into ``buffer`` and the
-    checksum in one pass (a copy, then a checksum of ``buffer``, reads the frame twice)."""
+    of its own calls ``copy_in(frame)`` instead, where given: it copies the frame to the start
+    of ``buffer`` and takes the checksum in the same pass (a copy, then a checksum of
+    ``buffer``, reads the frame twice); a ``ValueError`` from it refuses the frame, which then
+    comes back empty, as one too long for ``buffer`` does."""
 
     buffer: memoryview
     feed: Callable[[int], object] | None = None

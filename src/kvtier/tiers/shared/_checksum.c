@@ -14,7 +14,9 @@
  *                                   buffer[:length]. copy_in(source) appends source at
  *                                   the fill mark (the longest prefix fed), folding each
  *                                   piece right after it is copied: a message that arrived
- *                                   whole elsewhere lands in one pass. One thread at a time.
+ *                                   whole elsewhere lands in one pass. One thread at a time:
+ *                                   a call while another thread is in one (without the GIL)
+ *                                   raises RuntimeError.
  *
  * Optional like `_fastio`: `kvtier.tiers.shared.codec` falls back to the `xxhash` package.
  */
@@ -96,7 +98,18 @@ typedef struct {
     Py_buffer target;
     struct xxh3_run run;
     size_t fed; /* the longest prefix fed so far */
+    int busy;   /* a call released the GIL while it folds or copies: no other may start */
 } Filling;
+
+/* 0 while no call of this Filling runs without the GIL, else -1 with RuntimeError: a second
+ * thread would fold into the same state, or copy to where the first one is copying. */
+static int filling_idle(const Filling *self, const char *call)
+{
+    if (!self->busy)
+        return 0;
+    PyErr_Format(PyExc_RuntimeError, "Filling.%s: in use by another thread", call);
+    return -1;
+}
 
 static int filling_init(Filling *self, PyObject *args, PyObject *kwargs)
 {
@@ -127,12 +140,16 @@ static PyObject *filling_feed(Filling *self, PyObject *arg)
         return NULL;
     if (!self->target.obj || filled < 0 || filled > self->target.len)
         return PyErr_Format(PyExc_ValueError, "Filling.feed: %zd is outside the buffer", filled);
+    if (filling_idle(self, "feed") < 0)
+        return NULL;
     const uint8_t *buf = self->target.buf;
     size_t len = (size_t)self->target.len;
     if ((size_t)filled - (self->fed < (size_t)filled ? self->fed : (size_t)filled) >= FEED_UNLOCKED_FROM) {
+        self->busy = 1;
         Py_BEGIN_ALLOW_THREADS
         xxh3_run_feed(&self->run, buf, (size_t)filled, len);
         Py_END_ALLOW_THREADS
+        self->busy = 0;
     } else {
         xxh3_run_feed(&self->run, buf, (size_t)filled, len);
     }
@@ -141,32 +158,47 @@ static PyObject *filling_feed(Filling *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* Why `src` may not be copied in at target[at:]: NULL when it may. */
+static const char *copy_refusal(const Filling *self, size_t at, const Py_buffer *src)
+{
+    size_t room = (size_t)self->target.len - at;
+    if (self->target.readonly)
+        return "the target is read-only";
+    if ((size_t)src->len > room)
+        return "the bytes do not fit";
+    if (overlap((const char *)self->target.buf + at, src->buf, src->len))
+        return "the source overlaps the target";
+    return NULL;
+}
+
 /* Copy a buffer into target at the fill mark, folding it in as it is copied (copy_folding);
- * the mark moves past it. ValueError when it does not fit or overlaps the target. */
+ * the mark moves past it. ValueError when it does not fit, overlaps the target or the target
+ * is read-only; RuntimeError while another thread is in a call of this Filling. */
 static PyObject *filling_copy_in(Filling *self, PyObject *arg)
 {
     Py_buffer src;
     if (!self->target.obj)
         return PyErr_Format(PyExc_ValueError, "Filling.copy_in: not initialised");
-    if (PyObject_GetBuffer(arg, &src, PyBUF_SIMPLE) < 0)
+    if (filling_idle(self, "copy_in") < 0 || PyObject_GetBuffer(arg, &src, PyBUF_SIMPLE) < 0)
         return NULL;
-    size_t room = (size_t)self->target.len - self->fed;
-    uint8_t *at = (uint8_t *)self->target.buf + self->fed;
-    if ((size_t)src.len > room || overlap((const char *)at, src.buf, src.len)) {
-        PyErr_Format(PyExc_ValueError, "Filling.copy_in: %zd bytes do not fit in %zu, or overlap",
-                     src.len, room);
+    size_t at = self->fed, n = (size_t)src.len;
+    const char *refusal = copy_refusal(self, at, &src);
+    if (refusal != NULL) {
+        PyErr_Format(PyExc_ValueError, "Filling.copy_in: %s (%zd bytes at %zu of %zd)", refusal,
+                     src.len, at, self->target.len);
         PyBuffer_Release(&src);
         return NULL;
     }
-    size_t n = (size_t)src.len;
+    self->fed = at + n;
     if (n >= FEED_UNLOCKED_FROM) {
+        self->busy = 1;
         Py_BEGIN_ALLOW_THREADS
-        copy_folding(&self->run, self->target.buf, self->fed, src.buf, n, self->target.len);
+        copy_folding(&self->run, self->target.buf, at, src.buf, n, self->target.len);
         Py_END_ALLOW_THREADS
+        self->busy = 0;
     } else {
-        copy_folding(&self->run, self->target.buf, self->fed, src.buf, n, self->target.len);
+        copy_folding(&self->run, self->target.buf, at, src.buf, n, self->target.len);
     }
-    self->fed += n;
     PyBuffer_Release(&src);
     Py_RETURN_NONE;
 }
@@ -180,15 +212,19 @@ static PyObject *filling_digest(Filling *self, PyObject *arg)
         return NULL;
     if (!self->target.obj || length < 0 || length > self->target.len)
         return PyErr_Format(PyExc_ValueError, "Filling.digest: %zd is outside the buffer", length);
+    if (filling_idle(self, "digest") < 0)
+        return NULL;
     uint8_t out[16];
     const uint8_t *buf = self->target.buf;
     struct xxh3_run run = self->run; /* finishing changes the state: digest twice, same answer */
+    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     if (length == self->target.len)
         xxh3_run_finish(&run, buf, (size_t)length, out);
     else
         xxh3_128(buf, (size_t)length, out);
     Py_END_ALLOW_THREADS
+    self->busy = 0;
     return PyBytes_FromStringAndSize((const char *)out, 16);
 }
 

@@ -135,13 +135,18 @@ class _SecondPass:
         self._target, self._filled = target, 0
 
     def feed(self, filled: int) -> None:
+        if not 0 <= filled <= len(self._target):
+            raise ValueError(f"Filling.feed: {filled} is outside the buffer")
         self._filled = max(self._filled, filled)
 
     def copy_in(self, source: bytes | bytearray | memoryview) -> None:
-        end = self._filled + len(source)
+        piece = memoryview(source).cast("B")  # bytes, as the compiled copy counts them
+        end = self._filled + len(piece)
+        if self._target.readonly:
+            raise ValueError("Filling.copy_in: the target is read-only")
         if end > len(self._target):
-            raise ValueError(f"copy_in: {len(source)} bytes do not fit")
-        self._target[self._filled : end] = source
+            raise ValueError(f"Filling.copy_in: the bytes do not fit ({len(piece)} bytes)")
+        self._target[self._filled : end] = piece
         self._filled = end
 
     def digest(self, length: int) -> bytes:
@@ -155,7 +160,8 @@ def filling(target: memoryview) -> Any:
     fed), then ``digest(length)`` for ``checksum(target[:length])``. Compiled, each whole block
     is hashed once, as it arrives (``copy_in``: right after its copy, one pass over memory);
     else ``digest`` hashes the prefix then. ``copy_in`` raises ``ValueError`` when the piece
-    does not fit. For one thread at a time."""
+    does not fit or the target is read-only. For one thread at a time (compiled, a call while
+    another thread is in one raises ``RuntimeError``)."""
     return _SecondPass(target) if _checksum is None else _checksum.Filling(target)
 
 

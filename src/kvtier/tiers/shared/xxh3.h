@@ -195,7 +195,8 @@ static inline uint64_t xxh3_64_17to128(const uint8_t *in, size_t len)
  * of memory at 28 GB/s instead of 23; in cache, no change. A prefetch never faults, so
  * reaching past the input is harmless. */
 #define XXH3_PREFETCH_AHEAD 4096
-#define XXH3_PREFETCH(p) __builtin_prefetch((const char *)(p) + XXH3_PREFETCH_AHEAD)
+#define XXH3_PREFETCH(p) \
+    __builtin_prefetch((const void *)((uintptr_t)(p) + XXH3_PREFETCH_AHEAD)) /* no UB past the end */
 
 static inline void xxh3_stripe(uint64_t acc[8], const uint8_t *stripe, size_t soff)
 {
