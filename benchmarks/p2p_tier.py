@@ -17,10 +17,12 @@ chunks in its host tier and this process loads all of them:
   plain TCP (``tier_tcp``: received straight into the slot); ``--transport`` picks.
 
 Each row runs ``--repeats`` rounds after one untimed warm-up round, the sides back to back in
-every round (which goes first rotates); it reports the median (and for raw and the tiers the
-best) round of each side, and ``ratio`` (``ratio_into_slots``; ``tcp_ratio``... for the tier
-over TCP), the median over rounds of tier / raw (raw into slots) throughput in that round,
-with its 95 % interval (``ratio_interval``...; ``kvtier.bench.verdict``).
+every round (which goes first rotates), each side loading every chunk ``--loads-per-round``
+times in a row (4: a round of one 256 MiB load lasted under 0.1 s, and the ratios of rounds
+that short spread by +-0.1 on a shared machine). It reports the median (and for raw and the
+tiers the best) round of each side, and ``ratio`` (``ratio_into_slots``; ``tcp_ratio``... for
+the tier over TCP), the median over rounds of tier / raw (raw into slots) throughput in that
+round, with its 95 % interval (``ratio_interval``...; ``kvtier.bench.verdict``).
 Before 2026-12-03 the raw server sent one 2 or 8 MiB buffer for every chunk, always in the CPU
 cache, which the tier's 256 MiB of slots never are.
 Throughput is payload bytes per second (GB = 1e9). ``load`` is the 1-minute load average at
@@ -220,10 +222,10 @@ def start_servers(chunk_bytes: int, n: int, keys: Keys, transports: list[str]) -
 
 
 def measure(
-    chunk_bytes: int, total_mib: int, repeats: int, keys: Keys, transports: list[str]
+    chunk_bytes: int, args: argparse.Namespace, keys: Keys, transports: list[str]
 ) -> dict[str, Any]:
     """One row: raw, raw into slots and the tier over each of ``transports``, side by side."""
-    n = max(1, (total_mib << 20) // chunk_bytes)
+    n, loads = max(1, (args.total_mib << 20) // chunk_bytes), args.loads_per_round
     servers = start_servers(chunk_bytes, n, keys, transports)
     tiers = [
         peer_tier(chunk_bytes, n, port, keys, t)
@@ -241,9 +243,10 @@ def measure(
     names = list(sides)
     rounds: list[dict[str, float]] = []
     try:
-        for round_ in range(repeats + 1):  # who goes first rotates, so none gains by it
+        for round_ in range(args.repeats + 1):  # who goes first rotates, so none gains by it
             order = names[round_ % len(names) :] + names[: round_ % len(names)]
-            rounds.append({name: sides[name](round_) for name in order})
+            ids = range(round_ * loads, (round_ + 1) * loads)  # a job id per load
+            rounds.append({name: sum(sides[name](i) for i in ids) for name in order})
     finally:
         for tier in tiers:
             tier.close()
@@ -252,7 +255,7 @@ def measure(
             here.send("stop")
             proc.join()
     row = {"chunk_mib": chunk_bytes >> 20, "curve": bool(keys), "chunks": n}
-    return row | summary(n * chunk_bytes, rounds[1:])
+    return row | summary(loads * n * chunk_bytes, rounds[1:])
 
 
 #: The JSON name of the tier side over each transport (``tier``: ZeroMQ, as before 2026-12-05).
@@ -286,6 +289,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--total-mib", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument(
+        "--loads-per-round",
+        type=int,
+        default=4,
+        help="loads of every chunk per side and round, back to back (1 before 2026-12-06)",
+    )
     parser.add_argument("--curve", choices=("off", "on", "both"), default="both")
     parser.add_argument("--transport", choices=("zmq", "tcp", "both"), default="both")
     args = parser.parse_args()
@@ -296,7 +305,7 @@ def main() -> None:
         for curve in {"off": [False], "on": [True], "both": [False, True]}[args.curve]:
             usable = [t for t in transports if not curve or t == "zmq"]  # TCP: no CURVE
             for size in sorted(BLOCKS_PER_CHUNK) if usable else []:
-                row = measure(size, args.total_mib, args.repeats, keys if curve else {}, usable)
+                row = measure(size, args, keys if curve else {}, usable)
                 rows.append(row)
     load = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     print(
