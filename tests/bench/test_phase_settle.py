@@ -3,11 +3,12 @@ strategy's phase, on a real directory written by a real thread, and never wait f
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
 
-from kvtier.bench.phase import settle_writes, tree_bytes
+from kvtier.bench.phase import quiet_bytes, settle_writes, tree_bytes
 
 
 def _writer(folder: Path, files: int, pause_s: float) -> threading.Thread:
@@ -69,3 +70,35 @@ def test_quiet_or_missing_directories_cost_the_quiet_time_only(tmp_path: Path) -
 def test_no_directories_only_sync(tmp_path: Path) -> None:
     synced: list[bool] = []
     assert settle_writes([], sync=lambda: synced.append(True)) < 0.1 and synced == [True]
+
+
+def test_odd_entries_are_neither_opened_nor_followed(tmp_path: Path) -> None:
+    """A FIFO (opening it would block), a symlink loop, a dangling link, and a link to a
+    directory elsewhere that keeps growing: counted as nothing, waited for the quiet time only."""
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    (tier / "chunk").write_bytes(b"x" * 300)
+    os.mkfifo(tier / "fifo")
+    (tier / "loop-a").symlink_to(tier / "loop-b")
+    (tier / "loop-b").symlink_to(tier / "loop-a")
+    (tier / "dangling").symlink_to(tmp_path / "nowhere")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tier / "outside").symlink_to(elsewhere, target_is_directory=True)
+    stop = threading.Event()
+
+    def grow_elsewhere() -> None:
+        with open(elsewhere / "growing", "ab") as out:
+            while not stop.wait(0.01):
+                out.write(b"y" * 100)
+                out.flush()
+
+    writer = threading.Thread(target=grow_elsewhere)
+    writer.start()
+    try:
+        start = time.perf_counter()
+        assert quiet_bytes([str(tier)], quiet_s=0.1, limit_s=10) == 300
+        assert time.perf_counter() - start < 2
+    finally:
+        stop.set()
+        writer.join()
