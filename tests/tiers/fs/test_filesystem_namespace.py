@@ -19,6 +19,7 @@ from kvtier import CacheIdentity, ChunkKey
 from kvtier.config import FsTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import MISS, TransferJob
+from kvtier.tiers.fs import namespace as namespace_module
 from kvtier.tiers.fs.tier import FilesystemTier
 from tests.conftest import collect, fill, holds, make_keys, settle_lookup
 
@@ -177,3 +178,22 @@ def test_a_namespace_removed_while_running_is_made_again(tmp_path, region, ident
     assert len(files_under(namespace)) == 2
     assert (namespace / "identity.json").is_file()
     assert load(tier, keys) == set(keys)
+
+
+@pytest.mark.parametrize("grace", [0.0, 3600.0])
+def test_a_namespace_wiped_again_and_again_holds_a_bounded_number_of_descriptors(
+    tmp_path, region, identity, tiers, monkeypatch, grace
+):
+    """Each wipe leaves the old pin open for the grace (a thread may be about to use it), then
+    closes it at the next wipe: with no grace the tier holds one old pin whatever the number of
+    wipes; with a long one, one per wipe within it. Every store after a wipe lands and loads."""
+    monkeypatch.setattr(namespace_module, "REPLACED_PIN_GRACE_S", grace)
+    tier = start(tmp_path / "cache", region, identity, tiers)
+    namespace, wipes = Path(tier.namespace), 6
+    before = len(os.listdir("/proc/self/fd"))
+    for wipe in range(wipes):
+        namespace.rename(tmp_path / f"wiped-{wipe}")
+        keys = make_keys(identity, 1, seed=wipe)
+        assert store(tier, region, keys) and load(tier, keys) == set(keys)
+    held = len(os.listdir("/proc/self/fd")) - before
+    assert held == (1 if grace == 0 else wipes)

@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 READ_ONLY_RETRY_S = 5.0
 #: Errors that say "no room, or no writes, on this filesystem" rather than "wrong root_dir".
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+#: How long the pin of a namespace that vanished stays open after its replacement: a thread
+#: that took it just before may still be about to use its descriptor. Every use checks the pin
+#: first (gone: ``ESTALE``), and a chunk read below a reused descriptor would still have to
+#: verify as its key, so the grace only keeps such a read from failing for nothing. Closed
+#: then at the next replacement, or at ``close``: a cache wiped daily for months holds one or
+#: two descriptors, not one per wipe.
+REPLACED_PIN_GRACE_S = 60.0
 
 
 def describe(identity: CacheIdentity) -> str:
@@ -87,7 +94,8 @@ class Namespace:
         self.dir_mode = dir_mode
         #: The namespace held open (``None`` while it does not exist: a full disk at start).
         self.pin: NamespacePin | None = None
-        self._replaced: list[NamespacePin] = []
+        self._replaced: list[tuple[float, NamespacePin]] = []  # (when replaced, pin)
+        self._followed = False  # only the first pin follows a link at the namespace
         self._text = describe(identity)
         self._tag = tag
         self._lock = threading.Lock()
@@ -129,7 +137,7 @@ class Namespace:
 
     def close(self) -> None:
         """Close the pinned descriptors (when no thread uses them any more)."""
-        for pin in (*self._replaced, *([self.pin] if self.pin else [])):
+        for pin in (*(p for _, p in self._replaced), *([self.pin] if self.pin else [])):
             with suppress(OSError):
                 pin.close()
         self._replaced.clear()
@@ -154,12 +162,23 @@ class Namespace:
             except NamespaceSwappedError as exc:
                 if not exc.absent:
                     raise
-            self._replaced.append(pin)
+            self._retire(pin)
             self.pin = None
         make_dirs(self.path, self.dir_mode)
         # Only the first pin follows a link at the namespace (the operator's, at start).
-        self.pin = NamespacePin.open(self.path, follow=not self._replaced)
+        self.pin = NamespacePin.open(self.path, follow=not self._followed)
+        self._followed = True
         return self.pin
+
+    def _retire(self, pin: NamespacePin) -> None:
+        """Keep ``pin`` open for ``REPLACED_PIN_GRACE_S``; close those replaced before that."""
+        now = time.monotonic()
+        for replaced_at, old in self._replaced:
+            if now - replaced_at >= REPLACED_PIN_GRACE_S:
+                with suppress(OSError):
+                    old.close()
+        self._replaced = [(t, p) for t, p in self._replaced if now - t < REPLACED_PIN_GRACE_S]
+        self._replaced.append((now, pin))
 
 
 class SpaceGuard:
