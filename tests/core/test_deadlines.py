@@ -176,6 +176,21 @@ def test_the_slo_guard_trips_a_tier_that_hangs(identity):
         wait_for(tripped, timeout=10, what="the guard switching the hung tier off")
 
 
+def test_late_stores_are_not_failed_promotions_to_the_slo_guard(identity):
+    """A tier whose writes hang past their deadline, and whose promotions are quick, is not
+    switched off for a promotion budget: a late store is not a promotion."""
+    guard = {"promotion_p99_s": SHORT, "min_samples": 1, "sustain_s": 0.05, "window_s": 60}
+    with manager(identity, 8, slo_guard=guard) as m:
+        hanging(m).hang.add("store")
+        store(m, make_keys(identity, 2, seed=5))  # written through, then held by the tier
+        time.sleep(SHORT * 2)
+        for _ in range(5):  # the guard sees the late stores, then waits out sustain_s
+            m.poll()
+            time.sleep(0.05)
+        assert m.metrics.flat()["kvtier_tier_timeouts_total{op=store,tier=hanging}"] >= 1
+        assert m.tier_states()[1] == [], "a late store tripped the promotion budget"
+
+
 @pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), 86_401, True, "5"])
 def test_a_deadline_that_is_not_a_positive_number_of_seconds_is_refused(seconds):
     from kvtier.errors import ConfigError

@@ -80,15 +80,17 @@ class TierControl:
             self.guard.observe_request(ttft_s, itl_s)
 
     def step(self) -> None:
-        """Jobs past their deadline feed the guard as failed (a hung tier breaks its budget as
-        a slow one does); then apply what the guard decides now (at every poll)."""
+        """Promotions past their deadline feed the guard as failed (a hung tier breaks its
+        budget as a slow one does; a late store is no promotion); then apply what the guard
+        decides now (at every poll)."""
         late = self._tiers.check_deadlines()
         if self.guard is None:
             return
         now = time.monotonic()
         for job in late:
-            name = self._tiers[job.tier].name
-            self.guard.observe_promotion(name, now - job.started, failed=True)
+            if job.op == "load":
+                name = self._tiers[job.tier].name
+                self.guard.observe_promotion(name, now - job.started, failed=True)
         for decision in self.guard.decide(*self._tiers.split_by_state()):
             self.switch(decision.tier, decision.enable, decision.reason)
 
