@@ -21,6 +21,15 @@ from kvtier.tiers.shared import codec
 
 _checksum = pytest.importorskip("kvtier.tiers.shared._checksum")
 
+
+@pytest.fixture(params=["compiled", "fallback"])
+def either_build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``codec``'s compiled checksum, or its pure-Python fallback (``_checksum`` missing)."""
+    if request.param == "fallback":
+        monkeypatch.setattr(codec, "_checksum", None)
+    return str(request.param)
+
+
 EDGES = [0, 1, 2, 3, 4, 8, 9, 16, 17, 32, 33, 127, 128, 129, 239, 240, 241, 1023, 1024, 1025]
 LONG = [2047, 2048, 2049, 4096 + 63, 4096 + 64, 4096 + 65, 128 * 1024 + 7, (1 << 20) + 1024]
 
@@ -113,15 +122,12 @@ def test_copy_digest_refuses_overlapping_views():
     )
 
 
-@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("slack", [0, 64])
 @pytest.mark.parametrize("length", [0, 100, 241, 1024, 1025, 300_000, (3 << 20) + 7])
 def test_copy_in_lands_pieces_held_elsewhere_and_folds_them(
-    compiled: bool, slack: int, length: int, monkeypatch: pytest.MonkeyPatch
+    either_build: str, slack: int, length: int
 ):
     """Exactly filled (the digest is what was folded) or with room left (a fresh pass)."""
-    if not compiled:
-        monkeypatch.setattr(codec, "_checksum", None)
     source = os.urandom(length)
     target = bytearray(length + slack)
     filling = codec.filling(memoryview(target))
@@ -139,10 +145,7 @@ def test_copy_in_lands_pieces_held_elsewhere_and_folds_them(
     assert filling.digest(length) == xxhash.xxh3_128_digest(source)
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_copy_in_refuses_what_does_not_fit(compiled: bool, monkeypatch: pytest.MonkeyPatch):
-    if not compiled:
-        monkeypatch.setattr(codec, "_checksum", None)
+def test_copy_in_refuses_what_does_not_fit(either_build: str):
     target = bytearray(4096)
     filling = codec.filling(memoryview(target))
     filling.copy_in(b"a" * 4000)
@@ -183,10 +186,7 @@ def test_one_copy_in_of_a_whole_payload_is_its_checksum(length: int):
     assert target == source and filling.digest(length) == xxhash.xxh3_128_digest(source)
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_copy_in_refuses_a_read_only_target(compiled: bool, monkeypatch: pytest.MonkeyPatch):
-    if not compiled:
-        monkeypatch.setattr(codec, "_checksum", None)
+def test_copy_in_refuses_a_read_only_target(either_build: str):
     target = bytes(64)
     filling = codec.filling(memoryview(target))
     with pytest.raises(ValueError, match="read-only"):
