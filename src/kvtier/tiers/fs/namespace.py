@@ -172,13 +172,14 @@ class Namespace:
 
     def _retire(self, pin: NamespacePin) -> None:
         """Keep ``pin`` open for ``REPLACED_PIN_GRACE_S``; close those replaced before that."""
-        now = time.monotonic()
+        now, kept = time.monotonic(), []
         for replaced_at, old in self._replaced:
-            if now - replaced_at >= REPLACED_PIN_GRACE_S:
+            if now - replaced_at < REPLACED_PIN_GRACE_S:
+                kept.append((replaced_at, old))
+            else:
                 with suppress(OSError):
                     old.close()
-        self._replaced = [(t, p) for t, p in self._replaced if now - t < REPLACED_PIN_GRACE_S]
-        self._replaced.append((now, pin))
+        self._replaced = [*kept, (now, pin)]
 
 
 class SpaceGuard:
