@@ -298,6 +298,8 @@ def main() -> None:
     parser.add_argument("--curve", choices=("off", "on", "both"), default="both")
     parser.add_argument("--transport", choices=("zmq", "tcp", "both"), default="both")
     args = parser.parse_args()
+    if args.repeats < 1 or args.loads_per_round < 1:
+        parser.error("--repeats and --loads-per-round: 1 or more")
     transports = ["zmq", "tcp"] if args.transport == "both" else [args.transport]
     load_start, rows = os.getloadavg()[0], []
     with tempfile.TemporaryDirectory() as folder:
