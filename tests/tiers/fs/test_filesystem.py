@@ -19,6 +19,7 @@ from kvtier.errors import ConfigError, TierError
 from kvtier.region import HostRegion
 from kvtier.tiers.base import HIT, MISS, RETRY, TransferJob
 from kvtier.tiers.fs import index as fs_index
+from kvtier.tiers.fs.files import ChunkFiles
 from kvtier.tiers.fs.scan import HOST_TAG, STALE_TMP_S
 from kvtier.tiers.fs.tier import FilesystemTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
@@ -254,6 +255,35 @@ def test_restart_with_a_smaller_bound_evicts_the_oldest_files(make_tier, region,
     tier = make_tier(max_bytes=5 * (HEADER_BYTES + region.slot_bytes))
     assert tier.wait_scanned(timeout=10)
     assert set(chunk_files(tier)) == set(keys[3:])
+
+
+def test_a_chunk_evicted_while_the_start_up_scan_runs_is_evicted_once(
+    make_tier, region, identity, monkeypatch
+):
+    """The scan lists key 0, then a store evicts it before the scan is merged: the merge
+    must not index it again (it would be deleted and counted a second time)."""
+    first_stored, scanned, second_stored = threading.Event(), threading.Event(), threading.Event()
+    scan = ChunkFiles.scan
+
+    def scan_between_the_stores(self: ChunkFiles, stop: threading.Event) -> object:
+        first_stored.wait(10)
+        result = scan(self, stop)
+        scanned.set()
+        second_stored.wait(10)
+        return result
+
+    monkeypatch.setattr(ChunkFiles, "scan", scan_between_the_stores)
+    tier = make_tier(max_bytes=HEADER_BYTES + region.slot_bytes)
+    keys = make_keys(identity, 2)
+    assert store(tier, region, keys[:1], job_id=1)
+    first_stored.set()
+    assert scanned.wait(10)
+    assert store(tier, region, keys[1:], job_id=2)
+    second_stored.set()
+    assert tier.wait_scanned(timeout=10)
+    assert (tier.stats()["evicted"], tier.take_removed()) == (1, [keys[0]])
+    assert set(chunk_files(tier)) == {keys[1]}
+    assert [settle_lookup(tier, k) for k in keys] == [MISS, HIT]
 
 
 def test_scrub_removes_only_temporary_files_of_dead_or_stale_writers(make_tier, tmp_path, identity):

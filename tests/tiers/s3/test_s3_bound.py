@@ -151,6 +151,40 @@ def test_max_bytes_must_hold_one_object(s3_server, tiers, region, identity):
     assert chunk_names(s3_server, tier) == {name_of(tier, keys[1])}
 
 
+def test_a_rebuild_beside_stores_evicts_each_chunk_once(
+    s3_server, tiers, region, identity, monkeypatch
+):
+    """The listing sees key 0, then a put evicts it before the listing is merged: the merge
+    must not index it again (it would be deleted and counted a second time)."""
+    first_stored, second_stored = threading.Event(), threading.Event()
+    run, merge_into = listing.NamespaceListing.run, listing.NamespaceListing.merge_into
+
+    def run_after_the_first(self: listing.NamespaceListing, *args: Any) -> bool:
+        first_stored.wait(SETTLE_S)
+        return run(self, *args)
+
+    def merge_after_the_second(self: listing.NamespaceListing, *args: Any) -> bool:
+        second_stored.wait(SETTLE_S)
+        return merge_into(self, *args)
+
+    monkeypatch.setattr(listing.NamespaceListing, "run", run_after_the_first)
+    monkeypatch.setattr(listing.NamespaceListing, "merge_into", merge_after_the_second)
+    tier = make(s3_server, tiers, region, identity, max_bytes=OBJECT, io_threads=1)
+    keys = make_keys(identity, 2, seed=3)
+    jobs = Jobs(tier, region)
+    jobs.store(keys[:1])
+    first_stored.set()
+    settled(tier, listing_chunks=1)
+    jobs.store(keys[1:])
+    settled(tier, evicted=1)
+    second_stored.set()
+    assert tier.wait_rebuilt(SETTLE_S)
+    tier._io.submit(lambda: None).result(SETTLE_S)  # one I/O thread: every delete has run
+    assert (tier.stats()["evicted"], tier.stats()["index_chunks"]) == (1, 1)
+    assert tier.take_removed() == [keys[0]]
+    assert chunk_names(s3_server, tier) == {name_of(tier, keys[1])}
+
+
 # -- the bound ---------------------------------------------------------------------------------
 def test_thousands_of_stores_stay_within_max_bytes(s3_server, tiers, region, identity):
     """3,000 stores under a bound of 300 objects: the bucket ends with the newest 300, every

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kvtier.errors import CapacityError
 from kvtier.keys import ChunkKey
+from kvtier.tiers.shared import chunk_index
 from kvtier.tiers.shared.chunk_index import ChunkIndex
 
 
@@ -309,3 +310,42 @@ def test_max_bytes_overrides_max_chunks_every_entry_counts_against_the_bound() -
 def test_max_chunks_below_one_is_refused(bad: int) -> None:
     with pytest.raises(ValueError, match="max_chunks"):
         ChunkIndex(None, max_chunks=bad)
+
+
+# -- a listing beside evictions -----------------------------------------------------------------
+@pytest.mark.parametrize("dropped_by", ["eviction", "discard"])
+def test_a_listing_does_not_bring_back_a_chunk_dropped_while_it_ran(dropped_by: str) -> None:
+    """The listing saw chunk 1 before it was evicted (or found gone): merged, it would be
+    evicted and deleted a second time, or announced as held while its file is gone."""
+    index = ChunkIndex(max_bytes=10 if dropped_by == "eviction" else None)
+    index.begin_listing()
+    index.add(k(1), 10)
+    if dropped_by == "eviction":
+        assert index.add(k(2), 10) == [k(1)]
+    else:
+        assert index.discard(k(1))
+    assert index.merge_cold([(k(1), 10, None)]) == []
+    assert k(1) not in index
+    index.end_listing()
+    assert index.merge_cold([(k(1), 10, None)]) == ([k(1)] if dropped_by == "eviction" else [])
+
+
+def test_without_a_listing_nothing_dropped_is_remembered() -> None:
+    """Outside begin/end a listing's merge indexes what it found (``kvtier cache gc``)."""
+    index = ChunkIndex(max_bytes=None)
+    index.add(k(1), 10)
+    index.discard(k(1))
+    index.merge_cold([(k(1), 10, None)])
+    assert k(1) in index
+
+
+def test_only_the_last_dropped_keys_are_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory of a long listing is bounded: past the limit the first dropped go."""
+    monkeypatch.setattr(chunk_index, "MAX_DROPPED_REMEMBERED", 3)
+    index = ChunkIndex(max_bytes=None)
+    index.begin_listing()
+    for i in range(1, 5):
+        index.add(k(i), 10)
+        index.discard(k(i))
+    index.merge_cold([(k(i), 10, None) for i in range(1, 5)])
+    assert [i for i in range(1, 5) if k(i) in index] == [1]

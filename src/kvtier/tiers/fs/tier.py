@@ -131,6 +131,7 @@ class FilesystemTier(PooledTier):
         self._space = SpaceGuard(self._files.directory, config.min_free_bytes)
         self._shared = open_shared_bound(config, identity, dir_mode)
         self._index = ChunkIndex(config.max_bytes, remembered_chunks(config, self._file_bytes))
+        self._index.begin_listing()  # the start-up scan runs beside the first writes
         self._misses = RecentMisses(config.negative_ttl_s)
         self._stamps = UseStamps(USE_STAMP_S)
         self._counters = Counters()
@@ -381,6 +382,7 @@ class FilesystemTier(PooledTier):
             log.warning("%s: start-up scan of %s failed: %s", self.name, self.namespace, exc)
             self._counters.add(f"scan_failed.{failure_reason(exc)}")
         finally:
+            self._index.end_listing()
             self._scanned.set()
 
     def _reserve_shared(self, nbytes: int, key: ChunkKey) -> bool:

@@ -53,6 +53,7 @@ class Upkeep:
         count: Callable[[str, int], None],
     ) -> None:
         self._bound, self._listing = bound, listing
+        bound.index.begin_listing()  # before the tier's first put, which the listing may see
         self._available, self._count = available, count
         self._stop = threading.Event()
         self.rebuilt = threading.Event()
@@ -69,7 +70,9 @@ class Upkeep:
 
     def _run(self) -> None:
         try:
-            if self._rebuild():
+            rebuilt = self._rebuild()
+            self._bound.index.end_listing()
+            if rebuilt:
                 self._sweep_until_stopped()
         except Exception:  # the thread must never die silently
             log.exception("obj tier upkeep failed; the bound is no longer kept")

@@ -22,6 +22,12 @@ writers also delete from keeps entries of files that are gone, until something l
 forgotten, a live chunk is found again by a probe. With ``max_bytes`` every entry counts
 against the bound, so nothing is forgotten (an entry dropped would escape the bound).
 
+A listing of the store runs beside writes and evictions: it may see a chunk whose delete has
+not run yet. Between ``begin_listing`` and ``end_listing`` the index remembers the keys it
+evicted or was told to discard (the last ``MAX_DROPPED_REMEMBERED``), and ``merge_cold`` skips
+them: re-indexed, such a chunk would be evicted, deleted and counted a second time, or, without
+a bound, announced as held while its file is gone.
+
 No I/O: callers delete the victims every method returns. Thread safety: every public method
 takes the instance's lock.
 """
@@ -35,6 +41,11 @@ from collections.abc import Iterable, Sequence
 
 from kvtier.errors import CapacityError
 from kvtier.keys import ChunkKey
+
+#: Keys evicted or discarded during a listing that ``merge_cold`` remembers to skip (32 bytes
+#: and a set entry each); past it the first dropped are forgotten, and a listing that saw one
+#: re-indexes it, to be evicted or found missing again.
+MAX_DROPPED_REMEMBERED = 1 << 16
 
 #: A chunk found by a listing: key, size in bytes, and its predecessor's key where known.
 Found = tuple[ChunkKey, int, "bytes | None"]
@@ -60,6 +71,7 @@ class ChunkIndex:
         self._claims: Counter[bytes] = Counter()
         self._indexed = 0
         self._reserved = 0
+        self._dropped: dict[bytes, None] | None = None  # while a listing runs, oldest first
         self._lock = threading.Lock()
 
     def __contains__(self, key: object) -> bool:
@@ -230,14 +242,28 @@ class ChunkIndex:
             if key in self._sizes:
                 self._learn_parent(key, parent)
 
+    def begin_listing(self) -> None:
+        """A listing of the store starts (call it before any write the listing could see):
+        keys evicted or discarded from now on are skipped by ``merge_cold``."""
+        with self._lock:
+            if self._dropped is None:
+                self._dropped = {}
+
+    def end_listing(self) -> None:
+        """The listing was merged (or abandoned): stop remembering dropped keys."""
+        with self._lock:
+            self._dropped = None
+
     def merge_cold(self, found: Iterable[Found]) -> list[ChunkKey]:
         """Add chunks found by a listing, given least recently used first, below every known
         key; keys already indexed keep their place. Returns the keys evicted to stay under the
         bound, in eviction order (what ``kvtier cache gc`` deletes). A key being written (a
-        listing that ran beside its put) is left to its ``commit``, as in ``add``."""
+        listing that ran beside its put) is left to its ``commit``, as in ``add``; one dropped
+        since ``begin_listing`` is left out."""
         with self._lock:
+            skip = self._dropped or {}
             for key, nbytes, parent in reversed(_prefix_order(list(found))):
-                if key not in self._sizes and key not in self._pending:
+                if key not in self._sizes and key not in self._pending and key not in skip:
                     self._insert(key, nbytes, parent)
                     self._sizes.move_to_end(key, last=False)
             self._forget_over()
@@ -246,6 +272,7 @@ class ChunkIndex:
     def discard(self, key: ChunkKey) -> bool:
         """Forget ``key`` (its chunk is gone or bad); ``False`` if it was not indexed."""
         with self._lock:
+            self._note_dropped(key)
             return self._remove(key)
 
     # -- internals (lock held) ---------------------------------------------------------------
@@ -256,6 +283,14 @@ class ChunkIndex:
         else:
             self._claims.pop(key, None)
             self._pending.pop(key, None)
+
+    def _note_dropped(self, key: bytes) -> None:
+        """Remember ``key`` for ``merge_cold`` while a listing runs."""
+        if self._dropped is None:
+            return
+        self._dropped[key] = None
+        if len(self._dropped) > MAX_DROPPED_REMEMBERED:
+            del self._dropped[next(iter(self._dropped))]
 
     def _insert(self, key: ChunkKey, nbytes: int, parent: bytes | None) -> None:
         self._indexed += nbytes - self._sizes.pop(key, 0)  # a key written twice is replaced
@@ -346,6 +381,7 @@ class ChunkIndex:
             key = next(iter(self._lost)) if self._lost else next(iter(self._sizes))
             excess -= self._sizes[key]
             self._remove(key)
+            self._note_dropped(key)
             victims.append(key if isinstance(key, ChunkKey) else ChunkKey(key))
         return victims
 
