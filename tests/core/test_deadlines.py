@@ -176,6 +176,32 @@ def test_the_slo_guard_trips_a_tier_that_hangs(identity):
         wait_for(tripped, timeout=10, what="the guard switching the hung tier off")
 
 
+def test_a_late_promotion_is_one_sample_to_the_slo_guard(identity):
+    """Counted when its deadline passes and not again when it reports: with ``min_samples``
+    2, one late promotion leaves the tier on, and a second one switches it off."""
+    guard = {"promotion_p99_s": SHORT, "min_samples": 2, "sustain_s": 0.05, "window_s": 60}
+    with manager(identity, 16, slo_guard=guard) as m:
+        keys = in_tier_only(m, identity, 4)
+        tier = hanging(m)
+        tier.hang.add("load")
+        assert m.lookup(keys[:2]) is RETRY
+        wait_for(lambda: m.lookup(keys[:2]) == 0, timeout=10, what="a miss past the deadline")
+        tier.release()
+        wait_for(lambda: m.poll() >= 0 and all(m.host.is_ready(k) for k in keys[:2]), 10)
+        for _ in range(5):  # the guard sees the late report, then waits out sustain_s
+            m.poll()
+            time.sleep(0.05)
+        assert m.tier_states()[1] == [], "one late promotion was counted twice"
+        tier.hang.add("load")
+        assert m.lookup(keys[2:]) is RETRY
+
+        def tripped() -> bool:
+            m.poll()
+            return m.tier_states()[1] == ["hanging"]
+
+        wait_for(tripped, timeout=10, what="the second late promotion tripping the guard")
+
+
 def test_late_stores_are_not_failed_promotions_to_the_slo_guard(identity):
     """A tier whose writes hang past their deadline, and whose promotions are quick, is not
     switched off for a promotion budget: a late store is not a promotion."""

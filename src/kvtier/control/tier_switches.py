@@ -70,8 +70,9 @@ class TierControl:
         return changed
 
     def observe(self, finished: Finished) -> None:
-        """A tier job reported: promotion latencies, and failed promotions, feed the guard."""
-        if self.guard is not None and finished.job.op == "load":
+        """A tier job reported: promotion latencies, and failed promotions, feed the guard. A
+        promotion that went past its deadline was counted then (``step``): not again."""
+        if self.guard is not None and finished.job.op == "load" and not finished.late:
             name = self._tiers[finished.job.tier].name
             self.guard.observe_promotion(name, finished.seconds, failed=bool(finished.failed))
 

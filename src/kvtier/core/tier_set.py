@@ -66,6 +66,7 @@ class Finished:
     job: PendingJob
     result: JobResult
     seconds: float = 0.0  # from submission to report
+    late: bool = False  # ``check_deadlines`` returned it before it reported
 
     @property
     def succeeded(self) -> list[ChunkKey]:
@@ -201,9 +202,10 @@ class TierSet:
             self._metrics.count("internal_errors", kind="unknown_job_result")
             return None
         del self._pending[result.job_id]
-        if result.job_id in self._late:
+        late = result.job_id in self._late
+        if late:
             self._note_stalled()
-        return self._account(Finished(pending, result))
+        return self._account(Finished(pending, result, late=late))
 
     def _account(self, finished: Finished) -> Finished:
         job, ok = finished.job, len(finished.succeeded)
@@ -214,7 +216,7 @@ class TierSet:
         if finished.result.integrity_failed:
             integrity = len(finished.result.integrity_failed)
             self._metrics.count("tier_integrity_failures", integrity, tier=name)
-        return Finished(job, finished.result, seconds)
+        return Finished(job, finished.result, seconds, finished.late)
 
     def take_removed(self, index: int) -> list[ChunkKey]:
         """Keys tier ``index`` removed since it last said (``[]`` if it raises, counted)."""
