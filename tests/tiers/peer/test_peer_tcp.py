@@ -22,7 +22,7 @@ from kvtier.config import P2PTierConfig, TieringConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import MISS, TransferJob
 from kvtier.tiers.peer import protocol as proto
-from kvtier.tiers.peer import tcp_transport
+from kvtier.tiers.peer import tcp_sockets, tcp_transport
 from kvtier.tiers.peer.config import ServeConfig
 from kvtier.tiers.peer.tcp_transport import TcpListener, TcpTransport
 from kvtier.tiers.peer.tcp_wire import GREETING
@@ -391,6 +391,45 @@ def test_connections_past_the_limit_are_closed_at_once(pair, monkeypatch):
             sock.close()
 
 
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether ``sock``'s peer closed it (EOF or reset) within 5 s, past what it had sent."""
+    sock.settimeout(5)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_at_the_limit_a_new_connection_displaces_the_one_quiet_longest(pair, monkeypatch):
+    """Clients that connect and then say nothing held every place for ever, and every later
+    client was closed at once. Now a newcomer takes the place of the quietest connection, once
+    that has been quiet for ``DISPLACE_QUIET_S``; a connection heard from since keeps its own."""
+    monkeypatch.setattr(tcp_transport, "MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(tcp_transport, "DISPLACE_QUIET_S", 0.3)
+    _connected(pair)
+    quiet = [raw_client(pair.listener) for _ in range(2)]
+    newcomer = None
+    try:
+        wait_for(lambda: (pair.turn(), len(pair.listener._conns))[1] == 3, what="three accepted")
+        time.sleep(0.4)
+        _connected(pair)  # heard from again: not the quietest
+        newcomer = raw_client(pair.listener)
+        newcomer.sendall(message([b"newcomer"]))
+        got = pair.request()
+        assert bytes(got[1][0]) == b"newcomer"
+        assert pair.listener.stats() == {"connections_displaced_quiet": 1}
+        assert closed_by_peer(quiet[0]), "the quietest connection was not closed"
+        pair.channel.send([b"still here"])
+        assert bytes(pair.request()[1][0]) == b"still here"
+    finally:
+        for sock in [*quiet, *([newcomer] if newcomer else [])]:
+            sock.close()
+
+
 def test_both_ends_probe_a_quiet_connection_so_a_vanished_peer_does_not_hold_it(pair):
     """A host gone without closing (powered off, unplugged) left a half-open connection that
     counted against MAX_CONNECTIONS, and a client waiting on it, for ever: nothing is sent on
@@ -564,7 +603,7 @@ def test_a_host_name_is_resolved_and_a_hanging_resolver_costs_a_bounded_wait(mon
             return real(host, *args, **kwargs)
 
         monkeypatch.setattr(socket, "getaddrinfo", hanging)
-        monkeypatch.setattr(tcp_transport, "RESOLVE_TIMEOUT_S", 0.2)
+        monkeypatch.setattr(tcp_sockets, "RESOLVE_TIMEOUT_S", 0.2)
         started = time.monotonic()
         channel = client.connect("slow.example", listener.port, LIMITS)
         assert time.monotonic() - started < 10, "the resolver held the transport's thread"

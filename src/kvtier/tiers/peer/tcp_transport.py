@@ -8,14 +8,18 @@ refuses both at once), so this is for loopback or a network only trusted hosts r
 Everything runs on the thread that owns the transport: ``wait`` polls every socket, accepts
 new connections, finishes connects and writes queued bytes as sockets take them; ``recv`` reads
 what has arrived without blocking. The wire format and its bounds are ``tcp_wire``'s. A
-listener keeps at most ``MAX_CONNECTIONS`` (more are closed at once,
-``connections_dropped_over_limit``; one whose peer vanished without closing fails its
-keepalive probes within about 90 s and leaves), drops a connection that breaks the format or
-its ``MessageLimits`` (``connections_dropped_<reason>``), and one whose greeting or unfinished
-message is older than ``UNFINISHED_S`` (``connections_dropped_stalled``): what a client sends
-is held one message at a time, and never for long. A client's channel that breaks is closed;
-its requests then time out (``timeout_s``) and the link reconnects. A peer named by a host
-name is resolved on a thread of its own, waited for at most ``RESOLVE_TIMEOUT_S``.
+listener keeps at most ``MAX_CONNECTIONS``: a new one then displaces the connection quiet
+longest (no whole message from it, no byte written to it) if that has been quiet for
+``DISPLACE_QUIET_S`` (``connections_displaced_quiet``), so that clients that connect and say
+nothing cannot hold every place; otherwise the new one is closed at once
+(``connections_dropped_over_limit``). One whose peer vanished without closing fails its
+keepalive probes within about 90 s and leaves. A listener drops a connection that breaks the
+format or its ``MessageLimits`` (``connections_dropped_<reason>``), and one whose greeting or
+unfinished message is older than ``UNFINISHED_S`` (``connections_dropped_stalled``): what a
+client sends is held one message at a time, and never for long. A client's channel that
+breaks is closed; its requests then time out (``timeout_s``) and the link reconnects. A peer
+named by a host name is resolved on a thread of its own, waited for at most
+``RESOLVE_TIMEOUT_S`` (``tcp_sockets``).
 
 Thread safety: a transport and everything it created belong to one thread, except ``wake``,
 which any thread may call.
@@ -29,14 +33,15 @@ import logging
 import os
 import select
 import socket
-import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.tiers.peer import tcp_sockets
 from kvtier.tiers.peer.protocol import MAX_IN_FLIGHT
+from kvtier.tiers.peer.tcp_sockets import nonblocking, stream
 from kvtier.tiers.peer.tcp_wire import (
     GREETING,
     Closed,
@@ -46,35 +51,23 @@ from kvtier.tiers.peer.tcp_wire import (
     Violation,
     encode,
 )
-from kvtier.tiers.peer.transport import (
-    KEEPALIVE_IDLE_S,
-    KEEPALIVE_INTERVAL_S,
-    KEEPALIVE_PROBES,
-    Buffer,
-    MessageLimits,
-    Place,
-    SendReceipt,
-)
+from kvtier.tiers.peer.transport import Buffer, MessageLimits, Place, SendReceipt
 from kvtier.tiers.peer.wake_pipe import WakePipe
 
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 1024
 UNFINISHED_S = 30.0
-#: Linux's socket options for ``transport``'s keepalive settings.
-KEEPALIVE = {
-    "TCP_KEEPIDLE": KEEPALIVE_IDLE_S,
-    "TCP_KEEPINTVL": KEEPALIVE_INTERVAL_S,
-    "TCP_KEEPCNT": KEEPALIVE_PROBES,
-}
+#: How long a connection must have been quiet before a new one may take its place at the limit:
+#: long beside a kvtier client's gaps between requests under load, short beside how long a
+#: place would otherwise be held (for ever).
+DISPLACE_QUIET_S = 10.0
 SWEEP_S = 0.1  # how often a listener looks for stalled connections
 ACCEPT_PAUSE_S = 0.5  # a listener that failed to accept (EMFILE) rests this long
 #: Replies queued for one connection at most, as many as a kvtier client has requests out: then
 #: its requests are left unread, and a reply past it is dropped (``replies_dropped_backlog``), so
 #: a peer that does not read cannot make the server queue more.
 MAX_QUEUED_REPLIES = MAX_IN_FLIGHT
-#: Longest the owner's thread waits for a host name to resolve (an IP address never waits).
-RESOLVE_TIMEOUT_S = 2.0
 _IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
 _STREAM = socket.SOCK_STREAM
 
@@ -95,6 +88,7 @@ class _Conn:
         self.connecting = self.closed = self.ready = False
         self.addresses: list[tuple[int, Any]] = []  # a client's addresses still to try
         self.since: float | None = time.monotonic()  # the greeting is due
+        self.heard_at = time.monotonic()  # connected, or the last whole message in
 
     @property
     def backlogged(self) -> bool:
@@ -108,6 +102,8 @@ class _Conn:
         message = self.incoming.pump(self.sock, place)
         self.since = None if not self.incoming.started else self.since or time.monotonic()
         self.ready = message is not None
+        if message is not None:
+            self.heard_at = time.monotonic()
         return message
 
 
@@ -165,14 +161,23 @@ class TcpListener:
                 self.resume_at = time.monotonic() + ACCEPT_PAUSE_S  # else poll spins on it
                 log.warning("peer server: cannot accept a connection: %s", exc)
                 return
-            if len(self._conns) >= MAX_CONNECTIONS:
+            if len(self._conns) >= MAX_CONNECTIONS and not self._displace_quiet():
                 self._counters["connections_dropped_over_limit"] += 1
                 sock.close()
                 continue
-            _nonblocking(sock)  # an accepted socket blocks whatever its listener does
+            nonblocking(sock)  # an accepted socket blocks whatever its listener does
             conn = _Conn(sock, self._limits, b"tcp:%d" % next(self._ids), self)
             self._conns[conn.peer] = conn
             self._transport.add(conn)
+
+    def _displace_quiet(self) -> bool:
+        """Close the connection quiet longest, if for ``DISPLACE_QUIET_S``; whether one was."""
+        quietest = min(self._conns.values(), key=_last_heard_or_sent, default=None)
+        if quietest is None or time.monotonic() - _last_heard_or_sent(quietest) < DISPLACE_QUIET_S:
+            return False
+        self._counters["connections_displaced_quiet"] += 1
+        self.forget(quietest)
+        return True
 
     def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt:
         conn = self._conns.get(peer)
@@ -247,10 +252,10 @@ class TcpTransport:
         """A channel to ``host:port``, connecting in the background (bytes sent meanwhile wait)
         to each address the name resolves to in turn until one takes; with none, the channel
         is closed (its sends fail)."""
-        found = _resolve(host, port)
+        found = tcp_sockets.resolve(host, port)
         if isinstance(found, str):
             log.warning("peer %s:%d: cannot resolve the address: %s", host, port, found)
-        conn = _Conn(_stream(socket.AF_INET, _STREAM, 0), limits)  # replaced by the first try
+        conn = _Conn(stream(socket.AF_INET, _STREAM, 0), limits)  # replaced by the first try
         conn.addresses = [] if isinstance(found, str) else found
         self.add(conn)
         self._connect_next(conn)
@@ -262,7 +267,7 @@ class TcpTransport:
             family, address = conn.addresses.pop(0)
             self._forget_fd(conn)
             conn.sock.close()
-            conn.sock = _stream(family, _STREAM, 0)
+            conn.sock = stream(family, _STREAM, 0)
             conn.fd = conn.sock.fileno()
             self.add(conn)
             error = conn.sock.connect_ex(address)
@@ -275,7 +280,7 @@ class TcpTransport:
     def listen(self, host: str, port: int, limits: MessageLimits) -> TcpListener:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         host = "" if host == "*" else host  # ZeroMQ's "every interface"
-        sock = _stream(family, socket.SOCK_STREAM, 0)
+        sock = stream(family, _STREAM, 0)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
@@ -381,56 +386,14 @@ class TcpTransport:
         self._wakes.close()
 
 
+def _last_heard_or_sent(conn: _Conn) -> float:
+    """When ``conn`` last gave a whole message, or its socket took bytes for it."""
+    return max(conn.heard_at, conn.outgoing.moved_at)
+
+
 def _mask(conn: _Conn) -> int:
     """What to poll ``conn`` for: its connect, its replies (unless too many wait), writability
     while bytes wait."""
     if conn.connecting:
         return _OUT
     return (0 if conn.backlogged else _IN) | (_OUT if conn.outgoing.pending else 0)
-
-
-def _stream(family: int, kind: int, proto: int) -> socket.socket:
-    return _nonblocking(socket.socket(family, kind, proto))
-
-
-def _nonblocking(sock: socket.socket) -> socket.socket:
-    """``sock`` non-blocking, without Nagle's delay, and with keepalive probes (``KEEPALIVE``):
-    a connection whose peer vanished fails, and is dropped like any broken one."""
-    sock.setblocking(False)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in KEEPALIVE.items():
-        if hasattr(socket, name):  # Linux's names; elsewhere the system's defaults
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-    return sock
-
-
-def _resolve(host: str, port: int) -> list[tuple[int, Any]] | str:
-    """The ``(family, address)`` pairs of ``host:port``, or why there are none. An IP address
-    is read at once; a name is resolved on a thread of its own for at most
-    ``RESOLVE_TIMEOUT_S``, so a resolver that hangs never stalls the transport's thread for
-    longer."""
-    try:
-        return _pairs(socket.getaddrinfo(host, port, 0, _STREAM, 0, socket.AI_NUMERICHOST))
-    except (OSError, UnicodeError):
-        pass
-    answer: list[list[tuple[int, Any]] | str] = []
-
-    def lookup() -> None:
-        try:
-            answer.append(_pairs(socket.getaddrinfo(host, port, 0, _STREAM)))
-        except (OSError, UnicodeError) as exc:
-            answer.append(str(exc))
-
-    thread = threading.Thread(target=lookup, name="kvtier-peer-resolve", daemon=True)
-    thread.start()
-    thread.join(RESOLVE_TIMEOUT_S)
-    return answer[0] if answer else f"no answer within {RESOLVE_TIMEOUT_S:g} s"
-
-
-def _pairs(infos: list[Any]) -> list[tuple[int, Any]]:
-    pairs: list[tuple[int, Any]] = []
-    for family, _, _, _, address in infos:
-        if (family, address) not in pairs:
-            pairs.append((family, address))
-    return pairs
