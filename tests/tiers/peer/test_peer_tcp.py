@@ -22,7 +22,7 @@ from kvtier.config import P2PTierConfig, TieringConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import MISS, TransferJob
 from kvtier.tiers.peer import protocol as proto
-from kvtier.tiers.peer import tcp_sockets, tcp_transport
+from kvtier.tiers.peer import tcp_listener, tcp_sockets
 from kvtier.tiers.peer.config import ServeConfig
 from kvtier.tiers.peer.tcp_transport import TcpListener, TcpTransport
 from kvtier.tiers.peer.tcp_wire import GREETING
@@ -244,10 +244,14 @@ def test_a_closed_client_channel_refuses_sends(pair):
 
 
 def test_an_address_that_does_not_resolve_gives_a_closed_channel():
+    """Once the resolver's answer (or its deadline) is in, a send fails."""
     transport = TcpTransport()
     try:
         channel = transport.connect("no-such-host.invalid", 1, LIMITS)
-        assert channel.send([b"x"]) is False
+        deadline = time.monotonic() + tcp_sockets.RESOLVE_TIMEOUT_S + 5
+        while channel.send([b"x"]):
+            assert time.monotonic() < deadline, "the channel stayed open"
+            transport.wait(0.05)
     finally:
         transport.close()
 
@@ -348,7 +352,7 @@ def test_a_client_with_another_greeting_is_dropped(pair):
 
 
 def test_unfinished_messages_and_silent_connections_are_dropped(pair, monkeypatch):
-    monkeypatch.setattr(tcp_transport, "UNFINISHED_S", 0.3)
+    monkeypatch.setattr(tcp_listener, "UNFINISHED_S", 0.3)
     _connected(pair)
     silent = socket.create_connection(("127.0.0.1", pair.listener.port))  # never greets
     partial = raw_client(pair.listener)
@@ -374,7 +378,7 @@ def test_unfinished_messages_and_silent_connections_are_dropped(pair, monkeypatc
 
 
 def test_connections_past_the_limit_are_closed_at_once(pair, monkeypatch):
-    monkeypatch.setattr(tcp_transport, "MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(tcp_listener, "MAX_CONNECTIONS", 3)
     _connected(pair)  # one
     socks = [raw_client(pair.listener) for _ in range(3)]
     try:
@@ -408,8 +412,8 @@ def test_at_the_limit_a_new_connection_displaces_the_one_quiet_longest(pair, mon
     """Clients that connect and then say nothing held every place for ever, and every later
     client was closed at once. Now a newcomer takes the place of the quietest connection, once
     that has been quiet for ``DISPLACE_QUIET_S``; a connection heard from since keeps its own."""
-    monkeypatch.setattr(tcp_transport, "MAX_CONNECTIONS", 3)
-    monkeypatch.setattr(tcp_transport, "DISPLACE_QUIET_S", 0.3)
+    monkeypatch.setattr(tcp_listener, "MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(tcp_listener, "DISPLACE_QUIET_S", 0.3)
     _connected(pair)
     quiet = [raw_client(pair.listener) for _ in range(2)]
     newcomer = None
@@ -581,7 +585,10 @@ def test_a_listener_binds_every_interface_or_ipv6(host):
         server.close()
 
 
-def test_a_host_name_is_resolved_and_a_hanging_resolver_costs_a_bounded_wait(monkeypatch):
+def test_a_host_name_is_resolved_and_a_hanging_resolver_never_stalls_the_transport(monkeypatch):
+    """A name is looked up on a thread of its own: ``connect`` returns at once, bytes sent
+    meanwhile wait, and a lookup that never answers closes the channel after
+    ``RESOLVE_TIMEOUT_S``. Before, each connect held the transport's thread for that long."""
     server, client = TcpTransport(), TcpTransport()
     try:
         listener = server.listen("127.0.0.1", 0, LIMITS)
@@ -594,23 +601,59 @@ def test_a_host_name_is_resolved_and_a_hanging_resolver_costs_a_bounded_wait(mon
             server.wait(0.005)
         assert bytes(got[1][0]) == b"by name"
 
-        real = socket.getaddrinfo
+        real, answer = socket.getaddrinfo, threading.Event()
 
         def hanging(host, *args, **kwargs):
             numeric = len(args) >= 5 and args[4] & socket.AI_NUMERICHOST
-            if host == "slow.example" and not numeric:  # a resolver that never answers
-                time.sleep(30)
+            if host == "slow.example" and not numeric:  # a resolver that does not answer
+                answer.wait(30)
             return real(host, *args, **kwargs)
 
         monkeypatch.setattr(socket, "getaddrinfo", hanging)
-        monkeypatch.setattr(tcp_sockets, "RESOLVE_TIMEOUT_S", 0.2)
+        monkeypatch.setattr(tcp_sockets, "RESOLVE_TIMEOUT_S", 0.3)
         started = time.monotonic()
         channel = client.connect("slow.example", listener.port, LIMITS)
-        assert time.monotonic() - started < 10, "the resolver held the transport's thread"
-        assert channel.send([b"x"]) is False
+        assert channel.send([b"x"]), "a send while the name resolves waits"
+        client.wait(0.05)
+        assert time.monotonic() - started < 0.3, "the resolver held the transport's thread"
+        deadline = time.monotonic() + 5
+        while channel.send([b"x"]):
+            assert time.monotonic() < deadline, "a lookup that never answers left it open"
+            client.wait(0.05)
+        answer.set()
     finally:
         client.close()
         server.close()
+
+
+def test_names_resolving_at_once_are_bounded(monkeypatch):
+    """Threads stuck in a resolver that never answers are not started without end: past
+    ``MAX_RESOLVING`` a connect to a name gives a closed channel at once; once an answer comes
+    (here: the resolver fails) the next connect is resolved again."""
+    monkeypatch.setattr(tcp_sockets, "MAX_RESOLVING", 1)
+    answer, real = threading.Event(), socket.getaddrinfo
+
+    def hanging(host, *args, **kwargs):
+        if host == "slow.example" and not (len(args) >= 5 and args[4] & socket.AI_NUMERICHOST):
+            answer.wait(30)
+            raise socket.gaierror("no such name")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    client = TcpTransport()
+    try:
+        first = client.connect("slow.example", 1, LIMITS)
+        assert first.send([b"x"])
+        assert not client.connect("slow.example", 1, LIMITS).send([b"x"])
+        answer.set()
+        deadline = time.monotonic() + 5
+        while first.send([b"x"]):  # the failed answer closes it
+            assert time.monotonic() < deadline
+            client.wait(0.05)
+        third = client.connect("slow.example", 1, LIMITS)
+        assert third.send([b"x"])
+    finally:
+        client.close()
 
 
 def test_payloads_are_verified_with_the_checksum_taken_as_they_landed(monkeypatch):
@@ -702,7 +745,7 @@ def test_a_listener_out_of_descriptors_rests_instead_of_spinning_then_accepts(pa
 def test_a_client_that_does_not_read_gets_a_bounded_queue_then_is_dropped(monkeypatch):
     """Replies to a client that reads nothing: the ninth and later are dropped while eight
     wait, and once none has moved for ``UNFINISHED_S`` the connection is dropped."""
-    monkeypatch.setattr(tcp_transport, "UNFINISHED_S", 0.3)
+    monkeypatch.setattr(tcp_listener, "UNFINISHED_S", 0.3)
     limits = MessageLimits(1 << 20, 2, 2 << 20)
     server = TcpTransport()
     listener = server.listen("127.0.0.1", 0, limits)

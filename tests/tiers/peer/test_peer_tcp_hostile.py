@@ -20,7 +20,7 @@ from kvtier.config import P2PTierConfig
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.peer import protocol as proto
-from kvtier.tiers.peer import tcp_transport
+from kvtier.tiers.peer import tcp_listener
 from kvtier.tiers.peer.tcp_transport import TcpListener, TcpTransport
 from kvtier.tiers.peer.tcp_wire import GREETING
 from kvtier.tiers.peer.tier import PeerTier
@@ -65,7 +65,7 @@ def test_a_connection_that_fails_while_its_reply_is_sent_is_forgotten(monkeypatc
     Correct: a connection the transport dropped leaves the listener's table too (counted), so
     a new client is still accepted and served.
     """
-    monkeypatch.setattr(tcp_transport, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(tcp_listener, "MAX_CONNECTIONS", 2)
     server = TcpTransport()
     listener = server.listen("127.0.0.1", 0, LIMITS)
     honest: socket.socket | None = None

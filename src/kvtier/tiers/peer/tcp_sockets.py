@@ -1,13 +1,18 @@
 """The sockets of ``TcpTransport``: non-blocking, without Nagle's delay, with keepalive probes;
-and host names resolved without stalling the transport's thread.
+and host names resolved without stalling the transport's thread (``Resolver``).
 
-Thread safety: plain functions; ``resolve`` starts a thread of its own for a host name.
+Thread safety: plain functions; a ``Resolver`` belongs to the transport's thread, and its
+lookups run on threads of their own.
 """
 
 from __future__ import annotations
 
+import functools
+import queue
 import socket
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from kvtier.tiers.peer.transport import KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES
@@ -18,8 +23,11 @@ KEEPALIVE = {
     "TCP_KEEPINTVL": KEEPALIVE_INTERVAL_S,
     "TCP_KEEPCNT": KEEPALIVE_PROBES,
 }
-#: Longest the owner's thread waits for a host name to resolve (an IP address never waits).
-RESOLVE_TIMEOUT_S = 2.0
+#: Longest a channel waits for its host name to resolve (an IP address never waits); the
+#: transport's thread never waits for it.
+RESOLVE_TIMEOUT_S = 5.0
+#: Names a transport looks up at once at most.
+MAX_RESOLVING = 4
 _STREAM = socket.SOCK_STREAM
 
 
@@ -39,27 +47,72 @@ def nonblocking(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def resolve(host: str, port: int) -> list[tuple[int, Any]] | str:
-    """The ``(family, address)`` pairs of ``host:port``, or why there are none. An IP address
-    is read at once; a name is resolved on a thread of its own for at most
-    ``RESOLVE_TIMEOUT_S``, so a resolver that hangs never stalls the transport's thread for
-    longer."""
+def numeric(host: str, port: int) -> list[tuple[int, Any]] | None:
+    """The ``(family, address)`` pairs of ``host:port`` if ``host`` is an IP address (read at
+    once, no resolver asked), else ``None``."""
     try:
         return pairs(socket.getaddrinfo(host, port, 0, _STREAM, 0, socket.AI_NUMERICHOST))
     except (OSError, UnicodeError):
-        pass
-    answer: list[list[tuple[int, Any]] | str] = []
+        return None
 
-    def lookup() -> None:
+
+Answer = list[tuple[int, Any]] | str  # the addresses of a name, or why there are none
+
+
+class Resolver:
+    """Resolves host names on threads of their own, so that a resolver that hangs never stalls
+    the transport's thread: ``start`` returns at once, and ``take`` (the transport's thread)
+    collects the answers. ``wake`` is called (from the resolving thread) as each arrives; one
+    not in within ``RESOLVE_TIMEOUT_S`` is an answer of its own (``expired``). At most
+    ``MAX_RESOLVING`` names are looked up at once: threads stuck in a resolver that never
+    answers are not started without end (``start`` is then ``False``).
+    """
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self._answers: queue.SimpleQueue[tuple[object, Answer]] = queue.SimpleQueue()
+        self._due: dict[int, tuple[object, float]] = {}  # id(token) -> (token, deadline)
+        self._running = 0
+        self._lock = threading.Lock()
+
+    def start(self, token: object, host: str, port: int) -> bool:
+        """Look ``host:port`` up for ``token``; ``False`` when too many lookups are running."""
+        with self._lock:
+            if self._running >= MAX_RESOLVING:
+                return False
+            self._running += 1
+        self._due[id(token)] = (token, time.monotonic() + RESOLVE_TIMEOUT_S)
+        lookup = functools.partial(self._lookup, token, host, port)
+        threading.Thread(target=lookup, name="kvtier-peer-resolve", daemon=True).start()
+        return True
+
+    def _lookup(self, token: object, host: str, port: int) -> None:
         try:
-            answer.append(pairs(socket.getaddrinfo(host, port, 0, _STREAM)))
+            answer: Answer = pairs(socket.getaddrinfo(host, port, 0, _STREAM))
         except (OSError, UnicodeError) as exc:
-            answer.append(str(exc))
+            answer = str(exc)
+        with self._lock:
+            self._running -= 1
+        self._answers.put((token, answer))
+        self._wake()
 
-    thread = threading.Thread(target=lookup, name="kvtier-peer-resolve", daemon=True)
-    thread.start()
-    thread.join(RESOLVE_TIMEOUT_S)
-    return answer[0] if answer else f"no answer within {RESOLVE_TIMEOUT_S:g} s"
+    def waiting(self) -> list[object]:
+        """The tokens whose answer has not been taken yet."""
+        return [token for token, _ in self._due.values()]
+
+    def take(self) -> list[tuple[object, Answer]]:
+        """Answers that arrived, and lookups past their deadline, each token once."""
+        taken = []
+        while not self._answers.empty():
+            token, answer = self._answers.get_nowait()
+            if self._due.pop(id(token), None) is not None:
+                taken.append((token, answer))
+        now = time.monotonic()
+        for key, (token, deadline) in list(self._due.items()):
+            if now >= deadline:
+                del self._due[key]
+                taken.append((token, f"no answer within {RESOLVE_TIMEOUT_S:g} s"))
+        return taken
 
 
 def pairs(infos: list[Any]) -> list[tuple[int, Any]]:
