@@ -315,6 +315,18 @@ def one_round(
         side.close()
 
 
+def check_room(folder: str, needed: int) -> None:
+    """Exit, naming the figures, unless ``folder`` has ``needed`` bytes free (with a margin):
+    every round of one chunk size keeps its files until the next size (``settle``)."""
+    free = shutil.disk_usage(folder).free
+    if free < needed * 1.1:
+        raise SystemExit(
+            f"fs_vs_vllm: {folder} has {free / 2**30:.1f} GiB free; one chunk size keeps "
+            f"{needed / 2**30:.1f} GiB (rounds x sides x --total-mib): pass fewer --rounds, "
+            "a smaller --total-mib, or --dir on a larger filesystem"
+        )
+
+
 def settle(roots: list[Path], seconds: float) -> None:
     """Delete ``roots``, then wait until ext4 may reuse their inodes.
 
@@ -460,12 +472,16 @@ def main() -> None:
         parser.error("--rounds: 1 or more (6 or more for an interval)")
     args.cache_drop = "none"
     load_before = [round(x, 2) for x in os.getloadavg()]
+    sides = 3 + len(args.extra_kvtier) + bool(args.baseline_pkg)
+    check_room(args.dir or tempfile.gettempdir(), args.rounds * sides * (args.total_mib << 20))
     roots: list[Path] = []
     results = []
-    for size in args.sizes.split(","):
-        settle(roots, args.settle_s)
-        results.append(measure(int(size), args, roots))
-    settle(roots, 0)
+    try:
+        for size in args.sizes.split(","):
+            settle(roots, args.settle_s)
+            results.append(measure(int(size), args, roots))
+    finally:  # a failed run leaves no round's files behind either
+        settle(roots, 0)
     fields = {
         "threads": args.threads,
         "keys_per_job": args.keys_per_job,
