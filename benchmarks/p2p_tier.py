@@ -10,6 +10,9 @@ chunks in its host tier and this process loads all of them:
   into a slot). With CURVE, both ends encrypt, as the tier's do;
 * raw into slots: the same, each payload received with ``recv_into`` straight into its own host
   slot (what the tier must do with a chunk, less the verification and the protocol);
+* tier server: the raw client, speaking the tier's protocol (a handshake, then FETCH
+  requests of the same batches) to the tier's ZeroMQ server: what serving costs, without the
+  tier's client (``server_ratio``, against raw);
 * tier: a ``PeerTier`` loads every chunk from a ``TieringManager`` with ``serve`` (answered by
   the manager's own driver thread, as on an idle prefill node): the full path (lookup answers,
   slot holds, header + xxh3-128 checksum on the server, verification here), over ZeroMQ
@@ -57,7 +60,7 @@ from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
 from kvtier.tiers.peer.config import P2PTierConfig
 from kvtier.tiers.peer.curve_keys import read_key, write_keypair
-from kvtier.tiers.peer.protocol import MAX_IN_FLIGHT, fetch_batch
+from kvtier.tiers.peer.protocol import FETCH, MAX_IN_FLIGHT, fetch_batch, hello, keyed
 from kvtier.tiers.peer.tier import PeerTier
 from kvtier.tiers.shared.codec import HEADER_BYTES
 
@@ -148,16 +151,25 @@ def serve_raw(chunk_bytes: int, n: int, port: int, keys: Keys, conn: Connection)
 
 # -- clients ----------------------------------------------------------------------------------
 def raw_round(
-    dealer: zmq.Socket[bytes], chunk_bytes: int, n: int, slots: HostRegion | None = None
+    dealer: zmq.Socket[bytes],
+    chunk_bytes: int,
+    n: int,
+    slots: HostRegion | None = None,
+    protocol: bool = False,
 ) -> float:
-    """Fetch ``n`` chunks; with ``slots``, each payload received into its own slot."""
+    """Fetch ``n`` chunks; with ``slots``, each payload received into its own slot. With
+    ``protocol``, the requests are the tier's FETCH messages (to a tier server)."""
     per_request = fetch_batch(chunk_bytes)
     requests = [min(per_request, n - i) for i in range(0, n, per_request)]
     start, sent, received, landed = time.perf_counter(), 0, 0, 0
     header = bytearray(HEADER_BYTES)
+    keys = keys_for(n)
     while received < len(requests):
         while sent < len(requests) and sent - received < MAX_IN_FLIGHT:
-            dealer.send(str(requests[sent]).encode())
+            first = sent * per_request
+            asked = keys[first : first + requests[sent]]
+            ask = keyed(FETCH, sent + 1, asked) if protocol else str(requests[sent]).encode()
+            dealer.send(ask)
             sent += 1
         if slots is None:
             frames = dealer.recv_multipart(copy=False)
@@ -190,6 +202,18 @@ def raw_dealer(context: zmq.Context[Any], port: int, keys: Keys) -> zmq.Socket[b
         dealer.curve_secretkey, dealer.curve_publickey = secret, zmq.curve_public(secret)
         dealer.curve_serverkey = read_key(keys["server_public"], "server public")
     dealer.connect(f"tcp://127.0.0.1:{port}")
+    return dealer
+
+
+def bare_client(
+    context: zmq.Context[Any], chunk_bytes: int, port: int, keys: Keys
+) -> zmq.Socket[bytes]:
+    """A DEALER that has shaken hands with the tier server on ``port``, to fetch from it as raw
+    pyzmq does from the raw server: the serving side alone, without the tier's client."""
+    dealer = raw_dealer(context, port, keys)
+    dealer.send(hello(1, identity_for(chunk_bytes).digest))
+    assert dealer.poll(10_000), "the tier server did not answer the handshake"
+    dealer.recv_multipart()
     return dealer
 
 
@@ -240,6 +264,9 @@ def measure(
     }
     for transport, tier in zip(transports, tiers, strict=True):
         sides[TIER_SIDE[transport]] = partial(tier_round, tier, n)
+    if "zmq" in transports:
+        bare = bare_client(context, chunk_bytes, servers[1 + transports.index("zmq")][2], keys)
+        sides["tier_server"] = lambda round_: raw_round(bare, chunk_bytes, n, protocol=True)
     names = list(sides)
     rounds: list[dict[str, float]] = []
     try:
@@ -276,7 +303,13 @@ def summary(payload: int, rounds: list[dict[str, float]]) -> dict[str, Any]:
         gbps[f"{side}_gbps"] = round(payload / mid(seconds) / 1e9, 3)
         if side != "raw_into_slots":
             gbps[f"{side}_best_gbps"] = round(payload / min(seconds) / 1e9, 3)
-        if side.startswith("tier"):
+        if side == "tier_server":
+            found = verdict.interval([r["raw"] / r[side] for r in rounds])
+            ratios |= {
+                "server_ratio": round(found.median, 3),
+                "server_ratio_interval": found.to_json(),
+            }
+        elif side.startswith("tier"):
             prefix = "" if side == "tier" else "tcp_"
             for name, base in (("ratio", "raw"), ("ratio_into_slots", "raw_into_slots")):
                 found = verdict.interval([r[base] / r[side] for r in rounds])
