@@ -286,6 +286,37 @@ def test_a_chunk_evicted_while_the_start_up_scan_runs_is_evicted_once(
     assert [settle_lookup(tier, k) for k in keys] == [MISS, HIT]
 
 
+def test_a_probe_whose_file_this_tier_deleted_meanwhile_is_a_miss_and_evicts_nothing(
+    make_tier, region, identity, monkeypatch
+):
+    """Key 0, written by another instance, is probed; before the probe's answer this tier
+    stores and then evicts it. Indexed on the probe's word, it would evict the live key 1 for a
+    file that is gone: it is a miss (``probe_raced_delete``), and key 1 stays."""
+    stat_done, release = threading.Event(), threading.Event()
+    size_of, keys = ChunkFiles.size_of, make_keys(identity, 2)
+
+    def stat_then_wait(self: ChunkFiles, key: ChunkKey) -> int | None:
+        size = size_of(self, key)
+        if key == keys[0] and not stat_done.is_set():
+            stat_done.set()
+            release.wait(10)
+        return size
+
+    tier = make_tier(max_bytes=HEADER_BYTES + region.slot_bytes, probe="background")
+    assert tier.wait_scanned(timeout=10)
+    assert store(make_tier(), region, keys[:1])  # another instance writes key 0
+    monkeypatch.setattr(ChunkFiles, "size_of", stat_then_wait)
+    assert tier.lookup(keys[0]) is RETRY
+    assert stat_done.wait(10)  # the probe saw the file
+    assert store(tier, region, keys[:1], job_id=2) and store(tier, region, keys[1:], job_id=3)
+    assert tier.take_removed() == [keys[0]]
+    release.set()
+    assert settle_lookup(tier, keys[0]) is MISS
+    assert tier.stats()["probe_raced_delete"] == 1
+    assert set(chunk_files(tier)) == {keys[1]}
+    assert settle_lookup(tier, keys[1]) is HIT
+
+
 def test_scrub_removes_only_temporary_files_of_dead_or_stale_writers(make_tier, tmp_path, identity):
     live_tier = make_tier()
     level = Path(live_tier.namespace) / "ab" / "cd"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from kvtier.config import ObjTierConfig
 from kvtier.errors import ConfigError, TierUnavailable
 from kvtier.region import HostRegion
 from kvtier.telemetry.kv_events import EventKind, KVEvent
-from kvtier.tiers.base import HIT, TransferJob
+from kvtier.tiers.base import HIT, MISS, TransferJob
 from kvtier.tiers.s3 import listing, upkeep
 from kvtier.tiers.s3.tier import ObjectStoreTier
 from kvtier.tiers.shared import codec
@@ -182,6 +183,38 @@ def test_a_rebuild_beside_stores_evicts_each_chunk_once(
     tier._io.submit(lambda: None).result(SETTLE_S)  # one I/O thread: every delete has run
     assert (tier.stats()["evicted"], tier.stats()["index_chunks"]) == (1, 1)
     assert tier.take_removed() == [keys[0]]
+    assert chunk_names(s3_server, tier) == {name_of(tier, keys[1])}
+
+
+def test_a_probe_that_finds_an_object_being_deleted_is_a_miss_and_evicts_nothing(
+    s3_server, tiers, region, identity, monkeypatch
+):
+    """Key 0 was evicted; its delete has not run when a lookup's HEAD finds the object still
+    there. Indexed, it would evict the live key 1 for an object about to go: it is a miss
+    (``probe_raced_delete``) and key 1 stays."""
+    release, real = threading.Event(), ObjectStoreTier._delete
+
+    def slow_delete(self: ObjectStoreTier, key: ChunkKey) -> None:
+        release.wait(SETTLE_S)
+        real(self, key)
+
+    monkeypatch.setattr(ObjectStoreTier, "_delete", slow_delete)
+    tier = make(s3_server, tiers, region, identity, max_bytes=OBJECT, negative_ttl_s=0.05)
+    assert tier.wait_rebuilt(SETTLE_S)
+    keys = make_keys(identity, 2, seed=4)
+    jobs = Jobs(tier, region)
+    jobs.store(keys[:1])
+    jobs.store(keys[1:])  # evicts key 0; its delete waits
+    try:
+        assert name_of(tier, keys[0]) in chunk_names(s3_server, tier)
+        assert tier.lookup(keys[0]) is MISS  # remembered at the eviction, told once
+        time.sleep(0.1)  # and now expired: the next lookup probes
+        assert settle_lookup(tier, keys[0]) is MISS
+        assert tier.stats()["probe_raced_delete"] == 1
+        assert keys[1] in tier._bound.index and tier.lookup(keys[1]) is HIT
+    finally:
+        release.set()
+    settled(tier, evicted=1, index_chunks=1)
     assert chunk_names(s3_server, tier) == {name_of(tier, keys[1])}
 
 

@@ -312,26 +312,39 @@ def test_max_chunks_below_one_is_refused(bad: int) -> None:
         ChunkIndex(None, max_chunks=bad)
 
 
-# -- a listing beside evictions -----------------------------------------------------------------
+# -- a look at the store beside evictions --------------------------------------------------------
 @pytest.mark.parametrize("dropped_by", ["eviction", "discard"])
 def test_a_listing_does_not_bring_back_a_chunk_dropped_while_it_ran(dropped_by: str) -> None:
     """The listing saw chunk 1 before it was evicted (or found gone): merged, it would be
     evicted and deleted a second time, or announced as held while its file is gone."""
     index = ChunkIndex(max_bytes=10 if dropped_by == "eviction" else None)
-    index.begin_listing()
+    mark = index.mark()
     index.add(k(1), 10)
     if dropped_by == "eviction":
         assert index.add(k(2), 10) == [k(1)]
     else:
         assert index.discard(k(1))
-    assert index.merge_cold([(k(1), 10, None)]) == []
+    assert index.merge_cold([(k(1), 10, None)], since=mark) == []
     assert k(1) not in index
-    index.end_listing()
-    assert index.merge_cold([(k(1), 10, None)]) == ([k(1)] if dropped_by == "eviction" else [])
+    later = index.merge_cold([(k(1), 10, None)], since=index.mark())  # a listing after the drop
+    assert later == ([k(1)] if dropped_by == "eviction" else [])
 
 
-def test_without_a_listing_nothing_dropped_is_remembered() -> None:
-    """Outside begin/end a listing's merge indexes what it found (``kvtier cache gc``)."""
+def test_a_probe_that_raced_a_delete_indexes_nothing_and_evicts_nothing() -> None:
+    """A probe's stat saw chunk 1, whose eviction came before its answer: indexing it would
+    evict the live chunk 2 for a file that is gone. One that began after the drop (chunk 1
+    written again, by another instance) indexes it."""
+    index = ChunkIndex(max_bytes=10)
+    index.add(k(1), 10)
+    mark = index.mark()
+    assert index.add(k(2), 10) == [k(1)]
+    assert index.add(k(1), 10, since=mark) is None
+    assert k(2) in index and k(1) not in index
+    assert index.add(k(1), 10, since=index.mark()) == [k(2)]
+
+
+def test_without_a_mark_a_merge_indexes_what_it_found() -> None:
+    """Without ``since`` (``kvtier cache gc``) nothing dropped is skipped."""
     index = ChunkIndex(max_bytes=None)
     index.add(k(1), 10)
     index.discard(k(1))
@@ -340,12 +353,12 @@ def test_without_a_listing_nothing_dropped_is_remembered() -> None:
 
 
 def test_only_the_last_dropped_keys_are_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The memory of a long listing is bounded: past the limit the first dropped go."""
+    """The memory of drops is bounded: past the limit the first dropped are forgotten."""
     monkeypatch.setattr(chunk_index, "MAX_DROPPED_REMEMBERED", 3)
     index = ChunkIndex(max_bytes=None)
-    index.begin_listing()
+    mark = index.mark()
     for i in range(1, 5):
         index.add(k(i), 10)
         index.discard(k(i))
-    index.merge_cold([(k(i), 10, None) for i in range(1, 5)])
+    index.merge_cold([(k(i), 10, None) for i in range(1, 5)], since=mark)
     assert [i for i in range(1, 5) if k(i) in index] == [1]

@@ -131,7 +131,7 @@ class FilesystemTier(PooledTier):
         self._space = SpaceGuard(self._files.directory, config.min_free_bytes)
         self._shared = open_shared_bound(config, identity, dir_mode)
         self._index = ChunkIndex(config.max_bytes, remembered_chunks(config, self._file_bytes))
-        self._index.begin_listing()  # the start-up scan runs beside the first writes
+        self._scan_mark = self._index.mark()  # the start-up scan runs beside the first writes
         self._misses = RecentMisses(config.negative_ttl_s)
         self._stamps = UseStamps(USE_STAMP_S)
         self._counters = Counters()
@@ -332,7 +332,7 @@ class FilesystemTier(PooledTier):
         except OSError as exc:
             self._counters.add(f"load_failed.{failure_reason(exc)}")
             return "unreadable"
-        self._delete(self._index.add(key, size, link.parent if link else None), "evicted")
+        self._delete(self._index.add(key, size, link.parent if link else None) or [], "evicted")
         self._counters.add_pair("loaded_chunks", "loaded_bytes", size)
         self._mark_used(key)
         return "loaded"
@@ -349,20 +349,23 @@ class FilesystemTier(PooledTier):
 
     # -- background -------------------------------------------------------------------------
     def _probe(self, key: ChunkKey) -> bool:
-        """Whether ``key``'s file is there (one ``stat``), indexed or remembered as a miss."""
+        """Whether ``key``'s file is there (one ``stat``), indexed or remembered as a miss. A
+        file this tier deleted while the ``stat`` ran is a miss (``probe_raced_delete``)."""
+        mark = self._index.mark()
         try:
             self._hook("probe", key)
             size = self._files.size_of(key)
         except OSError as exc:
             self._counters.add(f"probe_failed.{failure_reason(exc)}")
             size = None
-        if size is None:
+        victims = None if size is None else self._index.add(key, self._file_bytes, since=mark)
+        if victims is None:
             self._misses.add(key)
-            self._counters.add("probe_misses")
+            self._counters.add("probe_misses" if size is None else "probe_raced_delete")
             return False
         if size != self._file_bytes:  # counted at a chunk's size: its load fails and deletes it
             self._counters.add("probe_wrong_size")
-        self._delete(self._index.add(key, self._file_bytes), "evicted")
+        self._delete(victims, "evicted")
         self._counters.add("probe_hits")
         return True
 
@@ -373,7 +376,7 @@ class FilesystemTier(PooledTier):
             if wrong := sum(1 for chunk in result.chunks if chunk[2] != nbytes):
                 self._counters.add("scan_wrong_size", wrong)  # their loads fail and delete them
             found = [(key, nbytes, parent) for _, key, _, parent in sorted(result.chunks)]
-            self._delete(self._index.merge_cold(found), "evicted")
+            self._delete(self._index.merge_cold(found, self._scan_mark), "evicted")
             self._counters.add("scan_found_chunks", len(found))
             self._counters.add("scrubbed_tmp_files", result.stale_removed)
             for reason, count in result.skipped.items():
@@ -382,7 +385,6 @@ class FilesystemTier(PooledTier):
             log.warning("%s: start-up scan of %s failed: %s", self.name, self.namespace, exc)
             self._counters.add(f"scan_failed.{failure_reason(exc)}")
         finally:
-            self._index.end_listing()
             self._scanned.set()
 
     def _reserve_shared(self, nbytes: int, key: ChunkKey) -> bool:

@@ -120,6 +120,7 @@ class ObjectBound:
         self._clock = UseClock(active=max_age_s is not None)
         self._delete, self._submit, self._on_drop = delete, submit, on_drop
         self._pending: OrderedDict[ChunkKey, str] = OrderedDict()  # failed deletes → reason
+        self._deleting: Counter[ChunkKey] = Counter()  # deletes sent and not yet ended
         self._removed: deque[ChunkKey] = deque(maxlen=MAX_REMOVED)
         self._counters: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -176,20 +177,32 @@ class ObjectBound:
             if key in self.index:
                 self._clock.used(key, now)
 
-    def found(self, key: ChunkKey, nbytes: int) -> None:
-        """A probe found ``key`` (``nbytes``), maybe written by another instance."""
-        if key not in self.index:
-            self.drop(self.index.add(key, nbytes), "evicted")
-            self._clock.used(key, self.now())
+    def found(self, key: ChunkKey, nbytes: int, since: int | None = None) -> bool:
+        """A probe found ``key`` (``nbytes``), maybe written by another instance; whether it
+        is indexed. Not when its delete is under way, or was dropped after the index's
+        ``mark`` returned ``since`` (the probe raced the delete): then it is a miss."""
+        with self._lock:
+            if self._deleting[key]:
+                return False
+        if key in self.index:
+            return True
+        victims = self.index.add(key, nbytes, since=since)
+        if victims is None:
+            return False
+        self.drop(victims, "evicted")
+        self._clock.used(key, self.now())
+        return True
 
     def gone(self, key: ChunkKey) -> None:
         """``key`` is not in the bucket (any more): forget it."""
         self.index.discard(key)
         self._clock.forget((key,))
 
-    def merge_listed(self, batch: Sequence[ListedChunk]) -> None:
-        """Chunks a listing found, ``batch`` newest first and older than every earlier batch."""
-        self.drop(self.index.merge_cold((k, n, None) for k, n, _ in reversed(batch)), "evicted")
+    def merge_listed(self, batch: Sequence[ListedChunk], since: int | None = None) -> None:
+        """Chunks a listing found, ``batch`` newest first and older than every earlier batch;
+        keys dropped after ``since`` (``ChunkIndex.mark``) are left out."""
+        found = ((k, n, None) for k, n, _ in reversed(batch))
+        self.drop(self.index.merge_cold(found, since), "evicted")
         self._clock.merge_old((k, when) for k, _, when in batch if k in self.index)
 
     # -- deletes -------------------------------------------------------------------------------
@@ -208,18 +221,33 @@ class ObjectBound:
         self._clock.forget(keys)
         for key in keys:
             self._on_drop(key)
-            self._submit(functools.partial(self._delete_one, key, reason))
+            self._send_delete(key, reason)
 
     def retry(self) -> int:
         """Send every failed delete again; returns how many."""
         with self._lock:
             pending, self._pending = self._pending, OrderedDict()
         for key, reason in pending.items():
-            self._submit(functools.partial(self._delete_one, key, reason))
+            self._send_delete(key, reason)
         self._count("delete_retried", len(pending))
         return len(pending)
 
+    def _send_delete(self, key: ChunkKey, reason: str) -> None:
+        """Delete ``key`` on the I/O threads; a probe meanwhile finds it gone (``found``)."""
+        with self._lock:
+            self._deleting[key] += 1
+        self._submit(functools.partial(self._delete_one, key, reason))
+
     def _delete_one(self, key: ChunkKey, reason: str) -> None:
+        try:
+            self._try_delete(key, reason)
+        finally:
+            with self._lock:
+                self._deleting[key] -= 1
+                if not self._deleting[key]:
+                    del self._deleting[key]
+
+    def _try_delete(self, key: ChunkKey, reason: str) -> None:
         if key in self.index:  # stored again since it was dropped: keep it
             return
         try:

@@ -117,12 +117,13 @@ class NamespaceListing:
                 self.chunks.add(bytes.fromhex(rest), size, when)
                 self.counts["listing_chunks"] += 1
 
-    def merge_into(self, bound: ObjectBound, stop: threading.Event) -> bool:
-        """Merge what was listed into ``bound``'s index, newest first (see the module);
-        ``False`` when ``stop`` was set first (the oldest are then left out)."""
+    def merge_into(self, bound: ObjectBound, stop: threading.Event, since: int) -> bool:
+        """Merge what was listed into ``bound``'s index, newest first (see the module), but
+        for keys dropped after its ``mark`` returned ``since``; ``False`` when ``stop`` was set
+        first (the oldest are then left out)."""
         for batch in self.chunks.newest_first(MERGE_BATCH):
             if stop.is_set():
                 return False
-            bound.merge_listed(batch)
+            bound.merge_listed(batch, since)
         self.chunks = ListedChunks()
         return True

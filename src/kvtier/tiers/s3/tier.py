@@ -187,9 +187,12 @@ class ObjectStoreTier(SecondaryTier):
         return RETRY
 
     def _probe(self, key: ChunkKey) -> None:
+        """HEAD ``key``'s object; one this tier was deleting meanwhile is a miss
+        (``probe_raced_delete``)."""
         if not self._breaker.allow():
             self._known.missing(key)
             return
+        mark = self._bound.index.mark() if self._bound is not None else None
         try:
             size = self._client.size_of(self._object_name(key))
         except TierError as exc:
@@ -201,8 +204,9 @@ class ObjectStoreTier(SecondaryTier):
         if size is not None and size != self._object_bytes:  # never loads: not indexed by it
             self._count("probe_wrong_size")
             size = None
-        if size is not None and self._bound is not None:
-            self._bound.found(key, size)
+        if size is not None and self._bound is not None and not self._bound.found(key, size, mark):
+            self._count("probe_raced_delete")
+            size = None
         (self._known.missing if size is None else self._known.found)(key)
         self._count("probe_miss" if size is None else "probe_hit")
 

@@ -53,7 +53,7 @@ class Upkeep:
         count: Callable[[str, int], None],
     ) -> None:
         self._bound, self._listing = bound, listing
-        bound.index.begin_listing()  # before the tier's first put, which the listing may see
+        self._mark = bound.index.mark()  # before the tier's first put, which the listing may see
         self._available, self._count = available, count
         self._stop = threading.Event()
         self.rebuilt = threading.Event()
@@ -70,9 +70,7 @@ class Upkeep:
 
     def _run(self) -> None:
         try:
-            rebuilt = self._rebuild()
-            self._bound.index.end_listing()
-            if rebuilt:
+            if self._rebuild():
                 self._sweep_until_stopped()
         except Exception:  # the thread must never die silently
             log.exception("obj tier upkeep failed; the bound is no longer kept")
@@ -89,7 +87,7 @@ class Upkeep:
                 self._stop.wait(RELIST_WAIT_S)
                 continue
             self._report_listing()
-            if not self._listing.merge_into(self._bound, self._stop):
+            if not self._listing.merge_into(self._bound, self._stop, self._mark):
                 return False
             self.rebuilt.set()
             return True

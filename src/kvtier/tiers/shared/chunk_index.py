@@ -22,11 +22,12 @@ writers also delete from keeps entries of files that are gone, until something l
 forgotten, a live chunk is found again by a probe. With ``max_bytes`` every entry counts
 against the bound, so nothing is forgotten (an entry dropped would escape the bound).
 
-A listing of the store runs beside writes and evictions: it may see a chunk whose delete has
-not run yet. Between ``begin_listing`` and ``end_listing`` the index remembers the keys it
-evicted or was told to discard (the last ``MAX_DROPPED_REMEMBERED``), and ``merge_cold`` skips
-them: re-indexed, such a chunk would be evicted, deleted and counted a second time, or, without
-a bound, announced as held while its file is gone.
+A look at the store (a listing, a probe) runs beside writes and evictions: it may see a chunk
+whose delete has not run yet. The index numbers each key it evicts or is told to discard (the
+last ``MAX_DROPPED_REMEMBERED``); ``mark`` before the look, and ``add`` or ``merge_cold`` given
+that mark skip the keys dropped after it. Re-indexed, such a chunk would be evicted, deleted
+and counted a second time, or, without a bound, announced as held while its file is gone, and
+it could evict a live chunk to make room for itself.
 
 No I/O: callers delete the victims every method returns. Thread safety: every public method
 takes the instance's lock.
@@ -42,10 +43,10 @@ from collections.abc import Iterable, Sequence
 from kvtier.errors import CapacityError
 from kvtier.keys import ChunkKey
 
-#: Keys evicted or discarded during a listing that ``merge_cold`` remembers to skip (32 bytes
-#: and a set entry each); past it the first dropped are forgotten, and a listing that saw one
-#: re-indexes it, to be evicted or found missing again.
-MAX_DROPPED_REMEMBERED = 1 << 16
+#: Dropped keys remembered for ``mark`` (about 150 bytes each); past it the first dropped are
+#: forgotten, and a look that began before such a drop re-indexes the key, to be evicted or
+#: found missing again.
+MAX_DROPPED_REMEMBERED = 1 << 14
 
 #: A chunk found by a listing: key, size in bytes, and its predecessor's key where known.
 Found = tuple[ChunkKey, int, "bytes | None"]
@@ -71,7 +72,8 @@ class ChunkIndex:
         self._claims: Counter[bytes] = Counter()
         self._indexed = 0
         self._reserved = 0
-        self._dropped: dict[bytes, None] | None = None  # while a listing runs, oldest first
+        self._drops = 0  # keys dropped so far
+        self._dropped: OrderedDict[bytes, int] = OrderedDict()  # key -> its drop's number
         self._lock = threading.Lock()
 
     def __contains__(self, key: object) -> bool:
@@ -222,10 +224,16 @@ class ChunkIndex:
             self._insert(key, nbytes, parent)
             self._forget_over()
 
-    def add(self, key: ChunkKey, nbytes: int, parent: bytes | None = None) -> list[ChunkKey]:
+    def add(
+        self, key: ChunkKey, nbytes: int, parent: bytes | None = None, since: int | None = None
+    ) -> list[ChunkKey] | None:
         """A chunk found stored (MRU); returns the keys evicted to stay under the bound. A key
-        being written is left to its ``commit``: indexed now, its bytes would count twice."""
+        being written is left to its ``commit``: indexed now, its bytes would count twice.
+        ``None`` (nothing indexed) when ``key`` was dropped after ``mark`` returned ``since``:
+        what found it ran beside its delete."""
         with self._lock:
+            if self._dropped_since(key, since):
+                return None
             if key in self._sizes:
                 self._sizes.move_to_end(key)
                 self._learn_parent(key, parent)
@@ -242,28 +250,22 @@ class ChunkIndex:
             if key in self._sizes:
                 self._learn_parent(key, parent)
 
-    def begin_listing(self) -> None:
-        """A listing of the store starts (call it before any write the listing could see):
-        keys evicted or discarded from now on are skipped by ``merge_cold``."""
+    def mark(self) -> int:
+        """Taken before a look at the store (a listing, a probe), and given to ``add`` or
+        ``merge_cold`` with what it found: keys dropped after it are not indexed again."""
         with self._lock:
-            if self._dropped is None:
-                self._dropped = {}
+            return self._drops
 
-    def end_listing(self) -> None:
-        """The listing was merged (or abandoned): stop remembering dropped keys."""
-        with self._lock:
-            self._dropped = None
-
-    def merge_cold(self, found: Iterable[Found]) -> list[ChunkKey]:
+    def merge_cold(self, found: Iterable[Found], since: int | None = None) -> list[ChunkKey]:
         """Add chunks found by a listing, given least recently used first, below every known
         key; keys already indexed keep their place. Returns the keys evicted to stay under the
         bound, in eviction order (what ``kvtier cache gc`` deletes). A key being written (a
-        listing that ran beside its put) is left to its ``commit``, as in ``add``; one dropped
-        since ``begin_listing`` is left out."""
+        listing that ran beside its put) is left to its ``commit``, as in ``add``, and one
+        dropped after ``mark`` returned ``since`` is left out."""
         with self._lock:
-            skip = self._dropped or {}
             for key, nbytes, parent in reversed(_prefix_order(list(found))):
-                if key not in self._sizes and key not in self._pending and key not in skip:
+                fresh = key not in self._sizes and key not in self._pending
+                if fresh and not self._dropped_since(key, since):
                     self._insert(key, nbytes, parent)
                     self._sizes.move_to_end(key, last=False)
             self._forget_over()
@@ -285,12 +287,15 @@ class ChunkIndex:
             self._pending.pop(key, None)
 
     def _note_dropped(self, key: bytes) -> None:
-        """Remember ``key`` for ``merge_cold`` while a listing runs."""
-        if self._dropped is None:
-            return
-        self._dropped[key] = None
+        """Number ``key``'s drop, for ``mark``."""
+        self._drops += 1
+        self._dropped[key] = self._drops
+        self._dropped.move_to_end(key)
         if len(self._dropped) > MAX_DROPPED_REMEMBERED:
-            del self._dropped[next(iter(self._dropped))]
+            self._dropped.popitem(last=False)
+
+    def _dropped_since(self, key: bytes, since: int | None) -> bool:
+        return since is not None and self._dropped.get(key, 0) > since
 
     def _insert(self, key: ChunkKey, nbytes: int, parent: bytes | None) -> None:
         self._indexed += nbytes - self._sizes.pop(key, 0)  # a key written twice is replaced
