@@ -362,3 +362,14 @@ def test_only_the_last_dropped_keys_are_remembered(monkeypatch: pytest.MonkeyPat
         index.discard(k(i))
     index.merge_cold([(k(i), 10, None) for i in range(1, 5)], since=mark)
     assert [i for i in range(1, 5) if k(i) in index] == [1]
+
+
+def test_a_chunk_dropped_and_stored_again_stays_indexed_whatever_a_probe_raced() -> None:
+    """Dropped after the mark, then written again: the probe's answer finds it indexed."""
+    index = ChunkIndex(max_bytes=None)
+    index.add(k(1), 10)
+    mark = index.mark()
+    index.discard(k(1))
+    index.add(k(1), 10)  # stored again
+    assert index.add(k(1), 10, since=mark) == []
+    assert k(1) in index

@@ -181,11 +181,11 @@ class ObjectBound:
         """A probe found ``key`` (``nbytes``), maybe written by another instance; whether it
         is indexed. Not when its delete is under way, or was dropped after the index's
         ``mark`` returned ``since`` (the probe raced the delete): then it is a miss."""
+        if key in self.index:  # stored again meanwhile: its delete keeps it (``_try_delete``)
+            return True
         with self._lock:
             if self._deleting[key]:
                 return False
-        if key in self.index:
-            return True
         victims = self.index.add(key, nbytes, since=since)
         if victims is None:
             return False

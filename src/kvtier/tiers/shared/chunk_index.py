@@ -232,12 +232,12 @@ class ChunkIndex:
         ``None`` (nothing indexed) when ``key`` was dropped after ``mark`` returned ``since``:
         what found it ran beside its delete."""
         with self._lock:
-            if self._dropped_since(key, since):
-                return None
             if key in self._sizes:
                 self._sizes.move_to_end(key)
                 self._learn_parent(key, parent)
                 return []
+            if self._dropped_since(key, since):
+                return None
             if key in self._pending:
                 return []
             self._insert(key, nbytes, parent)
