@@ -500,7 +500,7 @@ def report(name: str, args: argparse.Namespace, load_before: list[float], fields
     return json.dumps(
         {
             "benchmark": name,
-            "commit": _commit(),
+            "commit": STARTED_AT,
             "command": f"python benchmarks/{name}.py " + " ".join(sys.argv[1:]),
             "directory": args.dir or tempfile.gettempdir(),
             **fields,
@@ -533,6 +533,11 @@ def _vllm_has_c() -> bool:
     from vllm.v1.kv_offload.tiering.fs import io
 
     return bool(io._HAS_FSIO_C)
+
+
+#: The checkout's commit when this module was imported: the code a run imports, whatever is
+#: committed while it runs.
+STARTED_AT = _commit()
 
 
 if __name__ == "__main__":

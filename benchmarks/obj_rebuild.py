@@ -122,7 +122,7 @@ def merge_run(n: int, max_age_s: float | None, traced: bool) -> dict[str, Any]:
     listing = NamespaceListing(client, "p/d")
     assert listing.run(threading.Event())
     listed_s, listed_bytes = time.perf_counter() - start, tracemalloc.get_traced_memory()[0]
-    assert listing.merge_into(bound, threading.Event())
+    assert listing.merge_into(bound, threading.Event(), bound.index.mark())
     seconds = time.perf_counter() - start
     left, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
