@@ -628,13 +628,15 @@ def test_a_host_name_is_resolved_and_a_hanging_resolver_never_stalls_the_transpo
 
 def test_names_resolving_at_once_are_bounded(monkeypatch):
     """Threads stuck in a resolver that never answers are not started without end: past
-    ``MAX_RESOLVING`` a connect to a name gives a closed channel at once; once an answer comes
-    (here: the resolver fails) the next connect is resolved again."""
+    ``MAX_RESOLVING`` names a connect to another name gives a closed channel at once; once an
+    answer comes (here: the resolver fails, which is not kept) the name is looked up again."""
     monkeypatch.setattr(tcp_sockets, "MAX_RESOLVING", 1)
     answer, real = threading.Event(), socket.getaddrinfo
 
     def hanging(host, *args, **kwargs):
-        if host == "slow.example" and not (len(args) >= 5 and args[4] & socket.AI_NUMERICHOST):
+        if host.endswith("slow.example") and not (
+            len(args) >= 5 and args[4] & socket.AI_NUMERICHOST
+        ):
             answer.wait(30)
             raise socket.gaierror("no such name")
         return real(host, *args, **kwargs)
@@ -644,16 +646,54 @@ def test_names_resolving_at_once_are_bounded(monkeypatch):
     try:
         first = client.connect("slow.example", 1, LIMITS)
         assert first.send([b"x"])
-        assert not client.connect("slow.example", 1, LIMITS).send([b"x"])
+        assert not client.connect("other.slow.example", 1, LIMITS).send([b"x"])
         answer.set()
         deadline = time.monotonic() + 5
         while first.send([b"x"]):  # the failed answer closes it
             assert time.monotonic() < deadline
             client.wait(0.05)
-        third = client.connect("slow.example", 1, LIMITS)
-        assert third.send([b"x"])
+        assert client.connect("other.slow.example", 1, LIMITS).send([b"x"])
     finally:
         client.close()
+
+
+def next_message(client: TcpTransport, server: TcpTransport, listener) -> tuple:
+    deadline = time.monotonic() + 5
+    while (got := listener.recv()) is None:
+        assert time.monotonic() < deadline, "no message arrived"
+        client.wait(0.01)
+        server.wait(0.01)
+    return got
+
+
+def test_a_name_is_looked_up_once_and_its_answer_outlives_the_channel_that_asked(monkeypatch):
+    """A link gives up on a slow lookup (its handshake deadline, 1 s by default, may come
+    first) and tries again later: the answer that came meanwhile is used, without asking the
+    resolver again. Two channels asking at once share one lookup."""
+    server, client = TcpTransport(), TcpTransport()
+    real, asked = socket.getaddrinfo, []
+
+    def slow(host, *args, **kwargs):
+        if host == "slow.test" and not (len(args) >= 5 and args[4] & socket.AI_NUMERICHOST):
+            asked.append(host)
+            time.sleep(0.3)
+            return real("127.0.0.1", *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    try:
+        listener = server.listen("127.0.0.1", 0, LIMITS)
+        client.connect("slow.test", listener.port, LIMITS).close()  # given up at once
+        waiting = client.connect("slow.test", listener.port, LIMITS)
+        assert waiting.send([b"waiting"])
+        assert bytes(next_message(client, server, listener)[1][0]) == b"waiting"
+        later = client.connect("slow.test", listener.port, LIMITS)
+        assert later.send([b"later"])
+        assert bytes(next_message(client, server, listener)[1][0]) == b"later"
+        assert asked == ["slow.test"]
+    finally:
+        client.close()
+        server.close()
 
 
 def test_payloads_are_verified_with_the_checksum_taken_as_they_landed(monkeypatch):

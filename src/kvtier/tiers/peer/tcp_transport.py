@@ -95,7 +95,7 @@ class TcpTransport:
         conn.connecting = True  # and not polled until then
         found = tcp_sockets.numeric(host, port)
         if found is not None:
-            conn.addresses = found
+            conn.addresses = list(found)  # a copy: the resolver keeps its answer for others
             self._connect_next(conn)
         elif self._resolver.start(conn, host, port):
             conn.resolving = f"{host}:{port}"
@@ -113,7 +113,7 @@ class TcpTransport:
             log.warning("peer %s: cannot resolve the address: %s", where, found)
             self.drop(conn)
             return
-        conn.addresses = found
+        conn.addresses = list(found)  # a copy: the resolver keeps its answer for others
         self._connect_next(conn)
 
     def _connect_next(self, conn: Conn) -> None:
