@@ -317,6 +317,52 @@ def test_a_probe_whose_file_this_tier_deleted_meanwhile_is_a_miss_and_evicts_not
     assert settle_lookup(tier, keys[1]) is HIT
 
 
+def test_a_probe_between_an_eviction_and_its_unlink_is_a_miss_and_evicts_nothing(
+    make_tier, region, identity, monkeypatch
+):
+    """Key 0 is evicted by a store of key 1; before its file is unlinked, a lookup's probe
+    finds it still there. The probe began after the eviction, yet must not index it: it is a
+    miss, and key 1 stays."""
+    removing, unlink = threading.Event(), threading.Event()
+    remove, keys = ChunkFiles.remove, make_keys(identity, 2)
+
+    def slow_remove(self: ChunkFiles, key: ChunkKey) -> bool:
+        if key == keys[0]:
+            removing.set()
+            unlink.wait(10)
+        return remove(self, key)
+
+    monkeypatch.setattr(ChunkFiles, "remove", slow_remove)
+    tier = make_tier(max_bytes=HEADER_BYTES + region.slot_bytes, probe="background")
+    assert tier.wait_scanned(timeout=10) and store(tier, region, keys[:1])
+    second = threading.Thread(target=store, args=(tier, region, keys[1:], 2))
+    second.start()
+    try:
+        assert removing.wait(10)  # key 0 evicted, its file still there
+        assert settle_lookup(tier, keys[0]) is MISS
+        assert tier.stats()["probe_raced_delete"] == 1
+    finally:
+        unlink.set()
+        second.join(10)
+    assert set(chunk_files(tier)) == {keys[1]}
+    assert settle_lookup(tier, keys[1]) is HIT
+
+
+def test_an_evicted_chunk_written_again_by_another_instance_is_found_by_a_probe(
+    make_tier, region, identity
+):
+    """Once its delete has ended, an evicted key is no longer skipped: another instance may
+    write it again, and a probe finds it."""
+    keys = make_keys(identity, 2)
+    tier = make_tier(max_bytes=HEADER_BYTES + region.slot_bytes, probe="background")
+    assert tier.wait_scanned(timeout=10)
+    assert store(tier, region, keys[:1]) and store(tier, region, keys[1:], job_id=2)
+    assert tier.take_removed() == [keys[0]]
+    assert store(make_tier(), region, keys[:1], job_id=3)  # another instance writes key 0
+    assert settle_lookup(tier, keys[0]) is HIT
+    assert tier.stats().get("probe_raced_delete", 0) == 0
+
+
 def test_scrub_removes_only_temporary_files_of_dead_or_stale_writers(make_tier, tmp_path, identity):
     live_tier = make_tier()
     level = Path(live_tier.namespace) / "ab" / "cd"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -216,6 +217,28 @@ def test_a_probe_that_finds_an_object_being_deleted_is_a_miss_and_evicts_nothing
         release.set()
     settled(tier, evicted=1, index_chunks=1)
     assert chunk_names(s3_server, tier) == {name_of(tier, keys[1])}
+
+
+def test_an_evicted_object_written_again_by_another_instance_is_found_by_a_probe(
+    s3_server, tiers, region, identity
+):
+    """Once its delete has ended, an evicted key is no longer skipped: another instance may put
+    it again, and a probe finds it."""
+    prefix = f"again-{uuid.uuid4().hex[:8]}"
+    tier = make(
+        s3_server, tiers, region, identity, prefix=prefix, max_bytes=OBJECT, negative_ttl_s=0.05
+    )
+    assert tier.wait_rebuilt(SETTLE_S)
+    keys = make_keys(identity, 2, seed=6)
+    Jobs(tier, region).store(keys[:1])
+    Jobs(tier, region).store(keys[1:])
+    settled(tier, evicted=1)
+    assert tier.lookup(keys[0]) is MISS  # remembered at the eviction, told once
+    writer = make(s3_server, tiers, region, identity, prefix=prefix)
+    Jobs(writer, region).store(keys[:1])
+    time.sleep(0.1)  # the remembered miss has expired
+    assert settle_lookup(tier, keys[0]) is HIT
+    assert tier.stats().get("probe_raced_delete", 0) == 0
 
 
 # -- the bound ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kvtier.errors import CapacityError
 from kvtier.keys import ChunkKey
-from kvtier.tiers.shared import chunk_index
+from kvtier.tiers.shared import drops
 from kvtier.tiers.shared.chunk_index import ChunkIndex
 
 
@@ -326,7 +326,8 @@ def test_a_listing_does_not_bring_back_a_chunk_dropped_while_it_ran(dropped_by: 
         assert index.discard(k(1))
     assert index.merge_cold([(k(1), 10, None)], since=mark) == []
     assert k(1) not in index
-    later = index.merge_cold([(k(1), 10, None)], since=index.mark())  # a listing after the drop
+    index.deleted(k(1))  # the caller deleted what was evicted
+    later = index.merge_cold([(k(1), 10, None)], since=index.mark())  # a listing after that
     assert later == ([k(1)] if dropped_by == "eviction" else [])
 
 
@@ -340,7 +341,22 @@ def test_a_probe_that_raced_a_delete_indexes_nothing_and_evicts_nothing() -> Non
     assert index.add(k(2), 10) == [k(1)]
     assert index.add(k(1), 10, since=mark) is None
     assert k(2) in index and k(1) not in index
+    index.deleted(k(1))
     assert index.add(k(1), 10, since=index.mark()) == [k(2)]
+
+
+def test_a_probe_begun_after_an_eviction_but_before_its_delete_ended_indexes_nothing() -> None:
+    """Evicted first, then the probe's mark and look (the file still there), then the unlink:
+    the key is skipped while its delete is on its way, and after it ends for every look that
+    began before that."""
+    index = ChunkIndex(max_bytes=10)
+    index.add(k(1), 10)
+    assert index.add(k(2), 10) == [k(1)]  # evicted: its delete is on its way
+    before_the_unlink = index.mark()
+    assert index.add(k(1), 10, since=before_the_unlink) is None
+    index.deleted(k(1))
+    assert index.add(k(1), 10, since=before_the_unlink) is None
+    assert k(2) in index and k(1) not in index
 
 
 def test_without_a_mark_a_merge_indexes_what_it_found() -> None:
@@ -354,7 +370,7 @@ def test_without_a_mark_a_merge_indexes_what_it_found() -> None:
 
 def test_only_the_last_dropped_keys_are_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
     """The memory of drops is bounded: past the limit the first dropped are forgotten."""
-    monkeypatch.setattr(chunk_index, "MAX_DROPPED_REMEMBERED", 3)
+    monkeypatch.setattr(drops, "MAX_DROPPED_REMEMBERED", 3)
     index = ChunkIndex(max_bytes=None)
     mark = index.mark()
     for i in range(1, 5):

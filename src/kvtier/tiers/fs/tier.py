@@ -284,8 +284,9 @@ class FilesystemTier(PooledTier):
 
     # -- loads ------------------------------------------------------------------------------
     def _load(self, job: TransferJob) -> JobOutcome:
+        mark = self._index.mark()  # a chunk evicted while read is served, not indexed again
         reads = zip(job.keys, self._read(job), strict=True)
-        outcomes = [(key, self._outcome(key, read)) for key, read in reads]
+        outcomes = [(key, self._outcome(key, read, mark)) for key, read in reads]
         return JobOutcome(
             [key for key, outcome in outcomes if outcome == "loaded"],
             [key for key, outcome in outcomes if outcome == "corrupt"],
@@ -308,7 +309,7 @@ class FilesystemTier(PooledTier):
             return exc
         return self._files.reader.read_many([key], self._region, [slot])[0]
 
-    def _outcome(self, key: ChunkKey, read: Read) -> _LoadOutcome:
+    def _outcome(self, key: ChunkKey, read: Read, mark: int) -> _LoadOutcome:
         """Count what reading ``key`` came to (never raises but for a bug: then the job fails)."""
         try:
             if isinstance(read, Exception):
@@ -332,7 +333,8 @@ class FilesystemTier(PooledTier):
         except OSError as exc:
             self._counters.add(f"load_failed.{failure_reason(exc)}")
             return "unreadable"
-        self._delete(self._index.add(key, size, link.parent if link else None) or [], "evicted")
+        victims = self._index.add(key, size, link.parent if link else None, since=mark)
+        self._delete(victims or [], "evicted")
         self._counters.add_pair("loaded_chunks", "loaded_bytes", size)
         self._mark_used(key)
         return "loaded"
@@ -407,6 +409,7 @@ class FilesystemTier(PooledTier):
                     self._shared.release(self._file_bytes)
             except OSError as exc:
                 self._counters.add(f"remove_failed.{failure_reason(exc)}")
+            self._index.deleted(key)  # a probe that stat'ed it before the unlink is a miss
             self._removed.append(key)
             self._counters.add(reason)
 

@@ -120,7 +120,6 @@ class ObjectBound:
         self._clock = UseClock(active=max_age_s is not None)
         self._delete, self._submit, self._on_drop = delete, submit, on_drop
         self._pending: OrderedDict[ChunkKey, str] = OrderedDict()  # failed deletes → reason
-        self._deleting: Counter[ChunkKey] = Counter()  # deletes sent and not yet ended
         self._removed: deque[ChunkKey] = deque(maxlen=MAX_REMOVED)
         self._counters: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -179,13 +178,8 @@ class ObjectBound:
 
     def found(self, key: ChunkKey, nbytes: int, since: int | None = None) -> bool:
         """A probe found ``key`` (``nbytes``), maybe written by another instance; whether it
-        is indexed. Not when its delete is under way, or was dropped after the index's
-        ``mark`` returned ``since`` (the probe raced the delete): then it is a miss."""
-        if key in self.index:  # stored again meanwhile: its delete keeps it (``_try_delete``)
-            return True
-        with self._lock:
-            if self._deleting[key]:
-                return False
+        is indexed. Not when the probe, begun at ``since`` (``ChunkIndex.mark``), raced the
+        key's eviction and delete here: then it is a miss."""
         victims = self.index.add(key, nbytes, since=since)
         if victims is None:
             return False
@@ -212,7 +206,7 @@ class ObjectBound:
             return 0
         keys = [ChunkKey(k) for k in self._clock.take_older_than(self.now() - self.max_age_s)]
         for key in keys:
-            self.index.discard(key)
+            self.index.discard(key, deleting=True)
         self.drop(keys, "expired")
         return len(keys)
 
@@ -233,19 +227,14 @@ class ObjectBound:
         return len(pending)
 
     def _send_delete(self, key: ChunkKey, reason: str) -> None:
-        """Delete ``key`` on the I/O threads; a probe meanwhile finds it gone (``found``)."""
-        with self._lock:
-            self._deleting[key] += 1
+        """Delete ``key`` on the I/O threads (a probe meanwhile finds it gone: ``found``)."""
         self._submit(functools.partial(self._delete_one, key, reason))
 
     def _delete_one(self, key: ChunkKey, reason: str) -> None:
         try:
             self._try_delete(key, reason)
         finally:
-            with self._lock:
-                self._deleting[key] -= 1
-                if not self._deleting[key]:
-                    del self._deleting[key]
+            self.index.deleted(key)  # a HEAD answered before the DELETE is a miss too
 
     def _try_delete(self, key: ChunkKey, reason: str) -> None:
         if key in self.index:  # stored again since it was dropped: keep it

@@ -23,11 +23,14 @@ forgotten, a live chunk is found again by a probe. With ``max_bytes`` every entr
 against the bound, so nothing is forgotten (an entry dropped would escape the bound).
 
 A look at the store (a listing, a probe) runs beside writes and evictions: it may see a chunk
-whose delete has not run yet. The index numbers each key it evicts or is told to discard (the
-last ``MAX_DROPPED_REMEMBERED``); ``mark`` before the look, and ``add`` or ``merge_cold`` given
-that mark skip the keys dropped after it. Re-indexed, such a chunk would be evicted, deleted
-and counted a second time, or, without a bound, announced as held while its file is gone, and
-it could evict a live chunk to make room for itself.
+whose delete has not run yet. The index numbers each key it evicts or is told to discard, and
+again when the caller says its delete ended (``deleted``; the last ``MAX_DROPPED_REMEMBERED``
+keys). ``mark`` before the look: ``add`` or ``merge_cold`` given that mark skip the keys
+dropped or deleted after it, and those evicted whose delete has not ended (every key an index
+method returns as evicted is the caller's to delete, then to report ``deleted``). Re-indexed,
+such a chunk would be evicted, deleted and counted a second time, or, without a bound,
+announced as held while its file is gone, and it could evict a live chunk to make room for
+itself.
 
 No I/O: callers delete the victims every method returns. Thread safety: every public method
 takes the instance's lock.
@@ -42,11 +45,7 @@ from collections.abc import Iterable, Sequence
 
 from kvtier.errors import CapacityError
 from kvtier.keys import ChunkKey
-
-#: Dropped keys remembered for ``mark`` (about 150 bytes each); past it the first dropped are
-#: forgotten, and a look that began before such a drop re-indexes the key, to be evicted or
-#: found missing again.
-MAX_DROPPED_REMEMBERED = 1 << 14
+from kvtier.tiers.shared.drops import Drops
 
 #: A chunk found by a listing: key, size in bytes, and its predecessor's key where known.
 Found = tuple[ChunkKey, int, "bytes | None"]
@@ -72,8 +71,7 @@ class ChunkIndex:
         self._claims: Counter[bytes] = Counter()
         self._indexed = 0
         self._reserved = 0
-        self._drops = 0  # keys dropped so far
-        self._dropped: OrderedDict[bytes, int] = OrderedDict()  # key -> its drop's number
+        self._drops = Drops()  # under this lock
         self._lock = threading.Lock()
 
     def __contains__(self, key: object) -> bool:
@@ -236,7 +234,7 @@ class ChunkIndex:
                 self._sizes.move_to_end(key)
                 self._learn_parent(key, parent)
                 return []
-            if self._dropped_since(key, since):
+            if self._drops.raced(key, since):
                 return None
             if key in self._pending:
                 return []
@@ -254,7 +252,14 @@ class ChunkIndex:
         """Taken before a look at the store (a listing, a probe), and given to ``add`` or
         ``merge_cold`` with what it found: keys dropped after it are not indexed again."""
         with self._lock:
-            return self._drops
+            return self._drops.mark()
+
+    def deleted(self, key: ChunkKey) -> None:
+        """The delete of evicted ``key`` ended (its file or object is gone, or stays: a failed
+        delete): its drop is numbered again, so that a look that began before the delete, and
+        saw the chunk still there, skips it too. Nothing for a key indexed again meanwhile."""
+        with self._lock:
+            self._drops.deleted(key, indexed=key in self._sizes)
 
     def merge_cold(self, found: Iterable[Found], since: int | None = None) -> list[ChunkKey]:
         """Add chunks found by a listing, given least recently used first, below every known
@@ -265,16 +270,17 @@ class ChunkIndex:
         with self._lock:
             for key, nbytes, parent in reversed(_prefix_order(list(found))):
                 fresh = key not in self._sizes and key not in self._pending
-                if fresh and not self._dropped_since(key, since):
+                if fresh and not self._drops.raced(key, since):
                     self._insert(key, nbytes, parent)
                     self._sizes.move_to_end(key, last=False)
             self._forget_over()
             return self._evict_for(0) or []
 
-    def discard(self, key: ChunkKey) -> bool:
-        """Forget ``key`` (its chunk is gone or bad); ``False`` if it was not indexed."""
+    def discard(self, key: ChunkKey, deleting: bool = False) -> bool:
+        """Forget ``key`` (its chunk is gone or bad; with ``deleting``, about to be deleted,
+        until ``deleted``); ``False`` if it was not indexed."""
         with self._lock:
-            self._note_dropped(key)
+            self._drops.note(key, deleting)
             return self._remove(key)
 
     # -- internals (lock held) ---------------------------------------------------------------
@@ -285,17 +291,6 @@ class ChunkIndex:
         else:
             self._claims.pop(key, None)
             self._pending.pop(key, None)
-
-    def _note_dropped(self, key: bytes) -> None:
-        """Number ``key``'s drop, for ``mark``."""
-        self._drops += 1
-        self._dropped[key] = self._drops
-        self._dropped.move_to_end(key)
-        if len(self._dropped) > MAX_DROPPED_REMEMBERED:
-            self._dropped.popitem(last=False)
-
-    def _dropped_since(self, key: bytes, since: int | None) -> bool:
-        return since is not None and self._dropped.get(key, 0) > since
 
     def _insert(self, key: ChunkKey, nbytes: int, parent: bytes | None) -> None:
         self._indexed += nbytes - self._sizes.pop(key, 0)  # a key written twice is replaced
@@ -386,7 +381,7 @@ class ChunkIndex:
             key = next(iter(self._lost)) if self._lost else next(iter(self._sizes))
             excess -= self._sizes[key]
             self._remove(key)
-            self._note_dropped(key)
+            self._drops.note(key, deleting=True)  # the caller deletes it, then ``deleted``
             victims.append(key if isinstance(key, ChunkKey) else ChunkKey(key))
         return victims
 
