@@ -1,9 +1,9 @@
 """TcpListener: the listening side of ``TcpTransport``, and the bounds on what it keeps.
 
-A listener keeps at most ``MAX_CONNECTIONS``: a new one then displaces the connection quiet
-longest (no whole message from it, no byte written to it) if that has been quiet for
-``DISPLACE_QUIET_S`` (``connections_displaced_quiet``), so that clients that connect and say
-nothing cannot hold every place; otherwise the new one is closed at once
+A listener keeps at most ``MAX_CONNECTIONS``: a new one then displaces the connection heard
+from longest ago, if it has been quiet both ways (no whole message from it, no byte written to
+it) for ``DISPLACE_QUIET_S`` (``connections_displaced_quiet``), so that clients that connect
+and say nothing cannot hold every place; otherwise the new one is closed at once
 (``connections_dropped_over_limit``). It drops a connection that breaks the wire format or its
 ``MessageLimits`` (``connections_dropped_<reason>``), one whose greeting or unfinished message
 is older than ``UNFINISHED_S`` (``connections_dropped_stalled``), and one that has not taken a
