@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kvtier.tiers.peer.protocol import MAX_IN_FLIGHT
 from kvtier.tiers.peer.tcp_wire import GREETING, Incoming, Outgoing
 from kvtier.tiers.peer.transport import MessageLimits, Place
 
-if TYPE_CHECKING:
-    from kvtier.tiers.peer.tcp_listener import TcpListener
-
 #: Replies queued for one connection at most, as many as a kvtier client has requests out: then
 #: its requests are left unread, and a reply past it is dropped (``replies_dropped_backlog``), so
 #: a peer that does not read cannot make the server queue more.
 MAX_QUEUED_REPLIES = MAX_IN_FLIGHT
+
+
+class Accepted(Protocol):
+    """What accepted a connection (a ``TcpListener``): told when the transport drops it."""
+
+    def discard(self, conn: Conn) -> None: ...
 
 
 class Conn:
@@ -30,7 +33,7 @@ class Conn:
         sock: socket.socket,
         limits: MessageLimits,
         peer: bytes = b"",
-        listener: TcpListener | None = None,
+        listener: Accepted | None = None,
     ) -> None:
         self.sock, self.peer, self.fd, self.listener = sock, peer, sock.fileno(), listener
         self.incoming, self.outgoing = Incoming(limits), Outgoing()

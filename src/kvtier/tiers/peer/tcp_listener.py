@@ -21,15 +21,12 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvtier.tiers.peer.tcp_conn import Conn
 from kvtier.tiers.peer.tcp_sockets import nonblocking
 from kvtier.tiers.peer.tcp_wire import Closed, Receipt, Violation, encode
 from kvtier.tiers.peer.transport import Buffer, MessageLimits, SendReceipt
-
-if TYPE_CHECKING:
-    from kvtier.tiers.peer.tcp_transport import TcpTransport
 
 log = logging.getLogger("kvtier.tiers.peer.tcp_transport")
 
@@ -43,10 +40,22 @@ SWEEP_S = 0.1  # how often a listener looks for stalled connections
 ACCEPT_PAUSE_S = 0.5  # a listener that failed to accept (EMFILE) rests this long
 
 
+class Owner(Protocol):
+    """The transport that owns a listener's connections (``TcpTransport``)."""
+
+    def add(self, conn: Conn) -> None: ...
+
+    def drop(self, conn: Conn) -> None: ...
+
+    def flush(self, conn: Conn) -> None: ...
+
+    def unlisten(self, listener: TcpListener) -> None: ...
+
+
 class TcpListener:
     """``Listener`` on one port; see the module docstring."""
 
-    def __init__(self, transport: TcpTransport, sock: socket.socket, limits: MessageLimits):
+    def __init__(self, transport: Owner, sock: socket.socket, limits: MessageLimits):
         self.port: int = sock.getsockname()[1]
         self.sock, self.fd = sock, sock.fileno()
         self._transport, self._limits = transport, limits
