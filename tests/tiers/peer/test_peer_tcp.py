@@ -666,6 +666,31 @@ def next_message(client: TcpTransport, server: TcpTransport, listener) -> tuple:
     return got
 
 
+def test_a_kept_answer_is_asked_again_once_its_time_is_up(monkeypatch):
+    """Past ``RESOLVED_TTL_S`` (here 0) a name is looked up again: the resolver's word may
+    have changed."""
+    monkeypatch.setattr(tcp_sockets, "RESOLVED_TTL_S", 0.0)
+    server, client = TcpTransport(), TcpTransport()
+    real, asked = socket.getaddrinfo, []
+
+    def counted(host, *args, **kwargs):
+        if host == "named.test" and not (len(args) >= 5 and args[4] & socket.AI_NUMERICHOST):
+            asked.append(host)
+            return real("127.0.0.1", *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", counted)
+    try:
+        listener = server.listen("127.0.0.1", 0, LIMITS)
+        for word in (b"first", b"second"):
+            assert client.connect("named.test", listener.port, LIMITS).send([word])
+            assert bytes(next_message(client, server, listener)[1][0]) == word
+        assert asked == ["named.test", "named.test"]
+    finally:
+        client.close()
+        server.close()
+
+
 def test_a_name_is_looked_up_once_and_its_answer_outlives_the_channel_that_asked(monkeypatch):
     """A link gives up on a slow lookup (its handshake deadline, 1 s by default, may come
     first) and tries again later: the answer that came meanwhile is used, without asking the
