@@ -28,6 +28,13 @@ the tier over TCP), the median over rounds of tier / raw (raw into slots) throug
 round, with its 95 % interval (``ratio_interval``...; ``kvtier.bench.verdict``).
 Before 2026-12-03 the raw server sent one 2 or 8 MiB buffer for every chunk, always in the CPU
 cache, which the tier's 256 MiB of slots never are.
+``SIDE_faults_per_gb``: this process's minor page faults per GB a side received (median over
+rounds), pages of libzmq's receive buffers faulted in afresh. They set the tier's throughput
+over ZeroMQ more than anything in the tier does: 10k-89k per GB from one process to the next,
+2.5-3.3 GB/s at 2 MiB (``benchmarks/peer_malloc.py``, ``docs/tiers/peer.md#memory-allocator``);
+the JSON names the ``GLIBC_TUNABLES`` it ran with. ``--pin`` (off by default) gives the
+serving processes the first half of the CPUs this process may use and this process the rest,
+as two hosts would have them.
 Throughput is payload bytes per second (GB = 1e9). ``load`` is the 1-minute load average at
 start and end: on a shared machine, compare only ratios, never absolute figures across runs.
 """
@@ -39,6 +46,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import resource
 import shutil
 import socket
 import statistics
@@ -109,6 +117,7 @@ def make_keys(folder: Path) -> Keys:
 def serve_tier(
     chunk_bytes: int, n: int, port: int, transport: str, keys: Keys, conn: Connection
 ) -> None:
+    pin(conn.recv())
     serve: dict[str, Any] = {"port": port, "transport": transport}
     if keys:
         serve |= {
@@ -128,6 +137,7 @@ def serve_tier(
 
 
 def serve_raw(chunk_bytes: int, n: int, port: int, keys: Keys, conn: Connection) -> None:
+    pin(conn.recv())
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     if keys:
@@ -229,8 +239,26 @@ def peer_tier(chunk_bytes: int, n: int, port: int, keys: Keys, transport: str) -
     return PeerTier(config, HostRegion(n, chunk_bytes, pin=False), identity_for(chunk_bytes))
 
 
-def start_servers(chunk_bytes: int, n: int, keys: Keys, transports: list[str]) -> list[Any]:
-    """The raw server, then a tier server per transport: (process, pipe, port) each."""
+def halves(pinned: bool) -> tuple[set[int], set[int]] | None:
+    """The CPUs of the serving processes and of this one with ``--pin``; None without, or where
+    this process may use a single CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pinned or len(cpus) < 2:
+        return None
+    return set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2 :])
+
+
+def pin(cpus: set[int] | None) -> None:
+    """Keep this process, and every thread it starts from now on, on ``cpus`` (None: any)."""
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+
+
+def start_servers(
+    chunk_bytes: int, n: int, keys: Keys, transports: list[str], cpus: set[int] | None = None
+) -> list[Any]:
+    """The raw server, then a tier server per transport, each on ``cpus``: (process, pipe,
+    port) each."""
     ctx = mp.get_context("spawn")
     servers = []
     targets: list[tuple[Any, tuple[Any, ...]]] = [(serve_raw, ())]
@@ -240,6 +268,7 @@ def start_servers(chunk_bytes: int, n: int, keys: Keys, transports: list[str]) -
         port = free_port()
         proc = ctx.Process(target=target, args=(chunk_bytes, n, port, *args, keys, there))
         proc.start()
+        here.send(cpus)
         assert here.recv() == "ready"
         servers.append((proc, here, port))
     return servers
@@ -250,7 +279,8 @@ def measure(
 ) -> dict[str, Any]:
     """One row: raw, raw into slots and the tier over each of ``transports``, side by side."""
     n, loads = max(1, (args.total_mib << 20) // chunk_bytes), args.loads_per_round
-    servers = start_servers(chunk_bytes, n, keys, transports)
+    serving_cpus = None if args.cpus is None else args.cpus[0]
+    servers = start_servers(chunk_bytes, n, keys, transports, serving_cpus)
     tiers = [
         peer_tier(chunk_bytes, n, port, keys, t)
         for (_, _, port), t in zip(servers[1:], transports, strict=True)
@@ -269,11 +299,17 @@ def measure(
         sides["tier_server"] = lambda round_: raw_round(bare, chunk_bytes, n, protocol=True)
     names = list(sides)
     rounds: list[dict[str, float]] = []
+    faults: list[dict[str, float]] = []
     try:
         for round_ in range(args.repeats + 1):  # who goes first rotates, so none gains by it
             order = names[round_ % len(names) :] + names[: round_ % len(names)]
             ids = range(round_ * loads, (round_ + 1) * loads)  # a job id per load
-            rounds.append({name: sum(sides[name](i) for i in ids) for name in order})
+            rounds.append({})
+            faults.append({})
+            for name in order:
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                rounds[-1][name] = sum(sides[name](i) for i in ids)
+                faults[-1][name] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     finally:
         for tier in tiers:
             tier.close()
@@ -282,7 +318,8 @@ def measure(
             here.send("stop")
             proc.join()
     row = {"chunk_mib": chunk_bytes >> 20, "curve": bool(keys), "chunks": n}
-    return row | summary(loads * n * chunk_bytes, rounds[1:])
+    payload = loads * n * chunk_bytes
+    return row | summary(payload, rounds[1:]) | faults_per_gb(payload, faults[1:])
 
 
 #: The JSON name of the tier side over each transport (``tier``: ZeroMQ, as before 2026-12-05).
@@ -318,6 +355,16 @@ def summary(payload: int, rounds: list[dict[str, float]]) -> dict[str, Any]:
     return gbps | ratios
 
 
+def faults_per_gb(payload: int, faults: list[dict[str, float]]) -> dict[str, int]:
+    """The median minor page faults of this process per GB a side received (``SIDE_faults_per_gb``):
+    pages that libzmq's freshly allocated receive buffers touched for the first time. They set
+    a side's throughput more than anything else the tier does (``--help``)."""
+    return {
+        f"{side}_faults_per_gb": round(statistics.median(r[side] for r in faults) * 1e9 / payload)
+        for side in faults[0]
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--total-mib", type=int, default=256)
@@ -330,7 +377,16 @@ def main() -> None:
     )
     parser.add_argument("--curve", choices=("off", "on", "both"), default="both")
     parser.add_argument("--transport", choices=("zmq", "tcp", "both"), default="both")
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="serving processes on half the CPUs, this one on the other half, as on two hosts",
+    )
     args = parser.parse_args()
+    args.cpus = halves(args.pin)
+    if args.cpus is not None:
+        pin(args.cpus[1])  # before any context or tier starts a thread
     if args.repeats < 1 or args.loads_per_round < 1:
         parser.error("--repeats and --loads-per-round: 1 or more")
     transports = ["zmq", "tcp"] if args.transport == "both" else [args.transport]
@@ -351,6 +407,8 @@ def main() -> None:
                 "cpus": os.cpu_count(),
                 "zmq": zmq.zmq_version(),
                 "load": load,
+                "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+                "pinned": None if args.cpus is None else [sorted(c) for c in args.cpus],
                 "rows": rows,
             },
             indent=1,
