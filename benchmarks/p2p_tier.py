@@ -31,7 +31,7 @@ cache, which the tier's 256 MiB of slots never are.
 ``SIDE_faults_per_gb``: this process's minor page faults per GB a side received (median over
 rounds), pages of libzmq's receive buffers faulted in afresh. They set the tier's throughput
 over ZeroMQ more than anything in the tier does: 10k-89k per GB from one process to the next,
-2.5-3.3 GB/s at 2 MiB (``benchmarks/peer_malloc.py``, ``docs/tiers/peer.md#memory-allocator``);
+2.5-3.3 GB/s at 2 MiB (``benchmarks/malloc_ab.py``, ``docs/operating.md#memory-allocator``);
 the JSON names the ``GLIBC_TUNABLES`` it ran with. ``--pin`` (off by default) gives the
 serving processes the first half of the CPUs this process may use and this process the rest,
 as two hosts would have them.
