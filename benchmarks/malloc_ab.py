@@ -13,7 +13,8 @@ changing machine load from favouring either. ``--workload``:
   Each setting's host+fs throughput over the ceiling's (every run), and the median over pairs
   of that fraction with the tunables over without.
 
-Intervals: ``kvtier.bench.verdict`` (95 %, 6 pairs at least for one).
+Intervals: ``kvtier.bench.verdict`` (95 %; 6 pairs at least for one, and with 6 it spans the
+lowest to the highest pair).
 
 Why: libzmq allocates every received frame with ``malloc``, and an engine built on transformers
 allocates tensors for every request; glibc often gives freed pages back to the kernel, and
@@ -50,7 +51,7 @@ def child(args: list[str], tunables: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     if tunables is not None:
         env["GLIBC_TUNABLES"] = tunables
-    return subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
+    return subprocess.run(args, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
 
 
 def peer_run(repeats: int, tunables: str | None) -> Rows:
@@ -89,7 +90,7 @@ def summary(runs: dict[str, list[Rows]]) -> dict[str, Any]:
         row: dict[str, Any] = {}
         for setting in SETTINGS:
             row[setting] = {"value": [r["value"] for r in got[setting]]}
-            for figure in set(got[setting][0]) - {"value"}:
+            for figure in sorted(set(got[setting][0]) - {"value"}):
                 row[setting][figure] = statistics.median(r[figure] for r in got[setting])
         pairs = zip(got["tunables"], got["default"], strict=True)
         found = verdict.interval([t["value"] / d["value"] for t, d in pairs])

@@ -28,11 +28,12 @@ the tier over TCP), the median over rounds of tier / raw (raw into slots) throug
 round, with its 95 % interval (``ratio_interval``...; ``kvtier.bench.verdict``).
 Before 2026-12-03 the raw server sent one 2 or 8 MiB buffer for every chunk, always in the CPU
 cache, which the tier's 256 MiB of slots never are.
-``SIDE_faults_per_gb``: this process's minor page faults per GB a side received (median over
-rounds), pages of libzmq's receive buffers faulted in afresh. They set the tier's throughput
-over ZeroMQ more than anything in the tier does: 10k-89k per GB from one process to the next,
-2.5-3.3 GB/s at 2 MiB (``benchmarks/malloc_ab.py``, ``docs/operating.md#memory-allocator``);
-the JSON names the ``GLIBC_TUNABLES`` it ran with. ``--pin`` (off by default) gives the
+``SIDE_faults_per_gb``: this process's minor page faults (every thread's) per GB a side
+received, median over rounds; over ZeroMQ, mostly pages of libzmq's receive buffers faulted in
+afresh. They set the tier's throughput more than anything in the tier does: 20k-89k per GB
+from one process to the next, 3.1-2.5 GB/s at 2 MiB
+(``docs/performance/2026-12-07-peer-malloc.md``; ``benchmarks/malloc_ab.py``); the JSON names
+the ``GLIBC_TUNABLES`` it ran with. ``--pin`` (off by default) gives the
 serving processes the first half of the CPUs this process may use and this process the rest,
 as two hosts would have them.
 Throughput is payload bytes per second (GB = 1e9). ``load`` is the 1-minute load average at
@@ -356,9 +357,8 @@ def summary(payload: int, rounds: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def faults_per_gb(payload: int, faults: list[dict[str, float]]) -> dict[str, int]:
-    """The median minor page faults of this process per GB a side received (``SIDE_faults_per_gb``):
-    pages that libzmq's freshly allocated receive buffers touched for the first time. They set
-    a side's throughput more than anything else the tier does (``--help``)."""
+    """The median minor page faults of this process (all its threads) per GB a side received
+    (``SIDE_faults_per_gb``); see the module docstring."""
     return {
         f"{side}_faults_per_gb": round(statistics.median(r[side] for r in faults) * 1e9 / payload)
         for side in faults[0]
@@ -386,7 +386,8 @@ def main() -> None:
     args = parser.parse_args()
     args.cpus = halves(args.pin)
     if args.cpus is not None:
-        pin(args.cpus[1])  # before any context or tier starts a thread
+        pin(args.cpus[1])  # before any context or tier starts a thread (numpy's OpenBLAS
+        # thread, started at import, stays unpinned: it sleeps throughout)
     if args.repeats < 1 or args.loads_per_round < 1:
         parser.error("--repeats and --loads-per-round: 1 or more")
     transports = ["zmq", "tcp"] if args.transport == "both" else [args.transport]
