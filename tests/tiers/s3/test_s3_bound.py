@@ -19,7 +19,7 @@ from kvtier.config import ObjTierConfig
 from kvtier.errors import ConfigError, TierUnavailable
 from kvtier.region import HostRegion
 from kvtier.telemetry.kv_events import EventKind, KVEvent
-from kvtier.tiers.base import HIT, MISS, TransferJob
+from kvtier.tiers.base import HIT, MISS, RETRY, TransferJob
 from kvtier.tiers.s3 import listing, upkeep
 from kvtier.tiers.s3.tier import ObjectStoreTier
 from kvtier.tiers.shared import codec
@@ -239,6 +239,34 @@ def test_an_evicted_object_written_again_by_another_instance_is_found_by_a_probe
     time.sleep(0.1)  # the remembered miss has expired
     assert settle_lookup(tier, keys[0]) is HIT
     assert tier.stats().get("probe_raced_delete", 0) == 0
+
+
+def test_a_store_during_a_probe_that_found_nothing_is_a_hit(
+    s3_server, tiers, region, identity, monkeypatch
+):
+    """A lookup's HEAD finds no object; before its answer is recorded, a store of the same key
+    completes. The probe's miss is older than the store: the key is a hit (it was a miss for
+    ``negative_ttl_s``, and recomputed)."""
+    headed, release = threading.Event(), threading.Event()
+    tier = make(s3_server, tiers, region, identity, negative_ttl_s=60.0)
+    real = tier._client.size_of
+
+    def held_head(name: str) -> int | None:
+        size = real(name)
+        headed.set()
+        release.wait(SETTLE_S)
+        return size
+
+    monkeypatch.setattr(tier._client, "size_of", held_head)
+    key = make_keys(identity, 1, seed=8)[0]
+    assert tier.lookup(key) is RETRY
+    assert headed.wait(SETTLE_S)
+    Jobs(tier, region).store([key])
+    release.set()
+    wait_for(lambda: tier.stats().get("probe_miss", 0) == 1, timeout=SETTLE_S)
+    wait_for(lambda: tier.stats()["probes_in_flight"] == 0, timeout=SETTLE_S)
+    assert tier.lookup(key) is HIT
+    assert Jobs(tier, region).load([key]) == {key}
 
 
 # -- the bound ---------------------------------------------------------------------------------

@@ -22,6 +22,25 @@ def test_unknown_key_is_probed_once_then_answered():
     assert answers.answer(B) is MISS and not answers.is_hit(B)
 
 
+def test_a_probes_answer_stands_only_while_nothing_newer_is_known():
+    """A store (``found``) or an eviction (``missing``) during a probe is newer than the probe's
+    answer, which is then dropped; with nothing meanwhile, the answer is recorded."""
+    answers = Answers(miss_ttl_s=60)
+    for key, meanwhile, probe_found, expected in (
+        (A, "found", False, HIT),  # a put during a HEAD that found nothing: the put stands
+        (B, "missing", True, MISS),  # an eviction during a HEAD that found the object
+        (C, None, True, HIT),
+    ):
+        assert answers.answer(key) is None  # now under probe
+        if meanwhile is not None:
+            getattr(answers, meanwhile)(key)
+        assert answers.probed(key, found=probe_found) is (meanwhile is None)
+        assert answers.answer(key) is expected
+    assert answers.sizes()["probes_in_flight"] == 0
+    assert answers.probed(A, found=False) is False  # no probe of A under way: nothing changes
+    assert answers.answer(A) is HIT
+
+
 def test_answers_expire():
     answers = Answers(miss_ttl_s=0.05, hit_ttl_s=0.05)
     answers.found(A, holder="peer-1")

@@ -188,16 +188,17 @@ class ObjectStoreTier(SecondaryTier):
 
     def _probe(self, key: ChunkKey) -> None:
         """HEAD ``key``'s object; one this tier was deleting meanwhile is a miss
-        (``probe_raced_delete``)."""
+        (``probe_raced_delete``). A store or an eviction of ``key`` during the probe is newer
+        than its answer, which is then dropped (``Answers.probed``)."""
         if not self._breaker.allow():
-            self._known.missing(key)
+            self._known.probed(key, found=False)
             return
         mark = self._bound.index.mark() if self._bound is not None else None
         try:
             size = self._client.size_of(self._object_name(key))
         except TierError as exc:
             self._request_failed(exc)
-            self._known.missing(key)
+            self._known.probed(key, found=False)
             self._count("probe_error")
             return
         self._breaker.record_success()
@@ -207,7 +208,7 @@ class ObjectStoreTier(SecondaryTier):
         if size is not None and self._bound is not None and not self._bound.found(key, size, mark):
             self._count("probe_raced_delete")
             size = None
-        (self._known.missing if size is None else self._known.found)(key)
+        self._known.probed(key, found=size is not None)
         self._count("probe_miss" if size is None else "probe_hit")
 
     # -- jobs --------------------------------------------------------------------------------

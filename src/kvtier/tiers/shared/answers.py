@@ -5,7 +5,9 @@ Remembered hits (bounded, least recently used forgotten first; optionally expiri
 expire after ``miss_ttl_s`` (another instance may store the chunk meanwhile; ``RecentMisses``:
 each is told at least once), and keys whose probe is under way. ``answer`` says HIT, MISS or
 RETRY from what is known, or ``None`` when nothing is: the key is then marked as probing and
-the caller must start a probe that ends in ``found`` or ``missing``. At most ``MAX_PROBING``
+the caller must start a probe that ends in ``probed`` (or ``found`` or ``missing``). A probe's
+answer is as old as the probe: ``probed`` drops it when ``found`` or ``missing`` told something
+about the key meanwhile (a store, an eviction), which is newer. At most ``MAX_PROBING``
 keys are probed at once (``ProbesInFlight``): past that a new key is a ``MISS``.
 
 Thread safety: every method may be called from any thread; one lock guards all state.
@@ -66,18 +68,37 @@ class Answers:
     def found(self, key: ChunkKey, holder: str = "") -> None:
         with self._lock:
             self._probing.done(key)
-            self._misses.discard(key)
-            self._hits.pop(key, None)
-            self._hits[key] = (time.monotonic() + self._hit_ttl, holder)
-            while len(self._hits) > self._max_hits:
-                self._hits.popitem(last=False)
+            self._hit(key, holder)
+
+    def probed(self, key: ChunkKey, found: bool, holder: str = "") -> bool:
+        """The end of the probe ``answer`` started for ``key``: recorded as ``found`` or
+        ``missing``, unless either was called for ``key`` since (then this answer is older than
+        what is known: dropped). Whether it was recorded."""
+        with self._lock:
+            if not self._probing.done(key):
+                return False
+            if found:
+                self._hit(key, holder)
+            else:
+                self._miss(key)
+            return True
 
     def missing(self, key: ChunkKey) -> None:
         """``key`` is not there (or could not be read): a miss until the answer expires."""
         with self._lock:
             self._probing.done(key)
-            self._hits.pop(key, None)
-            self._misses.add(key)
+            self._miss(key)
+
+    def _hit(self, key: ChunkKey, holder: str) -> None:
+        self._misses.discard(key)
+        self._hits.pop(key, None)
+        self._hits[key] = (time.monotonic() + self._hit_ttl, holder)
+        while len(self._hits) > self._max_hits:
+            self._hits.popitem(last=False)
+
+    def _miss(self, key: ChunkKey) -> None:
+        self._hits.pop(key, None)
+        self._misses.add(key)
 
     def forget_holder(self, holder: str) -> None:
         """Drop every hit ``holder`` answered (it went away and may have lost them)."""

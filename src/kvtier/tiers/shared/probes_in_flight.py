@@ -37,9 +37,12 @@ class ProbesInFlight:
         self._keys.add(key)
         return None
 
-    def done(self, key: ChunkKey) -> None:
-        """``key``'s probe ended (whatever it found)."""
+    def done(self, key: ChunkKey) -> bool:
+        """``key``'s probe ended (whatever it found); whether it was under probe."""
+        if key not in self._keys:
+            return False
         self._keys.discard(key)
+        return True
 
     def __len__(self) -> int:
         return len(self._keys)
