@@ -130,17 +130,25 @@ class TransferEngine:
         self._jobs[job.result.job_id] = job
         return job.result.job_id
 
-    def submit_load(self, slots: Sequence[int]) -> int:
-        """Copy host ``slots`` into a new device tensor (``CopyResult.chunks``); returns the id."""
+    def submit_load(self, slots: Sequence[int], out: Sequence[torch.Tensor] | None = None) -> int:
+        """Copy host ``slots`` into device chunk tensors; returns the job id.
+
+        Into ``out[i]`` when ``out`` is given (one contiguous chunk tensor per slot, e.g. the
+        engine's own KV slots: no new memory; ``CopyResult.chunks`` is then ``None``), else
+        into a new tensor (``CopyResult.chunks``). ``out`` must stay untouched until the job
+        is handed out. A wrong ``out``: ``KVTierError``, before any copy.
+        """
+        if out is not None:
+            self._check_out(out, slots)
         shape = (len(slots), *chunk_shape(self.local_layout))
-        out = torch.empty(shape, dtype=self.dtype, device=self.device)
-        job = _Job(CopyResult(next(self._ids), "load", tuple(slots), out))
+        targets = torch.empty(shape, dtype=self.dtype, device=self.device) if out is None else out
+        batch = targets if isinstance(targets, torch.Tensor) else None
+        job = _Job(CopyResult(next(self._ids), "load", tuple(slots), batch))
         with self._on_stream():
-            if self._rows is not None:
-                torch.index_select(self._rows, 0, _index(slots), out=_byte_rows(out))
+            if batch is not None and self._rows is not None:
+                torch.index_select(self._rows, 0, _index(slots), out=_byte_rows(batch))
             else:
-                for index, slot in enumerate(slots):
-                    self._copy(out[index], slot, to_slot=False)
+                self._load_each(slots, targets)
             job.event = self._record()
         self._jobs[job.result.job_id] = job
         return job.result.job_id
@@ -176,6 +184,27 @@ class TransferEngine:
         raw = self.region.tensor(slot)
         copy_rank(chunk, raw, self.layout, self.tp_rank, self.tp_size, to_slot)
 
+    def _load_each(self, slots: Sequence[int], out: Sequence[torch.Tensor] | torch.Tensor) -> None:
+        for chunk, slot in zip(out, slots, strict=True):
+            if self._rows is not None:
+                chunk.view(-1).view(torch.uint8).copy_(self._rows[slot])
+            else:
+                self._copy(chunk, slot, to_slot=False)
+
+    def _check_out(self, out: Sequence[torch.Tensor], slots: Sequence[int]) -> None:
+        shape = chunk_shape(self.local_layout)
+        for chunk in out:
+            if (
+                not isinstance(chunk, torch.Tensor)
+                or tuple(chunk.shape) != shape
+                or chunk.dtype != self.dtype
+                or not _on(chunk, self.device)
+                or not chunk.is_contiguous()
+            ):
+                raise KVTierError(f"out: expected contiguous {shape} {self.dtype} on {self.device}")
+        if len(out) != len(slots):
+            raise KVTierError(f"out: {len(out)} chunk tensors for {len(slots)} slots")
+
     def _check(self, chunks: torch.Tensor, slots: Sequence[int]) -> None:
         expected = (len(slots), *chunk_shape(self.local_layout))
         if tuple(chunks.shape) != expected or chunks.dtype != self.dtype:
@@ -205,6 +234,12 @@ class TransferEngine:
 
     def _take(self, job_id: int) -> CopyResult:
         return self._jobs.pop(job_id).result
+
+
+def _on(chunk: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``chunk`` lies on ``device`` ("cuda" without an index: any CUDA device)."""
+    same_index = device.index is None or chunk.device.index == device.index
+    return chunk.device.type == device.type and same_index
 
 
 def _index(slots: Sequence[int]) -> torch.Tensor:

@@ -49,6 +49,8 @@ import torch
 
 from kvtier.control.retention import expiry, request_priority
 from kvtier.core.manager import TieringManager
+from kvtier.device.pages import chunk_shape
+from kvtier.device.staging import StackBuffer
 from kvtier.device.transfer import TransferEngine
 from kvtier.errors import ClosedError, ConfigError, InvalidArgumentError, KVTierError
 from kvtier.identity import CacheIdentity
@@ -138,8 +140,9 @@ class TieredModel:
         )
         self.members = self._state_members()
         self._stores: dict[int, list[ChunkKey]] = {}
-        self._late_loads: dict[int, list[ChunkKey]] = {}  # copies out of host past their wait
+        self._late_loads: dict[int, tuple[list[ChunkKey], list[torch.Tensor]]] = {}  # past wait
         self._prefetched: tuple[list[int], list[ChunkKey]] = ([], [])  # the last prompt's keys
+        self._stack_buffer = StackBuffer()
         self.trace = open_recorder(manager, self.layout.tokens_per_chunk)  # config.trace_path
 
     @torch.inference_mode()
@@ -171,8 +174,9 @@ class TieredModel:
         self._finish_copies()
         keys = self._keys(prompt)
         restored = self._restore(keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk])
-        cached = restored.end * self.layout.tokens_per_chunk
-        stacked = torch.stack(restored.chunks) if restored.chunks else None
+        end, cached = restored.end, restored.end * self.layout.tokens_per_chunk
+        stacked = self._stack_buffer.stack(restored.chunks)  # valid until the next request
+        restored.chunks = []  # the device cache may reuse their slots now
         session = CacheSession(self.model, self.layout, self.members, stacked, restored.first)
         logits = session.forward(prompt[cached:])
         tokens = [int(logits[-1].argmax())]
@@ -184,7 +188,7 @@ class TieredModel:
         if self.manager is not None:
             self.manager.report_request(ttft_s=first_token_s, itl_s=itl_s)
         restored.sources[RECOMPUTED] += len(prompt) - cached
-        self._store(prompt + tokens[:-1], keys, session, restored.end, retention)
+        self._store(prompt + tokens[:-1], keys, session, end, retention)
         if self.trace is not None:  # queued for the recorder's thread; never blocks
             self.trace.record(len(prompt), keys, len(tokens))
         return Generation(tokens, logits, cached, dict(restored.sources), first_token_s, itl_s)
@@ -292,26 +296,33 @@ class TieredModel:
             return []
         origins: Counter[str] = Counter()  # chunks by the tier that promoted them, or host
         slots = self.manager.prepare_load(keys, origins)
+        chunks = self._claim(len(keys))  # the device cache's own slots: no new memory
         try:
-            job_id = self.transfer.submit_load(slots)
+            job_id = self.transfer.submit_load(slots, out=chunks)
         except BaseException:
             self.manager.complete_load(keys)
             raise
         try:
-            chunks = self.transfer.wait(job_id, self.retry_timeout_s).chunks
+            self.transfer.wait(job_id, self.retry_timeout_s)
         except BaseException as exc:  # late or interrupted: held until it lands (_finish_copies)
-            if self.transfer.tracks(job_id):
-                self._late_loads[job_id] = keys
+            if self.transfer.tracks(job_id):  # holding its chunks keeps their slots unused
+                self._late_loads[job_id] = keys, chunks
             else:  # interrupted once the copy had landed and was handed out
                 self.manager.complete_load(keys)
             if isinstance(exc, KVTierError):
                 return []
             raise
         self.manager.complete_load(keys)
-        assert chunks is not None
         for origin, count in origins.items():
             sources[origin] += count * self.layout.tokens_per_chunk
-        return list(chunks.unbind(0))
+        return chunks
+
+    def _claim(self, count: int) -> list[torch.Tensor]:
+        assert self.transfer is not None
+        local = self.transfer.local_layout
+        return self.device_cache.claim(
+            count, chunk_shape(local), self.transfer.dtype, self.transfer.device
+        )
 
     def _lookup(self, keys: list[ChunkKey]) -> int:
         """Leading ``keys`` ready in host, waiting out ``RETRY``; 0 if it never settles."""
@@ -387,7 +398,7 @@ class TieredModel:
     def _finished(self, job_id: int) -> None:
         assert self.manager is not None
         if job_id in self._late_loads:
-            self.manager.complete_load(self._late_loads.pop(job_id))  # its slots may go now
+            self.manager.complete_load(self._late_loads.pop(job_id)[0])  # its slots may go now
         else:
             self.manager.complete_store(self._stores.pop(job_id), success=True)
 
