@@ -3,6 +3,7 @@ regimes show in where tokens came from, and the table, JSON and chart are writte
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,24 @@ def test_metrics_port_serves_the_fullest_strategy(tmp_path: Path) -> None:
     for source in ("accelerator", "host", "fs"):
         exported = samples.get(f'kvtier_prompt_tokens_total{{source="{source}"}}', 0)
         assert exported == full.sources[source], source
+
+
+def test_warm_up_freezes_the_heap_so_far(tmp_path: Path) -> None:
+    """A full collection of the start-up objects must not land on one strategy's request."""
+    options = BenchOptions(
+        model="tiny",
+        conversations=(1,),
+        first_prompt_tokens=16,
+        rounds=1,
+        user_turn_tokens=4,
+        new_tokens=1,
+        block_size=4,
+        blocks_per_chunk=2,
+        output_dir=str(tmp_path),
+    )
+    gc.unfreeze()
+    try:
+        Bench(options).warm_up()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

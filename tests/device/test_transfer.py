@@ -141,3 +141,38 @@ def test_a_strided_batch_stores_like_a_contiguous_one() -> None:
     engine.wait(engine.submit_store(every_other, [0, 1]))
     assert bytes(region.view(0)) == reference_slot_bytes(kv, LAYOUT, 0)
     assert bytes(region.view(1)) == reference_slot_bytes(kv, LAYOUT, 2)
+
+
+def test_a_load_into_given_tensors_fills_them_and_allocates_no_batch() -> None:
+    """``out``: each slot lands in its own tensor (here rows of another buffer, in any order)."""
+    region = HostRegion(3, LAYOUT.chunk_bytes, pin=False)
+    engine = TransferEngine(LAYOUT, region, "cpu")
+    kv = random_kv(LAYOUT, 2 * LAYOUT.tokens_per_chunk, seed=4)
+    packed = pack_chunks(kv, LAYOUT, 0, 2)
+    engine.wait(engine.submit_store(packed, [2, 0]))
+    pool = torch.zeros((4, *chunk_shape(LAYOUT)), dtype=torch.float32)
+    out = [pool[3], pool[1]]
+    result = engine.wait(engine.submit_load([2, 0], out=out))
+    assert result.chunks is None
+    assert torch.equal(pool[3], packed[0]) and torch.equal(pool[1], packed[1])
+    assert not pool[0].any() and not pool[2].any()
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        [torch.zeros(chunk_shape(LAYOUT))],  # one tensor for two slots
+        [torch.zeros(chunk_shape(LAYOUT)), torch.zeros(3)],  # a wrong shape
+        [torch.zeros(chunk_shape(LAYOUT)), torch.zeros(chunk_shape(LAYOUT), dtype=torch.int32)],
+        [torch.zeros(chunk_shape(LAYOUT)), torch.zeros(chunk_shape(LAYOUT)[::-1]).mT],  # strided
+        [torch.zeros(chunk_shape(LAYOUT)), "not a tensor"],
+    ],
+)
+def test_a_wrong_out_is_refused_before_any_copy(out: list[object]) -> None:
+    region = HostRegion(2, LAYOUT.chunk_bytes, pin=False)
+    region.numpy(0)[:] = 7
+    engine = TransferEngine(LAYOUT, region, "cpu")
+    with pytest.raises(KVTierError, match="out"):
+        engine.submit_load([0, 1], out=out)  # type: ignore[arg-type]
+    assert engine.num_pending_jobs == 0
+    assert not out[0].any()  # type: ignore[union-attr]

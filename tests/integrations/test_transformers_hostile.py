@@ -314,6 +314,50 @@ def test_a_load_copy_past_its_wait_keeps_its_slots_held_until_it_lands(
     assert m.stats()["host"]["held_slots"] == 0
 
 
+def test_a_late_load_keeps_the_device_cache_slots_it_writes_into_until_it_lands(
+    model: Any, identity: CacheIdentity, make_manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load lands in slots of the device cache; while its copy is in flight, chunks stored by
+    later requests go elsewhere (else the copy would land over them)."""
+    m = make_manager(host_slots=24)
+    device = DeviceChunkCache(capacity=6)
+    tiered = TieredModel(model, identity, m, device_cache=device)
+    first = prompt(44, seed=3)
+    tiered.generate(first, NEW_TOKENS)
+    tiered.flush()
+    device.put([b"other format"], [torch.zeros(1)])  # empties the device cache
+    real_wait, copying = TransferEngine.wait, StillCopying()
+
+    def wait(engine: TransferEngine, job_id: int, timeout: float | None = None) -> Any:
+        job = engine._jobs[job_id]
+        if job.result.op == "load" and not copying.landed and job.event is None:
+            job.event = copying
+            raise KVTierError(f"transfer job {job_id} did not finish in {timeout} s")
+        return real_wait(engine, job_id, timeout)
+
+    monkeypatch.setattr(TransferEngine, "wait", wait)
+    real_claim, in_flight = DeviceChunkCache.claim, set()
+
+    def claim(cache: DeviceChunkCache, *args: Any) -> list[torch.Tensor]:
+        claimed = real_claim(cache, *args)
+        in_flight.update(chunk.data_ptr() for chunk in claimed)  # no reference kept
+        return claimed
+
+    monkeypatch.setattr(DeviceChunkCache, "claim", claim)
+    follow_up = first + prompt(3, seed=5)
+    assert tiered.generate(follow_up, NEW_TOKENS).sources["recomputed"] == len(follow_up)
+    monkeypatch.setattr(DeviceChunkCache, "claim", real_claim)
+    assert len(in_flight) == 5
+    for seed in (11, 12):
+        tiered.generate(prompt(40, seed=seed), NEW_TOKENS)
+    assert len(device) >= 1
+    assert not in_flight & {device._slots[slot].data_ptr() for slot in device._chunks.values()}
+    copying.landed = True
+    again = tiered.generate(follow_up, NEW_TOKENS)
+    assert again.sources["host"] == 40
+    assert_like_recompute(model, follow_up, again)
+
+
 def interrupt_hand_out(monkeypatch: pytest.MonkeyPatch, op: str) -> list[int]:
     """Ctrl-C just after the engine hands out the first finished ``op`` copy (once it has left
     the engine's jobs); the returned list gets that job's id."""

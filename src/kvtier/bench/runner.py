@@ -19,6 +19,7 @@ Each run gets its own key salt, so nothing cached by one run is ever served to a
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import shutil
 from collections.abc import Callable, Iterator
@@ -178,13 +179,18 @@ class Bench:
         return run
 
     def warm_up(self) -> None:
-        """Run every prompt shape once (the first call at a new length is much slower)."""
+        """Run every prompt shape once (the first call at a new length is much slower), then
+        freeze the heap so far out of the garbage collector's reach, as vLLM's engine core does
+        after start-up: a full collection of the model's objects (about 0.2 s here) would
+        otherwise land on one strategy's request at random."""
         with self.strategies() as strategies:
             for strategy in strategies[:3]:
                 run = self.start(strategy, 1)
                 while run.step():
                     pass
                 run.close()
+        gc.collect()
+        gc.freeze()
 
     def sweep(self, progress: Any = None) -> Sweep:
         """Every strategy at every N; ``progress`` (a tqdm-like bar) ticks once per request."""
