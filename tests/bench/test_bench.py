@@ -36,6 +36,23 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     return Bench(options).sweep()
 
 
+def one_round(tmp_path: Path) -> BenchOptions:
+    """Two conversations of one round each, with the tiny model."""
+    return BenchOptions(
+        model="tiny",
+        conversations=(2,),
+        device_convs=1.0,
+        host_convs=1.0,
+        first_prompt_tokens=40,
+        rounds=1,
+        user_turn_tokens=6,
+        new_tokens=2,
+        block_size=4,
+        blocks_per_chunk=2,
+        output_dir=str(tmp_path),
+    )
+
+
 def at(sweep: Sweep, n: int) -> dict[str, Any]:
     return {r.strategy: r for r in sweep.results if r.num_conversations == n}
 
@@ -99,20 +116,7 @@ def test_metrics_port_serves_the_fullest_strategy(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    options = BenchOptions(
-        model="tiny",
-        conversations=(2,),
-        device_convs=1.0,
-        host_convs=1.0,
-        first_prompt_tokens=40,
-        rounds=1,
-        user_turn_tokens=6,
-        new_tokens=2,
-        block_size=4,
-        blocks_per_chunk=2,
-        output_dir=str(tmp_path),
-    )
-    bench = Bench(options)
+    bench = Bench(one_round(tmp_path))
     server = _export_metrics(bench, port)
     try:
         sweep = bench.sweep()
@@ -134,20 +138,9 @@ def test_metrics_port_serves_the_fullest_strategy(tmp_path: Path) -> None:
 
 def test_warm_up_freezes_the_heap_so_far(tmp_path: Path) -> None:
     """A full collection of the start-up objects must not land on one strategy's request."""
-    options = BenchOptions(
-        model="tiny",
-        conversations=(1,),
-        first_prompt_tokens=16,
-        rounds=1,
-        user_turn_tokens=4,
-        new_tokens=1,
-        block_size=4,
-        blocks_per_chunk=2,
-        output_dir=str(tmp_path),
-    )
     gc.unfreeze()
     try:
-        Bench(options).warm_up()
+        Bench(one_round(tmp_path)).warm_up()
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()

@@ -269,6 +269,22 @@ class StillCopying:
         self.landed = True
 
 
+def loads_run_late(monkeypatch: pytest.MonkeyPatch, stop: type[BaseException]) -> StillCopying:
+    """Until the returned event is set ``landed``, a load's wait raises ``stop`` with its copy
+    still running."""
+    real_wait, copying = TransferEngine.wait, StillCopying()
+
+    def wait(engine: TransferEngine, job_id: int, timeout: float | None = None) -> Any:
+        job = engine._jobs[job_id]
+        if job.result.op == "load" and not copying.landed and job.event is None:
+            job.event = copying
+            raise stop(f"transfer job {job_id} did not finish in {timeout} s")
+        return real_wait(engine, job_id, timeout)
+
+    monkeypatch.setattr(TransferEngine, "wait", wait)
+    return copying
+
+
 @pytest.mark.parametrize("stop", [KVTierError, KeyboardInterrupt])
 def test_a_load_copy_past_its_wait_keeps_its_slots_held_until_it_lands(
     model: Any,
@@ -287,16 +303,7 @@ def test_a_load_copy_past_its_wait_keeps_its_slots_held_until_it_lands(
     first = prompt(44, seed=3)
     tiered.generate(first, NEW_TOKENS)
     tiered.flush()
-    real_wait, copying = TransferEngine.wait, StillCopying()
-
-    def wait(engine: TransferEngine, job_id: int, timeout: float | None = None) -> Any:
-        job = engine._jobs[job_id]
-        if job.result.op == "load" and not copying.landed and job.event is None:
-            job.event = copying
-            raise stop(f"transfer job {job_id} did not finish in {timeout} s")
-        return real_wait(engine, job_id, timeout)
-
-    monkeypatch.setattr(TransferEngine, "wait", wait)
+    copying = loads_run_late(monkeypatch, stop)
     follow_up = first + prompt(3, seed=5)
     if stop is KVTierError:
         result = tiered.generate(follow_up, NEW_TOKENS)
@@ -326,16 +333,7 @@ def test_a_late_load_keeps_the_device_cache_slots_it_writes_into_until_it_lands(
     tiered.generate(first, NEW_TOKENS)
     tiered.flush()
     device.put([b"other format"], [torch.zeros(1)])  # empties the device cache
-    real_wait, copying = TransferEngine.wait, StillCopying()
-
-    def wait(engine: TransferEngine, job_id: int, timeout: float | None = None) -> Any:
-        job = engine._jobs[job_id]
-        if job.result.op == "load" and not copying.landed and job.event is None:
-            job.event = copying
-            raise KVTierError(f"transfer job {job_id} did not finish in {timeout} s")
-        return real_wait(engine, job_id, timeout)
-
-    monkeypatch.setattr(TransferEngine, "wait", wait)
+    copying = loads_run_late(monkeypatch, KVTierError)
     real_claim, in_flight = DeviceChunkCache.claim, set()
 
     def claim(cache: DeviceChunkCache, *args: Any) -> list[torch.Tensor]:
