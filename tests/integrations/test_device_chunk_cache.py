@@ -160,3 +160,18 @@ def test_a_bad_put_is_refused_before_anything_is_cached(
     with pytest.raises(InvalidArgumentError):
         cache.put(keys, chunks)
     assert len(cache) == 0
+
+
+@pytest.mark.parametrize("count", [-1, 1.5, True, "2"])
+def test_a_bad_claim_count_is_refused(count: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="count"):
+        DeviceChunkCache(2).claim(count, SHAPE, torch.float32, CPU)  # type: ignore[arg-type]
+
+
+def test_a_chunk_that_requires_grad_is_cached_as_data() -> None:
+    cache = DeviceChunkCache(2)
+    cache.put(["a"], [torch.ones(SHAPE, requires_grad=True)])
+    (got,) = cache.get(["a"])
+    assert not got.requires_grad and values([got]) == [1.0]
+    cache.put(["b"], [chunk(2.0)])  # an in-place copy into the pool still works
+    assert values(cache.get(["b"])) == [2.0]

@@ -89,6 +89,8 @@ class DeviceChunkCache:
         the destination of a load from host): free slots, made by evicting the least recently
         used chunks where needed, else new tensors. A claimed slot unused goes back to the
         pool once its tensor is dropped."""
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
+            raise InvalidArgumentError(f"claim: count must be an integer >= 0, got {shown(count)}")
         fmt = _Format(torch.Size(shape), dtype, torch.device(device))
         self._recycle()
         claimed = []
@@ -112,15 +114,16 @@ class DeviceChunkCache:
         if self.capacity == 0:
             return
         self._recycle()
-        for key, chunk in zip(reversed(keys), reversed(chunks), strict=True):
-            self._drop(key)
-            slot = self._claimed_slot(chunk)
-            if slot is None:
-                slot = self._slot_for(_format(chunk))
+        with torch.no_grad():  # a chunk that requires grad must not make the pool require it
+            for key, chunk in zip(reversed(keys), reversed(chunks), strict=True):
+                self._drop(key)
+                slot = self._claimed_slot(chunk)
                 if slot is None:
-                    continue
-                self._slots[slot].copy_(chunk)
-            self._chunks[key] = slot
+                    slot = self._slot_for(_format(chunk))
+                    if slot is None:
+                        continue
+                    self._slots[slot].copy_(chunk)
+                self._chunks[key] = slot
 
     def _recycle(self) -> None:
         """Unkeyed slots whose holders are gone back to the free list (once per call: a slot
