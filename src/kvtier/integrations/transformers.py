@@ -7,8 +7,8 @@
 2. The leading chunks found in the engine's own accelerator-side cache (``DeviceChunkCache``)
    are taken from there; the following ones are asked of ``TieringManager.lookup`` (``RETRY`` is
    waited out with ``wait_progress``, up to ``retry_timeout_s``, while secondary tiers promote
-   chunks into host) and
-   copied from their host slots by the ``TransferEngine``.
+   chunks into host) and copied from their host slots by the ``TransferEngine`` straight into
+   slots of the device cache (``DeviceChunkCache.claim``).
 3. Those chunks become the model's ``DynamicCache`` (``hf_cache.CacheSession``); the model runs
    only on the rest of the prompt, then decodes greedily.
 4. Every new full chunk of prompt and output goes into the device cache and is stored into host
