@@ -34,9 +34,10 @@ class StackBuffer:
         """The ``chunks`` (all of one shape, dtype and device) as one batch; ``None`` if none."""
         if not chunks:
             return None
-        first = chunks[0]
-        if len(chunks) * first.numel() * first.element_size() > self.max_bytes:
-            return torch.stack(list(chunks))
+        first, chunks = chunks[0], list(chunks)
+        chunk_bytes = max(1, first.numel() * first.element_size())
+        if len(chunks) * chunk_bytes > self.max_bytes:
+            return torch.stack(chunks)
         buffer = self._buffer
         if (
             buffer is None
@@ -46,7 +47,7 @@ class StackBuffer:
             or buffer.device != first.device
         ):
             count = max(len(chunks), 2 * len(buffer) if buffer is not None else 0)
-            count = min(count, self.max_bytes // max(1, first.numel() * first.element_size()))
+            count = min(count, self.max_bytes // chunk_bytes)
             buffer = torch.empty((count, *first.shape), dtype=first.dtype, device=first.device)
             self._buffer = buffer
-        return torch.stack(list(chunks), out=buffer[: len(chunks)])
+        return torch.stack(chunks, out=buffer[: len(chunks)])

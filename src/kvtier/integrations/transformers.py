@@ -295,8 +295,8 @@ class TieredModel:
         if self.manager is None or self.transfer is None or not keys:
             return []
         origins: Counter[str] = Counter()  # chunks by the tier that promoted them, or host
-        slots = self.manager.prepare_load(keys, origins)
         chunks = self._claim(len(keys))  # the device cache's own slots: no new memory
+        slots = self.manager.prepare_load(keys, origins)
         try:
             job_id = self.transfer.submit_load(slots, out=chunks)
         except BaseException:
