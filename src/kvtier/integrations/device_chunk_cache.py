@@ -93,15 +93,11 @@ class DeviceChunkCache:
             raise InvalidArgumentError(f"claim: count must be an integer >= 0, got {shown(count)}")
         fmt = _Format(torch.Size(shape), dtype, torch.device(device))
         self._recycle()
-        claimed = []
-        for _ in range(count):
-            slot = None if self.capacity == 0 else self._slot_for(fmt)
-            if slot is None:
-                claimed.append(torch.empty(fmt.shape, dtype=dtype, device=device))
-            else:
-                self._released.add(slot)
-                claimed.append(self._hand(slot))
-        return claimed
+        slots = self._slots_for(fmt, count) if self.capacity != 0 else []
+        self._released.update(slots)
+        claimed = [self._hand(slot) for slot in slots]
+        spare = count - len(slots)  # no slot left that no holder sees: memory of their own
+        return claimed + [torch.empty(fmt.shape, dtype=dtype, device=device) for _ in range(spare)]
 
     def put(self, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor]) -> None:
         """Cache ``chunks`` under ``keys`` (the first most recently used), evicting the least
@@ -148,24 +144,37 @@ class DeviceChunkCache:
 
     def _slot_for(self, fmt: _Format) -> int | None:
         """A slot no holder sees, for a chunk of format ``fmt``; ``None`` if there is none."""
+        return next(iter(self._slots_for(fmt, 1)), None)
+
+    def _slots_for(self, fmt: _Format, count: int) -> list[int]:
+        """Up to ``count`` slots no holder sees, for chunks of format ``fmt``: free ones (the
+        lowest first), then new ones up to capacity, then those of the least recently used
+        chunks, evicted."""
         if fmt != self._format:
             self._reset()
             self._format = fmt
-        if self._free:
-            return self._free.pop()
-        if self.capacity is None or len(self._slots) < self.capacity:
-            self._grow(fmt)
-            return self._free.pop()
-        return self._evict()
+        slots: list[int] = []
+        while len(slots) < count and (self._free or self._can_grow()):
+            if not self._free:
+                self._grow(fmt)
+            take = min(count - len(slots), len(self._free))
+            slots += reversed(self._free[-take:])
+            del self._free[-take:]
+        return slots + self._evict(count - len(slots))
 
-    def _evict(self) -> int | None:
-        """The slot of the least recently used chunk no holder sees, now evicted."""
+    def _can_grow(self) -> bool:
+        return self.capacity is None or len(self._slots) < self.capacity
+
+    def _evict(self, count: int) -> list[int]:
+        """The slots of up to ``count`` least recently used chunks no holder sees, evicted."""
+        victims: list[ChunkKey] = []
         for key, slot in self._chunks.items():
+            if len(victims) == count:
+                break
             if not self._held(slot):
-                del self._chunks[key]
-                self.num_evicted += 1
-                return slot
-        return None
+                victims.append(key)
+        self.num_evicted += len(victims)
+        return [self._chunks.pop(key) for key in victims]
 
     def _hand(self, slot: int) -> torch.Tensor:
         """A new tensor of ``slot``, tracked: the slot is not reused while it lives."""
