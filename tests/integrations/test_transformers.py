@@ -69,7 +69,9 @@ def test_a_prefetched_prompt_is_keyed_once_and_only_for_itself(
     model: Any, identity: CacheIdentity, make_manager: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``generate`` takes the keys ``prefetch`` computed for the same prompt (one hashing
-    fewer), and never those of another prompt: that would restore another prefix's KV."""
+    fewer), also when it serves another prompt in between (a serving loop prefetches the
+    request after the one it runs), and never those of another prompt: that would restore
+    another prefix's KV."""
     calls: list[int] = []
 
     def counted(tokens: Any, *args: Any, **kwargs: Any) -> list[ChunkKey]:
@@ -86,12 +88,34 @@ def test_a_prefetched_prompt_is_keyed_once_and_only_for_itself(
     result = serve(tiered, other)
     assert result.sources == {"accelerator": 0, "recomputed": 44}
     assert_like_recompute(model, other, result)
-    tiered.prefetch(follow_up)
     calls.clear()
     result = serve(tiered, follow_up)
     assert calls == [len(follow_up) + NEW_TOKENS - 1], "only the store keys the reply"
     assert result.sources == {"accelerator": 0, "host": 32, "recomputed": 12}
     assert_like_recompute(model, follow_up, result)
+
+
+def test_prefetch_keeps_the_keys_of_its_last_few_prompts_only(
+    model: Any, identity: CacheIdentity, make_manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keys of prompts prefetched but never served are dropped, the oldest first: memory
+    stays bounded however many prompts a loop prefetches."""
+    calls: list[int] = []
+
+    def counted(tokens: Any, *args: Any, **kwargs: Any) -> list[ChunkKey]:
+        calls.append(len(tokens))
+        return chunk_keys(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(transformers_integration, "chunk_keys", counted)
+    tiered = TieredModel(model, identity, make_manager(host_slots=16))
+    prompts = [prompt(33 + i, seed=10 + i) for i in range(transformers_integration._PREFETCHED + 1)]
+    for each in prompts:
+        tiered.prefetch(each)
+    for each, keyed_again in ((prompts[0], True), (prompts[1], False), (prompts[-1], False)):
+        calls.clear()
+        serve(tiered, each)
+        store_only = [len(each) + NEW_TOKENS - 1]
+        assert calls == ([len(each)] if keyed_again else []) + store_only
 
 
 @pytest.mark.parametrize("tier", ["memory", "fs"])

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +74,8 @@ __all__ = ["DeviceChunkCache", "Generation", "TieredModel", "identity_for", "lay
 
 ACCELERATOR, HOST, RECOMPUTED, SKIPPED = "accelerator", "host", "recomputed", "skipped"
 log = logging.getLogger(__name__)
+
+_PREFETCHED = 4  # prompts whose keys prefetch keeps for generate
 
 
 @dataclass
@@ -141,7 +143,7 @@ class TieredModel:
         self.members = self._state_members()
         self._stores: dict[int, list[ChunkKey]] = {}
         self._late_loads: dict[int, tuple[list[ChunkKey], list[torch.Tensor]]] = {}  # past wait
-        self._prefetched: tuple[list[int], list[ChunkKey]] = ([], [])  # the last prompt's keys
+        self._prefetched: deque[tuple[list[int], list[ChunkKey]]] = deque(maxlen=_PREFETCHED)
         self._stack_buffer = StackBuffer()
         self.trace = open_recorder(manager, self.layout.tokens_per_chunk)  # config.trace_path
 
@@ -209,8 +211,8 @@ class TieredModel:
             return
         if len(prompt) < 2:
             return
-        self._prefetched = prompt, chunk_keys(prompt, self.identity, self.salt)
-        keys = self._prefetched[1][: (len(prompt) - 1) // self.layout.tokens_per_chunk]
+        self._prefetched.append((prompt, chunk_keys(prompt, self.identity, self.salt)))
+        keys = self._prefetched[-1][1][: (len(prompt) - 1) // self.layout.tokens_per_chunk]
         window = self.layout.window_chunks
         if window is None:
             keys = keys[self.device_cache.match(keys) :]
@@ -220,9 +222,14 @@ class TieredModel:
             self.manager.prefetch(keys)
 
     def _keys(self, prompt: list[int]) -> list[ChunkKey]:
-        """The prompt's chunk keys: those ``prefetch`` computed if it was given this prompt."""
-        known, self._prefetched = self._prefetched, ([], [])
-        return known[1] if known[0] == prompt else chunk_keys(prompt, self.identity, self.salt)
+        """The prompt's chunk keys: those ``prefetch`` computed, if it was one of the last
+        ``_PREFETCHED`` prompts it was given (a serving loop prefetches the request after the
+        one it runs: ``generate`` comes for another prompt first)."""
+        for index, (known, keys) in enumerate(self._prefetched):
+            if known == prompt:
+                del self._prefetched[index]
+                return keys
+        return chunk_keys(prompt, self.identity, self.salt)
 
     def _decode(
         self, session: CacheSession, token: int, steps: int, stop: Collection[int]
