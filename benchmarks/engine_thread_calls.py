@@ -1,12 +1,17 @@
-"""Where kvtier's time goes on the engine's thread: thread CPU per call of each entry point the
-transformers integration makes into the manager, in ``make bench``'s workload. Prints JSON.
+"""Where kvtier's time goes on the engine's thread: per call of each step the transformers
+integration takes (its own, the device cache's, the transfer engine's and the manager's entry
+points), for host+fs and the ceiling taking turns request by request as in ``make bench``.
+Prints JSON.
 
-One host+fs run of ``--conversations`` conversations (the bench's workload, its capacities
-and seed, prefetch on) with each ``TieringManager`` entry point, and the promoter's prefetch
-walk inside ``TieringManager.prefetch``, wrapped in a ``time.thread_time`` clock: CPU of the
-calling thread only, so the tier's I/O threads and a busy machine move it less than wall time.
-Per entry point: calls, CPU per call (µs) and per request (ms); then the run's requests and
-wall seconds. Nested entry points count in both (``prefetch`` polls: ``_poll`` is inside it).
+The bench's workload, capacities, seed and warm-up (prefetch on), ``--conversations``
+conversations.
+Each clocked call adds the calling thread's CPU (``time.thread_time``: the tier's I/O threads
+and a busy machine move it little) and its wall time to the side whose request is running; a
+wall time above the CPU time is time the engine's thread waited (for the GIL, for a CPU).
+Per side and call: calls, then CPU and wall per request (ms); ``step`` is the whole request
+(``StrategyRun.step``). Nested calls count in both (``TieredModel._restore`` holds
+``_copy_in``, which holds ``TransferEngine.submit_load``). ``host+fs - ceiling`` is the
+difference of the wall times per request.
 
     PYTHONPATH=src .venv/bin/python benchmarks/engine_thread_calls.py --conversations 24
 """
@@ -19,7 +24,7 @@ import json
 import os
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -28,57 +33,111 @@ from prefetch_ab import header
 from kvtier.bench.engine import Strategy, StrategyRun
 from kvtier.bench.runner import Bench, BenchOptions, take_turns
 from kvtier.config.schema import TieringConfig
-from kvtier.core import promotion
 from kvtier.core.manager import TieringManager
+from kvtier.device.staging import StackBuffer
+from kvtier.device.transfer import TransferEngine
+from kvtier.integrations.device_chunk_cache import DeviceChunkCache
+from kvtier.integrations.hf_cache import CacheSession
+from kvtier.integrations.transformers import TieredModel
 
-ENTRY_POINTS = (
-    "prefetch", "lookup", "prepare_load", "complete_load", "prepare_store", "complete_store",
-    "touch", "_poll",
-)  # fmt: skip
+CLOCKED: dict[type, tuple[str, ...]] = {
+    TieredModel: ("prefetch", "_keys", "_restore", "_copy_in", "_claim", "_lookup", "_store"),
+    DeviceChunkCache: ("claim", "put", "get"),
+    TransferEngine: ("submit_load", "submit_store"),
+    CacheSession: ("__init__", "forward", "pack"),
+    StackBuffer: ("stack",),
+    TieringManager: (
+        "prefetch", "lookup", "prepare_load", "complete_load", "prepare_store", "complete_store",
+        "touch",
+    ),
+}  # fmt: skip
+SIDES = ("ceiling", "host+fs")
 
 
-def clocked(cls: type, name: str, calls: Counter[str], cpu: defaultdict[str, float]) -> None:
-    """Wrap ``cls.name`` so each call adds its thread CPU to ``cpu`` under ``Class.name``."""
-    fn, label = getattr(cls, name), f"{cls.__name__}.{name}"
+class Clocks:
+    """CPU and wall seconds per (side, call); ``side`` is the strategy whose request runs."""
 
-    @functools.wraps(fn)
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.thread_time()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            calls[label] += 1
-            cpu[label] += time.thread_time() - start
+    def __init__(self) -> None:
+        self.side: str | None = None
+        self.calls: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.cpu: defaultdict[tuple[str, str], float] = defaultdict(float)
+        self.wall: defaultdict[tuple[str, str], float] = defaultdict(float)
 
-    setattr(cls, name, timed)
+    def wrap(self, cls: type, name: str, label: str) -> None:
+        fn = getattr(cls, name)
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            side = self.side or (args[0].result.strategy if label == "step" else None)
+            if side is None:
+                return fn(*args, **kwargs)
+            self.side, cpu, wall = side, time.thread_time(), time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.calls[side, label] += 1
+                self.cpu[side, label] += time.thread_time() - cpu
+                self.wall[side, label] += time.perf_counter() - wall
+                if label == "step":
+                    self.side = None
+
+        setattr(cls, name, timed)
+
+
+def strategies(bench: Bench, root: Path) -> list[Strategy]:
+    caps = bench.capacities()
+    fs = {"type": "fs", "root_dir": str(root / "fs")}
+    config = {"cpu_bytes_to_use": caps["host_bytes"], "secondary_tiers": [fs]}
+    return [
+        Strategy("ceiling", None),
+        Strategy("host+fs", caps["device_chunks"], TieringConfig.from_dict(config)),
+    ]
 
 
 def run(conversations: int, seed: int, root: Path) -> dict[str, Any]:
     bench = Bench(BenchOptions(seed=seed, output_dir=str(root)))
-    caps = bench.capacities()
-    fs = {"type": "fs", "root_dir": str(root / "fs")}
-    config = {"cpu_bytes_to_use": caps["host_bytes"], "secondary_tiers": [fs]}
-    strategy = Strategy("host+fs", caps["device_chunks"], TieringConfig.from_dict(config))
     spec = bench.options.spec(conversations, bench.vocab_size)
-    calls: Counter[str] = Counter()
-    cpu: defaultdict[str, float] = defaultdict(float)
-    for name in ENTRY_POINTS:
-        clocked(TieringManager, name, calls, cpu)
-    clocked(promotion.Promoter, "prefetch", calls, cpu)
-    started = time.perf_counter()
-    (result,) = take_turns(
-        [lambda: StrategyRun(bench.model, bench.identity, strategy, spec, "calls")], None
-    )
-    requests = len(result.ttft_s)
-    per_call = {
-        label: {
-            "calls": calls[label],
-            "cpu_us_per_call": round(1e6 * cpu[label] / calls[label], 1),
-            "cpu_ms_per_request": round(1e3 * cpu[label] / requests, 3),
+    bench.warm_up()  # as make bench does: first calls at each length, then the frozen heap
+    clocks = Clocks()
+    clocks.wrap(StrategyRun, "step", "step")
+    for cls, names in CLOCKED.items():
+        for name in names:
+            clocks.wrap(cls, name, f"{cls.__name__}.{name}")
+    starts = [
+        functools.partial(StrategyRun, bench.model, bench.identity, strategy, spec, "calls")
+        for strategy in strategies(bench, root)
+    ]
+    results = take_turns(starts, None)
+    requests = {result.strategy: len(result.ttft_s) for result in results}
+    return report(clocks, requests)
+
+
+def report(clocks: Clocks, requests: dict[str, int]) -> dict[str, Any]:
+    """Per side and call: calls, CPU and wall ms per request; then host+fs - ceiling (wall)."""
+
+    def per_request(table: defaultdict[tuple[str, str], float], side: str, label: str) -> float:
+        return round(1e3 * table[side, label] / requests[side], 3)
+
+    labels = sorted({label for _, label in clocks.calls}, key=lambda k: -clocks.wall["host+fs", k])
+    doc: dict[str, Any] = {"requests": requests}
+    for side in SIDES:
+        doc[side] = {
+            label: {
+                "calls": clocks.calls[side, label],
+                "cpu_ms_per_request": per_request(clocks.cpu, side, label),
+                "wall_ms_per_request": per_request(clocks.wall, side, label),
+            }
+            for label in labels
+            if clocks.calls[side, label]
         }
-        for label in sorted(cpu, key=lambda k: -cpu[k])
+    doc["host+fs - ceiling"] = {
+        label: round(
+            per_request(clocks.wall, "host+fs", label) - per_request(clocks.wall, "ceiling", label),
+            3,
+        )
+        for label in labels
     }
-    return {"requests": requests, "wall_s": round(time.perf_counter() - started, 2), **per_call}
+    return doc
 
 
 def main() -> None:
