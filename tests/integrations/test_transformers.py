@@ -65,20 +65,26 @@ def test_prefix_from_host(model: Any, identity: CacheIdentity, make_manager: Any
     assert_like_recompute(model, follow_up, result)
 
 
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of each token list the integration hashes into chunk keys, in order."""
+    hashed: list[int] = []
+
+    def counted(tokens: Any, *args: Any, **kwargs: Any) -> list[ChunkKey]:
+        hashed.append(len(tokens))
+        return chunk_keys(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(transformers_integration, "chunk_keys", counted)
+    return hashed
+
+
 def test_a_prefetched_prompt_is_keyed_once_and_only_for_itself(
-    model: Any, identity: CacheIdentity, make_manager: Any, monkeypatch: pytest.MonkeyPatch
+    model: Any, identity: CacheIdentity, make_manager: Any, calls: list[int]
 ) -> None:
     """``generate`` takes the keys ``prefetch`` computed for the same prompt (one hashing
     fewer), also when it serves another prompt in between (a serving loop prefetches the
     request after the one it runs), and never those of another prompt: that would restore
     another prefix's KV."""
-    calls: list[int] = []
-
-    def counted(tokens: Any, *args: Any, **kwargs: Any) -> list[ChunkKey]:
-        calls.append(len(tokens))
-        return chunk_keys(tokens, *args, **kwargs)
-
-    monkeypatch.setattr(transformers_integration, "chunk_keys", counted)
     tiered = TieredModel(model, identity, make_manager(host_slots=16))
     first = prompt(35, seed=1)
     serve(tiered, first)
@@ -96,17 +102,10 @@ def test_a_prefetched_prompt_is_keyed_once_and_only_for_itself(
 
 
 def test_prefetch_keeps_the_keys_of_its_last_few_prompts_only(
-    model: Any, identity: CacheIdentity, make_manager: Any, monkeypatch: pytest.MonkeyPatch
+    model: Any, identity: CacheIdentity, make_manager: Any, calls: list[int]
 ) -> None:
     """The keys of prompts prefetched but never served are dropped, the oldest first: memory
     stays bounded however many prompts a loop prefetches."""
-    calls: list[int] = []
-
-    def counted(tokens: Any, *args: Any, **kwargs: Any) -> list[ChunkKey]:
-        calls.append(len(tokens))
-        return chunk_keys(tokens, *args, **kwargs)
-
-    monkeypatch.setattr(transformers_integration, "chunk_keys", counted)
     tiered = TieredModel(model, identity, make_manager(host_slots=16))
     prompts = [prompt(33 + i, seed=10 + i) for i in range(transformers_integration._PREFETCHED + 1)]
     for each in prompts:
