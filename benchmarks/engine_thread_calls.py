@@ -10,7 +10,7 @@ and a busy machine move it little) and its wall time to the side whose request i
 wall time above the CPU time is time the engine's thread waited (for the GIL, for a CPU).
 Per side and call: calls, then CPU and wall per request (ms); ``step`` is the whole request
 (``StrategyRun.step``). Nested calls count in both (``TieredModel._restore`` holds
-``_copy_in``, which holds ``TransferEngine.submit_load``). ``host+fs - ceiling`` is the
+``HostCopies.copy_in``, which holds ``TransferEngine.submit_load``). ``host+fs - ceiling`` is the
 difference of the wall times per request.
 
     PYTHONPATH=src .venv/bin/python benchmarks/engine_thread_calls.py --conversations 24
@@ -38,10 +38,12 @@ from kvtier.device.staging import StackBuffer
 from kvtier.device.transfer import TransferEngine
 from kvtier.integrations.device_chunk_cache import DeviceChunkCache
 from kvtier.integrations.hf_cache import CacheSession
+from kvtier.integrations.host_copies import HostCopies
 from kvtier.integrations.transformers import TieredModel
 
 CLOCKED: dict[type, tuple[str, ...]] = {
-    TieredModel: ("prefetch", "_keys", "_restore", "_copy_in", "_claim", "_lookup", "_store"),
+    TieredModel: ("prefetch", "_keys", "_restore", "_store"),
+    HostCopies: ("copy_in", "_claim", "lookup", "store"),
     DeviceChunkCache: ("claim", "put", "get"),
     TransferEngine: ("submit_load", "submit_store"),
     CacheSession: ("__init__", "forward", "pack"),

@@ -8,7 +8,7 @@
    are taken from there; the following ones are asked of ``TieringManager.lookup`` (``RETRY`` is
    waited out with ``wait_progress``, up to ``retry_timeout_s``, while secondary tiers promote
    chunks into host) and copied from their host slots by the ``TransferEngine`` straight into
-   slots of the device cache (``DeviceChunkCache.claim``).
+   slots of the device cache (``DeviceChunkCache.claim``; both through ``HostCopies``).
 3. Those chunks become the model's ``DynamicCache`` (``hf_cache.CacheSession``); the model runs
    only on the rest of the prompt, then decodes greedily.
 4. Every new full chunk of prompt and output goes into the device cache and is stored into host
@@ -49,10 +49,9 @@ import torch
 
 from kvtier.control.retention import expiry, request_priority
 from kvtier.core.manager import TieringManager
-from kvtier.device.pages import chunk_shape
 from kvtier.device.staging import StackBuffer
 from kvtier.device.transfer import TransferEngine
-from kvtier.errors import ClosedError, ConfigError, InvalidArgumentError, KVTierError
+from kvtier.errors import ClosedError, ConfigError, InvalidArgumentError
 from kvtier.identity import CacheIdentity
 from kvtier.integrations.device_chunk_cache import DeviceChunkCache
 from kvtier.integrations.hf_cache import CacheSession, StateMember, layout_for, probe
@@ -65,10 +64,10 @@ from kvtier.integrations.hf_requests import (
     retry_timeout,
     stop_set,
 )
+from kvtier.integrations.host_copies import HostCopies
 from kvtier.keys import ChunkKey, chunk_keys
 from kvtier.plan.recorder import open_recorder
 from kvtier.telemetry.kv_events import KVEvent
-from kvtier.tiers.base import RETRY
 
 __all__ = ["DeviceChunkCache", "Generation", "TieredModel", "identity_for", "layout_for"]
 
@@ -137,12 +136,15 @@ class TieredModel:
             raise ConfigError("layout: the identity's layout is not the model's (layout_for)")
         self.limits = ModelLimits.of(model)
         self.device_cache = DeviceChunkCache(0) if device_cache is None else device_cache
-        self.transfer = (
-            None if manager is None else TransferEngine(self.layout, manager.region, model.device)
-        )
+        self.transfer: TransferEngine | None = None
+        self.copies: HostCopies | None = None  # loads and stores through the manager
+        if manager is not None:
+            self.transfer = TransferEngine(layout, manager.region, model.device)
+            self.copies = HostCopies(
+                manager, self.transfer, self.device_cache, self.retry_timeout_s,
+                layout.tokens_per_chunk,
+            )  # fmt: skip
         self.members = self._state_members()
-        self._stores: dict[int, list[ChunkKey]] = {}
-        self._late_loads: dict[int, tuple[list[ChunkKey], list[torch.Tensor]]] = {}  # past wait
         self._prefetched: deque[tuple[list[int], list[ChunkKey]]] = deque(maxlen=_PREFETCHED)
         self._stack_buffer = StackBuffer()
         self.trace = open_recorder(manager, self.layout.tokens_per_chunk)  # config.trace_path
@@ -173,7 +175,8 @@ class TieredModel:
             raise ClosedError("generate: the manager is closed")
         retention = {"priority": priority, "duration_s": duration_s}
         started = time.perf_counter()
-        self._finish_copies()
+        if self.copies is not None:
+            self.copies.finish()
         keys = self._keys(prompt)
         restored = self._restore(keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk])
         end, cached = restored.end, restored.end * self.layout.tokens_per_chunk
@@ -263,7 +266,7 @@ class TieredModel:
         restored.sources[ACCELERATOR] = on_device * self.layout.tokens_per_chunk
         if self.manager is not None and on_device:
             self.manager.touch(keys[:on_device])
-        loaded = self._load(keys[on_device:], restored.sources)
+        loaded = [] if self.copies is None else self.copies.load(keys[on_device:], restored.sources)
         self.device_cache.put(keys[on_device : on_device + len(loaded)], loaded)
         restored.chunks += loaded
         return restored
@@ -275,8 +278,8 @@ class TieredModel:
         """
         restored = _Restored()
         end = on_device = self.device_cache.match_window(keys, window)
-        if on_device < len(keys) and self.manager is not None and self.transfer is not None:
-            end = max(on_device, self._lookup(keys))
+        if on_device < len(keys) and self.copies is not None:
+            end = max(on_device, self.copies.lookup(keys))
         restored.first = self.layout.resume_start(end)
         needed = keys[restored.first : end]
         if end == on_device:
@@ -284,64 +287,13 @@ class TieredModel:
             restored.sources[ACCELERATOR] = len(needed) * self.layout.tokens_per_chunk
             if self.manager is not None:
                 self.manager.touch(needed)
-        else:
-            restored.chunks = self._copy_in(needed, restored.sources)
+        elif self.copies is not None:
+            restored.chunks = self.copies.copy_in(needed, restored.sources)
             self.device_cache.put(needed[: len(restored.chunks)], restored.chunks)
         if not restored.chunks:
             restored.first = 0
         restored.sources[SKIPPED] = restored.first * self.layout.tokens_per_chunk
         return restored
-
-    def _load(self, keys: list[ChunkKey], sources: Counter[str]) -> list[torch.Tensor]:
-        if self.manager is None or self.transfer is None or not keys:
-            return []
-        return self._copy_in(keys[: self._lookup(keys)], sources)
-
-    def _copy_in(self, keys: list[ChunkKey], sources: Counter[str]) -> list[torch.Tensor]:
-        """Copy chunks ready in host to the device; none if the copy fails."""
-        if self.manager is None or self.transfer is None or not keys:
-            return []
-        origins: Counter[str] = Counter()  # chunks by the tier that promoted them, or host
-        chunks = self._claim(len(keys))  # the device cache's own slots: no new memory
-        slots = self.manager.prepare_load(keys, origins)
-        try:
-            job_id = self.transfer.submit_load(slots, out=chunks)
-        except BaseException:
-            self.manager.complete_load(keys)
-            raise
-        try:
-            self.transfer.wait(job_id, self.retry_timeout_s)
-        except BaseException as exc:  # late or interrupted: held until it lands (_finish_copies)
-            if self.transfer.tracks(job_id):  # holding its chunks keeps their slots unused
-                self._late_loads[job_id] = keys, chunks
-            else:  # interrupted once the copy had landed and was handed out
-                self.manager.complete_load(keys)
-            if isinstance(exc, KVTierError):
-                return []
-            raise
-        self.manager.complete_load(keys)
-        for origin, count in origins.items():
-            sources[origin] += count * self.layout.tokens_per_chunk
-        return chunks
-
-    def _claim(self, count: int) -> list[torch.Tensor]:
-        assert self.transfer is not None
-        local = self.transfer.local_layout
-        return self.device_cache.claim(
-            count, chunk_shape(local), self.transfer.dtype, self.transfer.device
-        )
-
-    def _lookup(self, keys: list[ChunkKey]) -> int:
-        """Leading ``keys`` ready in host, waiting out ``RETRY``; 0 if it never settles."""
-        assert self.manager is not None
-        deadline = time.monotonic() + self.retry_timeout_s
-        while (ready := self.manager.lookup(keys)) is RETRY:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return 0
-            self.manager.wait_progress(left)
-        assert isinstance(ready, int)
-        return ready
 
     # -- store -------------------------------------------------------------------------------
     def _store(
@@ -364,68 +316,17 @@ class TieredModel:
         if keys:
             chunks = session.pack(first_chunk, len(keys))
             self.device_cache.put(keys, list(chunks.unbind(0)))
-            self._store_in_host(all_keys, chunks, first_chunk, retention)
+            if self.copies is not None:
+                self.copies.store(all_keys, chunks, first_chunk, retention)
         self.device_cache.touch(all_keys)
         if self.manager is not None:
             self.manager.touch(all_keys[::-1], hit=False, **retention)
 
-    def _store_in_host(
-        self,
-        all_keys: list[ChunkKey],
-        chunks: torch.Tensor,
-        first_chunk: int,
-        retention: dict[str, Any],
-    ) -> None:
-        """Chunks ``all_keys[first_chunk:]`` (``chunks``) into host memory, with their lineage."""
-        if self.manager is None or self.transfer is None:
-            return
-        keys = all_keys[first_chunk:]
-        parent = all_keys[first_chunk - 1] if first_chunk else None
-        plan = self.manager.prepare_store(keys, first_chunk=first_chunk, parent=parent, **retention)
-        if plan is None or not plan.keys:
-            return
-        index = {key: i for i, key in enumerate(keys)}
-        job_id = self.transfer.submit_store(
-            _rows(chunks, [index[k] for k in plan.keys]), plan.slots
-        )
-        self._stores[job_id] = plan.keys
-        self._finish_copies()
-
-    def _finish_copies(self) -> None:
-        """Hand the copies that landed to the manager: stores, and loads that were late. Any
-        job the engine no longer tracks has landed, however it was handed out (an earlier call
-        interrupted between the engine's hand-out and ``_finished`` left it here)."""
-        if self.manager is None or self.transfer is None:
-            return
-        self.transfer.poll()
-        for job_id in [*self._stores, *self._late_loads]:
-            if not self.transfer.tracks(job_id):
-                self._finished(job_id)
-
-    def _finished(self, job_id: int) -> None:
-        assert self.manager is not None
-        if job_id in self._late_loads:
-            self.manager.complete_load(self._late_loads.pop(job_id)[0])  # its slots may go now
-        else:
-            self.manager.complete_store(self._stores.pop(job_id), success=True)
-
     def flush(self, timeout: float | None = None) -> None:
         """Wait for every copy to land (stores, late loads) and hand it to the manager."""
-        if self.manager is None or self.transfer is None:
-            return
-        for job_id in [*self._stores, *self._late_loads]:
-            if self.transfer.tracks(job_id):  # else handed out already (see _finish_copies)
-                self.transfer.wait(job_id, timeout)
-            self._finished(job_id)
+        if self.copies is not None:
+            self.copies.flush(timeout)
 
     def take_events(self) -> list[KVEvent]:
         """The manager's events since the last call (``TieringManager.take_events``)."""
         return self.manager.take_events() if self.manager is not None else []
-
-
-def _rows(chunks: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """``chunks[rows]``: a view where ``rows`` are consecutive (the usual case: the chunks not
-    yet in host are the prompt's tail), else a copy."""
-    if rows == list(range(rows[0], rows[0] + len(rows))):
-        return chunks[rows[0] : rows[0] + len(rows)]
-    return chunks.index_select(0, torch.tensor(rows, device=chunks.device))
