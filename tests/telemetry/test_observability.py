@@ -97,6 +97,8 @@ def test_metrics_over_http_match_the_workload(identity, tmp_path):
     assert value("kvtier_host_fill_ratio") == 1.0
     assert value("kvtier_host_slots", state="free") == 0
     assert value("kvtier_tier_lookups_total", tier="fs", result="hit") >= 3
+    assert value("kvtier_tier_lookups_total", tier="flaky", result="miss") >= 1  # unknown keys
+    assert value("kvtier_tier_lookups_total", tier="flaky", result="hit") == 0
 
 
 def reason_counts(m) -> dict[str, float]:

@@ -177,7 +177,7 @@ class Promoter:
         """
         coming: set[ChunkKey] = set()
         wanted: list[tuple[int, ChunkKey]] = []
-        unknown = 0
+        unknown, skipped = 0, self._skipped()
         for key in dict.fromkeys(keys):
             if key in self.host:
                 if not self.host.is_ready(key):
@@ -185,7 +185,7 @@ class Promoter:
                 continue
             if unknown >= max(PROBE_AHEAD, len(wanted)):
                 continue
-            holder, _ = self._find_holder(key, ask_peers=False)
+            holder, _ = self._find_holder(key, skipped, ask_peers=False)
             if isinstance(holder, int):
                 wanted.append((holder, key))
                 continue
@@ -213,8 +213,7 @@ class Promoter:
         if more: a cold prefix costs a bounded number of probes, and a prefix held in a tier is
         still probed in a few lookups (the budget doubles each time).
         """
-        walk = Walk()
-        unknown = 0
+        walk, unknown, skipped = Walk(), 0, self._skipped()
         for index, key in enumerate(keys):
             state = self.host.state_of(key)
             if state is not None:
@@ -223,7 +222,7 @@ class Promoter:
                     return walk
                 walk.waiting = walk.waiting or state == WRITING
                 continue
-            holder, unavailable = self._find_holder(key)
+            holder, unavailable = self._find_holder(key, skipped)
             if holder is MISS:
                 walk.stop_reason = self.provenance.miss_reason(key, unavailable)
                 walk.stopped_at = index
@@ -255,9 +254,10 @@ class Promoter:
         return None
 
     def _find_holder(
-        self, key: ChunkKey, ask_peers: bool = True
+        self, key: ChunkKey, skipped: list[str | None], ask_peers: bool = True
     ) -> tuple[int | Lookup, str | None]:
         """The first tier that holds ``key`` (or RETRY, or MISS), and why a tier could not tell.
+        ``skipped``: why each tier is not asked now (``_skipped``), or ``None`` where it is.
 
         The second value is ``tier_unavailable`` when a tier was down, ``tier_disabled`` when one
         is switched off, ``tier_timeout`` when one is stalled on a load (neither is asked) or
@@ -267,9 +267,8 @@ class Promoter:
         for index, tier in enumerate(self.tiers):
             if self.provenance.has_failed(index, key) or (tier.reads_peers and not ask_peers):
                 continue
-            skipped = self._not_asked(index)
-            if skipped is not None:
-                absent = absent or skipped
+            if skipped[index] is not None:
+                absent = absent or skipped[index]
                 continue
             answer = self.tiers.lookup(index, key)
             if answer is None or not tier.available:
@@ -283,6 +282,11 @@ class Promoter:
                 continue
             maybe = maybe or answer is RETRY
         return (RETRY if maybe else MISS), absent
+
+    def _skipped(self) -> list[str | None]:
+        """Why each tier is not asked now (``_not_asked``), once per walk: only a poll switches a
+        tier off or marks it stalled, and none runs during a walk."""
+        return [self._not_asked(index) for index in range(len(self.tiers))]
 
     def _not_asked(self, index: int) -> str | None:
         """Why tier ``index`` is not asked now: switched off, or stalled on a late load."""

@@ -96,6 +96,7 @@ class TierSet:
         self._reasons = LabelValues(MAX_REASON_LABELS, OWN_REASONS)
         self._late: set[int] = set()  # ids of pending jobs past their deadline
         self._stalled: set[tuple[int, str]] = set()  # (tier, op) with a late job
+        self._lookup_counters: dict[tuple[str, Lookup], Callable[[float], None]] = {}
 
     def add(self, tier: SecondaryTier) -> int:
         """Add ``tier`` last; its index."""
@@ -283,8 +284,17 @@ class TierSet:
             self._metrics.count("tier_errors", tier=tier.name, where="lookup")
             self._metrics.count("tier_lookups", tier=tier.name, result="error")
             return None
-        self._metrics.count("tier_lookups", tier=tier.name, result=answer.value)
+        self._lookup_counter(tier.name, answer)(1)
         return answer
+
+    def _lookup_counter(self, name: str, answer: Lookup) -> Callable[[float], None]:
+        """The ``tier_lookups`` counter of tier ``name``'s ``answer`` (made once: a lookup
+        walk counts one per key)."""
+        counter = self._lookup_counters.get((name, answer))
+        if counter is None:
+            counter = self._metrics.counter("tier_lookups", tier=name, result=answer.value)
+            self._lookup_counters[name, answer] = counter
+        return counter
 
     def names(self) -> list[str]:
         return [tier.name for tier in self.tiers]

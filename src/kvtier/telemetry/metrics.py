@@ -12,6 +12,7 @@ Thread safety: every method may be called from any thread.
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,11 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 Labels = tuple[tuple[str, str], ...]
+
+
+def labels_key(**labels: str) -> Labels:
+    """The key of a series: its labels, sorted by name."""
+    return tuple(sorted(labels.items()))
 
 
 @dataclass
@@ -62,7 +68,11 @@ class Telemetry:
             (self.histograms if kind == "histogram" else self.values).setdefault(name, {})
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
+        self.add(name, labels_key(**labels), amount)
+
+    def add(self, name: str, key: Labels, amount: float = 1) -> None:
+        """``inc`` with the labels given as their key (``labels_key``): for hot paths that
+        count the same series again and again."""
         with self._lock:
             series = self.values[name]
             series[key] = series.get(key, 0) + amount
@@ -293,6 +303,11 @@ class ManagerMetrics:
 
     def count(self, name: str, amount: float = 1, **labels: str) -> None:
         self.telemetry.inc(f"kvtier_{name}_total", amount, **labels)
+
+    def counter(self, name: str, **labels: str) -> Callable[[float], None]:
+        """``count(name, amount, **labels)`` with the name and labels bound once: a hot path
+        keeps it and calls it with the amount."""
+        return functools.partial(self.telemetry.add, f"kvtier_{name}_total", labels_key(**labels))
 
     def transfer(self, direction: str, nbytes: int, seconds: float) -> None:
         self.count("transfer_bytes", nbytes, direction=direction)
