@@ -19,5 +19,5 @@ def test_a_bound_counter_adds_to_the_series_count_adds_to() -> None:
 
 
 def test_labels_key_is_the_labels_sorted_by_name() -> None:
-    assert labels_key(tier="fs", result="hit") == (("result", "hit"), ("tier", "fs"))
-    assert labels_key() == ()
+    assert labels_key({"tier": "fs", "result": "hit"}) == (("result", "hit"), ("tier", "fs"))
+    assert labels_key({}) == ()

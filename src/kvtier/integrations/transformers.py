@@ -214,8 +214,9 @@ class TieredModel:
             return
         if len(prompt) < 2:
             return
-        self._prefetched.append((prompt, chunk_keys(prompt, self.identity, self.salt)))
-        keys = self._prefetched[-1][1][: (len(prompt) - 1) // self.layout.tokens_per_chunk]
+        all_keys = chunk_keys(prompt, self.identity, self.salt)
+        self._prefetched.append((prompt, all_keys))
+        keys = all_keys[: (len(prompt) - 1) // self.layout.tokens_per_chunk]
         window = self.layout.window_chunks
         if window is None:
             keys = keys[self.device_cache.match(keys) :]

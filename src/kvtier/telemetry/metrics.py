@@ -27,7 +27,7 @@ LATENCY_BUCKETS = (
 Labels = tuple[tuple[str, str], ...]
 
 
-def labels_key(**labels: str) -> Labels:
+def labels_key(labels: Mapping[str, str]) -> Labels:
     """The key of a series: its labels, sorted by name."""
     return tuple(sorted(labels.items()))
 
@@ -68,7 +68,7 @@ class Telemetry:
             (self.histograms if kind == "histogram" else self.values).setdefault(name, {})
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
-        self.add(name, labels_key(**labels), amount)
+        self.add(name, labels_key(labels), amount)
 
     def add(self, name: str, key: Labels, amount: float = 1) -> None:
         """``inc`` with the labels given as their key (``labels_key``): for hot paths that
@@ -79,16 +79,16 @@ class Telemetry:
 
     def set(self, name: str, value: float, **labels: str) -> None:
         with self._lock:
-            self.values[name][tuple(sorted(labels.items()))] = value
+            self.values[name][labels_key(labels)] = value
 
     def observe(self, name: str, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
+        key = labels_key(labels)
         with self._lock:
             self.histograms[name].setdefault(key, Histogram()).observe(value)
 
     def get(self, name: str, **labels: str) -> float:
         with self._lock:
-            return self.values.get(name, {}).get(tuple(sorted(labels.items())), 0)
+            return self.values.get(name, {}).get(labels_key(labels), 0)
 
     def snapshot(self) -> dict[str, dict[Labels, float]]:
         with self._lock:
@@ -307,7 +307,7 @@ class ManagerMetrics:
     def counter(self, name: str, **labels: str) -> Callable[[float], None]:
         """``count(name, amount, **labels)`` with the name and labels bound once: a hot path
         keeps it and calls it with the amount."""
-        return functools.partial(self.telemetry.add, f"kvtier_{name}_total", labels_key(**labels))
+        return functools.partial(self.telemetry.add, f"kvtier_{name}_total", labels_key(labels))
 
     def transfer(self, direction: str, nbytes: int, seconds: float) -> None:
         self.count("transfer_bytes", nbytes, direction=direction)
