@@ -32,10 +32,12 @@ cache, which the tier's 256 MiB of slots never are.
 received, median over rounds; over ZeroMQ, mostly pages of libzmq's receive buffers faulted in
 afresh. They set the tier's throughput more than anything in the tier does: 20k-89k per GB
 from one process to the next, 3.1-2.5 GB/s at 2 MiB
-(``docs/performance/2026-12-07-peer-malloc.md``; ``benchmarks/malloc_ab.py``); the JSON names
-the ``GLIBC_TUNABLES`` it ran with. ``--pin`` (off by default) gives the
-serving processes the first half of the CPUs this process may use and this process the rest,
-as two hosts would have them.
+(``docs/performance/2026-12-07-peer-malloc.md``; ``benchmarks/malloc_ab.py``) until kvtier set
+glibc's malloc thresholds itself at start (``tune_malloc``, ``kvtier.core.malloc_settings``).
+Every process here sets them as a ``TieringManager`` does (``--no-tune-malloc``: malloc as glibc
+starts); the JSON names the outcome (``tune_malloc``) and the ``GLIBC_TUNABLES`` it ran with.
+``--pin`` (off by default) gives the serving processes the first half of the CPUs this process
+may use and this process the rest, as two hosts would have them.
 Throughput is payload bytes per second (GB = 1e9). ``load`` is the 1-minute load average at
 start and end: on a shared machine, compare only ratios, never absolute figures across runs.
 """
@@ -64,6 +66,7 @@ import zmq
 
 from kvtier import CacheIdentity, KVLayout, TieringConfig, TieringManager
 from kvtier.bench import verdict
+from kvtier.core import malloc_settings
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
 from kvtier.tiers.base import TransferJob
@@ -116,7 +119,7 @@ def make_keys(folder: Path) -> Keys:
 
 # -- serving processes ------------------------------------------------------------------------
 def serve_tier(
-    chunk_bytes: int, n: int, port: int, transport: str, keys: Keys, conn: Connection
+    chunk_bytes: int, n: int, port: int, tune: bool, transport: str, keys: Keys, conn: Connection
 ) -> None:
     pin(conn.recv())
     serve: dict[str, Any] = {"port": port, "transport": transport}
@@ -125,7 +128,9 @@ def serve_tier(
             "curve_secret_key_file": keys["server_secret"],
             "curve_client_keys_dir": keys["clients"],
         }
-    config = TieringConfig.from_dict({"cpu_bytes_to_use": (n + 1) * chunk_bytes, "serve": serve})
+    config = TieringConfig.from_dict(
+        {"cpu_bytes_to_use": (n + 1) * chunk_bytes, "serve": serve, "tune_malloc": tune}
+    )
     with TieringManager(config, identity_for(chunk_bytes)) as manager:
         plan = manager.prepare_store(keys_for(n))
         assert plan is not None
@@ -137,8 +142,12 @@ def serve_tier(
         conn.recv()  # the manager's driver thread serves meanwhile
 
 
-def serve_raw(chunk_bytes: int, n: int, port: int, keys: Keys, conn: Connection) -> None:
+def serve_raw(
+    chunk_bytes: int, n: int, port: int, tune: bool, keys: Keys, conn: Connection
+) -> None:
     pin(conn.recv())
+    if tune:
+        malloc_settings.apply()
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     if keys:
@@ -256,10 +265,15 @@ def pin(cpus: set[int] | None) -> None:
 
 
 def start_servers(
-    chunk_bytes: int, n: int, keys: Keys, transports: list[str], cpus: set[int] | None = None
+    chunk_bytes: int,
+    n: int,
+    keys: Keys,
+    transports: list[str],
+    cpus: set[int] | None = None,
+    tune: bool = True,
 ) -> list[Any]:
-    """The raw server, then a tier server per transport, each on ``cpus``: (process, pipe,
-    port) each."""
+    """The raw server, then a tier server per transport, each on ``cpus`` and with kvtier's
+    malloc settings if ``tune``: (process, pipe, port) each."""
     ctx = mp.get_context("spawn")
     servers = []
     targets: list[tuple[Any, tuple[Any, ...]]] = [(serve_raw, ())]
@@ -267,7 +281,7 @@ def start_servers(
     for target, args in targets:
         here, there = ctx.Pipe()
         port = free_port()
-        proc = ctx.Process(target=target, args=(chunk_bytes, n, port, *args, keys, there))
+        proc = ctx.Process(target=target, args=(chunk_bytes, n, port, tune, *args, keys, there))
         proc.start()
         here.send(cpus)
         assert here.recv() == "ready"
@@ -281,7 +295,7 @@ def measure(
     """One row: raw, raw into slots and the tier over each of ``transports``, side by side."""
     n, loads = max(1, (args.total_mib << 20) // chunk_bytes), args.loads_per_round
     serving_cpus = None if args.cpus is None else args.cpus[0]
-    servers = start_servers(chunk_bytes, n, keys, transports, serving_cpus)
+    servers = start_servers(chunk_bytes, n, keys, transports, serving_cpus, args.tune_malloc)
     tiers = [
         peer_tier(chunk_bytes, n, port, keys, t)
         for (_, _, port), t in zip(servers[1:], transports, strict=True)
@@ -383,7 +397,15 @@ def main() -> None:
         default=False,
         help="serving processes on half the CPUs, this one on the other half, as on two hosts",
     )
+    parser.add_argument(
+        "--tune-malloc",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="kvtier's malloc thresholds in every process, as a TieringManager sets them "
+        "(kvtier.core.malloc_settings); --no-tune-malloc: malloc as glibc starts",
+    )
     args = parser.parse_args()
+    malloc = malloc_settings.apply() if args.tune_malloc else "off"
     args.cpus = halves(args.pin)
     if args.cpus is not None:
         pin(args.cpus[1])  # before any context or tier starts a thread (numpy's OpenBLAS
@@ -409,6 +431,7 @@ def main() -> None:
                 "zmq": zmq.zmq_version(),
                 "load": load,
                 "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+                "tune_malloc": malloc,
                 "pinned": None if args.cpus is None else [sorted(c) for c in args.cpus],
                 "rows": rows,
             },

@@ -103,6 +103,9 @@ class RuntimeConfig:
 
     #: How long the engine waits for a tier's promotion, store or probe (``core.deadlines``).
     deadlines: TierDeadlines = field(default_factory=TierDeadlines)
+    #: Set glibc malloc's thresholds at start where glibc itself ends up in a long-lived
+    #: process (``kvtier.core.malloc_settings``); ``False`` leaves malloc as it is.
+    tune_malloc: bool = True
 
     def __post_init__(self) -> None:
         if self.metrics_admin and self.metrics_port is None:
@@ -116,7 +119,7 @@ class RuntimeConfig:
 RUNTIME_KEYS = (
     "metrics_port", "metrics_host", "metrics_admin", "slo_guard", "admission",
     "secondary_min_priority", "deadlines",
-    "max_request_priority", "max_request_duration_s",
+    "max_request_priority", "max_request_duration_s", "tune_malloc",
 )  # fmt: skip
 
 

@@ -8,6 +8,8 @@ both paths. The runtime owns:
 * tier switches by hand and by the SLO guard (``TierControl``, ``SLOGuard``);
 * the admission gate for every level (``Admission``);
 * the counters and their metric definitions (``ManagerMetrics``);
+* glibc malloc's thresholds, set once per process unless ``tune_malloc`` is false
+  (``kvtier.core.malloc_settings``);
 * the operator plane: ``/metrics`` with kvtier's metric names, and the loopback admin endpoint
   (``kvtier.control.admin``) when ``metrics_admin`` is set.
 
@@ -32,6 +34,7 @@ from kvtier.control.admission import AdmissionConfig
 from kvtier.control.admission.gate import Admission
 from kvtier.control.slo_guard import SLOGuard, latency
 from kvtier.control.tier_switches import TierControl, TierSwitch, check_switch
+from kvtier.core import malloc_settings
 from kvtier.core.entry_checks import serialized, under_lock
 from kvtier.core.tier_set import Finished, TierSet
 from kvtier.errors import ClosedError
@@ -62,6 +65,8 @@ class Runtime:
         tiers: Sequence[SecondaryTier] | None = None,
     ) -> None:
         self.config = config
+        if config.tune_malloc:
+            malloc_settings.apply()
         self._lock = threading.RLock()
         self._closed = False
         self.metrics = ManagerMetrics()

@@ -44,7 +44,9 @@ _SPECS = {
 }
 _CLASSES = {"fs": "KvtierFs", "obj": "KvtierObj", "p2p": "KvtierPeer"}
 #: kvtier keys of a base config that work inside vLLM, at the top of the extra config.
-_RUNTIME_KEYS = ("metrics_port", "metrics_host", "metrics_admin", "secondary_min_priority")
+_RUNTIME_KEYS = (
+    "metrics_port", "metrics_host", "metrics_admin", "secondary_min_priority", "tune_malloc",
+)  # fmt: skip
 #: Keys of a base config the line sets itself (from the recommendation) or that are vLLM's.
 _REPLACED = (
     "cpu_bytes_to_use", "block_size", "blocks_per_chunk", "eviction_policy", "secondary_tiers",

@@ -265,6 +265,7 @@ def test_a_switched_off_tier_is_skipped_and_stores_still_succeed(
         ({"slo_guard": {"ttft_p99_s": 1.0}}, "kvtier.slo_guard.ttft_p99_s"),
         ({"revision": 3}, "kvtier.revision"),
         ({"surprise": 1}, "kvtier.surprise"),
+        ({"tune_malloc": "off"}, "kvtier.tune_malloc"),
     ],
 )
 def test_bad_configuration_fails_the_attach_naming_the_key(

@@ -72,6 +72,8 @@ def test_the_endpoint_serves_while_a_tier_is_joined_and_closes_with_the_last():
         ({"secondary_min_priority": 101}, "secondary_min_priority"),
         ({"secondary_min_priority": -1}, "secondary_min_priority"),
         ({"secondary_min_priority": True}, "secondary_min_priority"),
+        ({"tune_malloc": "no"}, "tune_malloc"),
+        ({"tune_malloc": 0}, "tune_malloc"),
     ],
 )
 def test_a_kvtier_key_that_cannot_be_honoured_fails_the_start_naming_it(extra, key):
@@ -87,6 +89,8 @@ def test_the_edges_of_each_range_are_taken():
         assert engine_config({"metrics_port": port}).metrics_port == port
     guard = engine_config({"slo_guard": {"promotion_p99_s": 0.5}}).slo_guard
     assert guard is not None and guard.promotion_p99_s == 0.5
+    assert engine_config({}).tune_malloc is True
+    assert engine_config({"tune_malloc": False}).tune_malloc is False
 
 
 def test_keys_neither_vllm_nor_kvtier_reads_are_reported():

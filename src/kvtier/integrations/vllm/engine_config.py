@@ -10,7 +10,9 @@ extra config, with the same names and checks as kvtier's own configuration:
   ``secondary_min_priority`` overrides it);
 * ``max_request_priority``, ``max_request_duration_s``: the operator's caps on what a request's
   ``kvtier_retention`` may ask for (``request_retention``), for kvtier's cache policy and the
-  tiers' ``secondary_min_priority`` alike.
+  tiers' ``secondary_min_priority`` alike;
+* ``tune_malloc``: glibc malloc's thresholds in the engine core process
+  (``kvtier.core.malloc_settings``).
 
 Keys of kvtier's configuration that cannot be honoured inside vLLM are refused with the key
 named (``REFUSED``), so that no setting is ignored without a word. Keys that neither vLLM nor
