@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from kvtier import TieringConfig
+from kvtier.core import malloc_settings
 from kvtier.core.malloc_settings import operator_choice
 from kvtier.errors import ConfigError
 from tests.child_process import child_env
@@ -135,3 +136,34 @@ def test_operator_choice(environ: dict[str, str], chosen: str | None) -> None:
 def test_tune_malloc_takes_a_boolean_only(value: object) -> None:
     with pytest.raises(ConfigError, match="tune_malloc"):
         TieringConfig(cpu_bytes_to_use=MiB, tune_malloc=value)  # type: ignore[arg-type]
+
+
+def test_another_c_library_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(malloc_settings, "_outcome", None)
+    for name in ("GLIBC_TUNABLES", "LD_PRELOAD", *malloc_settings._OPERATOR_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+
+    def unknown(name: str) -> str:
+        raise ValueError(f"unrecognized configuration name {name!r}")  # musl, macOS
+
+    monkeypatch.setattr(malloc_settings.os, "confstr", unknown)
+    assert malloc_settings.apply() == "not glibc"
+    assert malloc_settings.apply() == "not glibc"  # asked once
+
+
+def test_a_refusal_is_said_and_warned_of(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(malloc_settings, "_outcome", None)
+    for name in ("GLIBC_TUNABLES", "LD_PRELOAD", *malloc_settings._OPERATOR_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    calls: list[tuple[int, int]] = []
+
+    def refusing(parameter: int, value: int) -> int:
+        calls.append((parameter, value))
+        return 0
+
+    monkeypatch.setattr(malloc_settings, "_mallopt", lambda: refusing)
+    assert malloc_settings.apply() == "refused"
+    assert calls == [(-3, 32 * MiB)]  # the trim threshold is not set alone
+    assert "refused" in caplog.text

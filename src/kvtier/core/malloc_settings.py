@@ -26,7 +26,6 @@ made once per process.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import threading
@@ -103,7 +102,7 @@ def _mallopt() -> Callable[[int, int], int] | None:
     except (ValueError, OSError):  # not a glibc system: the name is unknown
         return None
     try:
-        function = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        function = ctypes.CDLL(None).mallopt  # the process's own symbols, glibc's among them
     except (OSError, AttributeError):
         return None
     function.argtypes = (ctypes.c_int, ctypes.c_int)
