@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pytest
 
-from kvtier.bench import vllm_bench, vllm_cli, vllm_report
+from kvtier.bench import pair_verdict, vllm_bench, vllm_cli, vllm_report
 from kvtier.bench.phase import ROUND_SEED_STEP
 from kvtier.bench.vllm_bench import VllmBench, VllmBenchOptions
 from kvtier.bench.vllm_runner import tree_cpu_seconds
@@ -120,11 +120,13 @@ def test_the_report_judges_each_n_over_the_rounds(tmp_path):
     assert ahead["rounds"] == 6 and ahead["verdict"] == "ahead"
     assert ahead["throughput"]["median"] == 1.25 and ahead["throughput"]["low"] > 1
     assert ahead["ttft_p99"]["verdict"] == "ahead" and ahead["cpu_per_request"]["median"] == 1
+    assert ahead["ttft_p50"]["median"] == 0.8 and "verdict" not in ahead["ttft_p50"]  # shown
     assert mixed["verdict"] == "no difference shown"  # 1.0 or 0.77 by round: touches 1.0
     lines = vllm_report.ratio_lines(doc)
     assert lines[0].startswith("round 1 N=2: kvtier-fs / vllm-fs throughput 1.25x")
-    assert "N=2: throughput 1.250x [1.250, 1.251], TTFT p99 0.800x [0.800, 0.800]" in "\n".join(
-        lines
+    assert (
+        "N=2: throughput 1.250x [1.250, 1.251], TTFT p99 0.800x [0.800, 0.800], "
+        "TTFT p50 0.800x [0.800, 0.800], CPU/request" in "\n".join(lines)
     )
     assert lines[-2].endswith(": ahead") and lines[-1].endswith(": no difference shown")
     assert "round" in vllm_report.format_table(doc["results"]).splitlines()[0]
@@ -204,3 +206,15 @@ def test_each_row_says_how_long_the_engine_waited_for_its_trailing_writes():
     assert same == {
         k: v for k, v in rows["kvtier-fs"].items() if k not in ("strategy", "settle_seconds")
     }
+
+
+def test_ttft_p50_is_shown_but_never_judged():
+    ratios = [
+        {"conversations": 4, "throughput_ratio": 1.2 + 0.01 * r, "ttft_p99_ratio": 0.8,
+         "ttft_p50_ratio": 1.5 + 0.01 * r, "cpu_ratio": None}
+        for r in range(6)
+    ]  # fmt: skip
+    (item,) = pair_verdict.verdicts(ratios)
+    assert item["ttft_p50"]["low"] > 1.0  # behind by p50 alone
+    assert item["verdict"] == "ahead" and "verdict" not in item["ttft_p50"]
+    assert "cpu_per_request" not in item  # not measured: left out

@@ -110,8 +110,8 @@ def rows(reports: dict[str, dict[str, Any]], counted: Counted) -> list[dict[str,
 
 
 def same_run_ratios(table: list[dict[str, Any]], mine: str, other: str) -> list[dict[str, Any]]:
-    """Per round and N where both ran: ``mine`` over ``other`` in throughput, TTFT p99 and
-    (``None`` without it) CPU time per request."""
+    """Per round and N where both ran: ``mine`` over ``other`` in throughput, TTFT p99 and p50
+    and (``None`` without it) CPU time per request."""
     out = []
     for turn, n in sorted({(row["round"], row["conversations"]) for row in table}):
         at = {r["strategy"]: r for r in table if (r["round"], r["conversations"]) == (turn, n)}
@@ -123,6 +123,7 @@ def same_run_ratios(table: list[dict[str, Any]], mine: str, other: str) -> list[
                     "conversations": n,
                     "throughput_ratio": ratio(k["throughput_tok_s"], v["throughput_tok_s"]),
                     "ttft_p99_ratio": ratio(k["ttft_ms"]["p99"], v["ttft_ms"]["p99"]),
+                    "ttft_p50_ratio": ratio(k["ttft_ms"]["p50"], v["ttft_ms"]["p50"]),
                     "cpu_ratio": cpu_ratio(k, v),
                     "disk_bytes": {
                         mine: k["disk_bytes_after_run"],

@@ -4,10 +4,11 @@ engine's own fs tier (vllm-fs, sglang-file)?
 From the same-run ratios of every round (``engine_report.same_run_ratios``: kvtier-fs over the
 other at one round and N, both measured minutes apart under the same load), per N: the
 median ratio over the rounds with its 95 % interval (``verdict.interval``; 6 rounds at least) for
-throughput and TTFT p99, and for CPU time per request when the runners measured it (shown, not
-judged: it is how much work a request cost, where wall time also counts waiting for a shared
-machine). The verdict reads throughput (higher is better) and TTFT p99 (lower is better) as
-``verdict`` defines: ``ahead``, ``behind``, ``no difference shown``, or ``mixed``.
+throughput and TTFT p99, and, shown but not judged, for TTFT p50 (the typical request, where a
+tier's load time shows before the queueing of a few slow requests does) and CPU time per request
+when the runners measured it (how much work a request cost, where wall time also counts waiting
+for a shared machine). The verdict reads throughput (higher is better) and TTFT p99 (lower is
+better) as ``verdict`` defines: ``ahead``, ``behind``, ``no difference shown``, or ``mixed``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kvtier.bench import verdict
 METRICS = {
     "throughput_ratio": ("throughput", True, True),
     "ttft_p99_ratio": ("ttft_p99", False, True),
+    "ttft_p50_ratio": ("ttft_p50", False, False),
     "cpu_ratio": ("cpu_per_request", False, False),
 }
 
@@ -60,6 +62,7 @@ def verdict_lines(items: list[dict[str, Any]], pair: str) -> list[str]:
             for name, label in (
                 ("throughput", "throughput"),
                 ("ttft_p99", "TTFT p99"),
+                ("ttft_p50", "TTFT p50"),
                 ("cpu_per_request", "CPU/request"),
             )
             if name in item
