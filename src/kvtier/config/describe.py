@@ -64,6 +64,8 @@ def describe_config(config: TieringConfig, layout: KVLayout) -> str:
         "secondary tiers: " + ("none" if not config.secondary_tiers else "(lookup order)"),
     ]
     lines += [f"  {i}. {describe_tier(t)}" for i, t in enumerate(config.secondary_tiers, 1)]
+    malloc = "glibc's thresholds set at start" if config.tune_malloc else "as it is"
+    lines.append(f"malloc:          {malloc} (tune_malloc)")
     return "\n".join(lines + describe_services(config))
 
 

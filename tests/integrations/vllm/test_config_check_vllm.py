@@ -74,6 +74,7 @@ def test_a_config_that_starts_vllm_cpu_is_reported(tmp_path, capsys):
     assert "metrics:         http://127.0.0.1:9464/metrics" in out
     assert "admin:           http://127.0.0.1:9464/admin/tiers" in out
     assert "slo guard:       promotion_p99_s 0.5 s" in out
+    assert "malloc:          glibc's thresholds set at start in the engine core process" in out
 
 
 def test_endpoints_are_off_without_metrics_port(tmp_path, capsys):
@@ -256,6 +257,7 @@ def test_warnings_for_settings_nothing_reads(tmp_path, capsys):
     }
     code, out, err = check(tmp_path, capsys, transfer_config(extra), "--target", "vllm-cpu")
     assert code == 0 and "kvtier runtime:  one per engine, for the kvtier tiers (none)" in out
+    assert "malloc:          as it is (tune_malloc)" in out  # no runtime to set it
     assert "metrics_port: kvtier's runtime runs with kvtier's tiers" in err
     assert "kv_connector_extra_config.colour: neither vLLM nor kvtier reads it" in err
     code, _, err = check(tmp_path, capsys, transfer_config(), "--target", "vllm-cpu")

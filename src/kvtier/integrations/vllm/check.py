@@ -298,11 +298,15 @@ class _Check:
             )
         self._idle_runtime(runtime)
         tiers = ", ".join(self.tiers.kvtier_tiers) or "none"
+        malloc = "as it is"
+        if runtime.tune_malloc and self.tiers.kvtier_tiers:
+            malloc = "glibc's thresholds set at start in the engine core process"
         return [
             f"kvtier runtime:  one per engine, for the kvtier tiers ({tiers})",
             f"metrics:         {metrics}",
             f"admin:           {admin}",
             f"slo guard:       {guard}",
+            f"malloc:          {malloc} (tune_malloc)",
             "kv events:       vLLM's own (--kv-events-config; not part of this JSON)",
         ]
 
