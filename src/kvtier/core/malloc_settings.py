@@ -4,14 +4,15 @@ glibc's ``malloc`` serves a block above ``mmap_threshold`` from a mapping of its
 when freed, and gives the free memory at the top of a heap back to the kernel past
 ``trim_threshold``. It starts at 128 KiB for both, and each time the process frees a mapped block
 above ``mmap_threshold`` (up to 32 MiB) it raises ``mmap_threshold`` to that block's size and
-``trim_threshold`` to twice it. A serving process that has freed one 32 MiB block runs at
-32 MiB and 64 MiB from then on; ``apply`` sets those values at once (``mallopt``).
+``trim_threshold`` to twice it. A serving process that has freed a mapped block close to 32 MiB
+runs at 32 MiB and 64 MiB from then on; ``apply`` sets those values at once (``mallopt``).
 
 Why: until then, memory freed by the tiers' threads goes back to the kernel and is faulted in
 again a page at a time: libzmq allocates every frame the peer tier receives, an engine built on
 transformers allocates tensors for every request. Measured (``benchmarks/malloc_ab.py``,
-``docs/operating.md#memory-allocator``): the peer tier over ZeroMQ at 2 MiB chunks went from
-0.68x to 0.86x raw pyzmq, ``kvtier bench``'s host+fs 2 % closer to its ceiling.
+``docs/performance/2026-12-07-malloc-settings.md``): the peer tier over ZeroMQ at 2 MiB chunks
+faulted 3 times per GB received instead of 36,487, at 0.71x raw pyzmq instead of 0.58x;
+``kvtier bench``'s host+fs came 1.025x closer to its ceiling.
 
 The cost is the one glibc's own adjustment has: blocks up to 32 MiB come from heaps, and up to
 64 MiB free at a heap's top stays in the process. ``apply`` leaves malloc alone where the
