@@ -13,6 +13,7 @@ from typing import Any
 from kvtier.config.addresses import is_loopback, redact_url
 from kvtier.config.file_modes import DEFAULT_DIR_MODE, open_to_others, parse_mode
 from kvtier.config.schema import KVEventsConfig, TieringConfig
+from kvtier.core import malloc_settings
 from kvtier.layout import KVLayout
 from kvtier.region import ALIGNMENT, round_up
 from kvtier.tiers.base import TierConfig
@@ -64,8 +65,7 @@ def describe_config(config: TieringConfig, layout: KVLayout) -> str:
         "secondary tiers: " + ("none" if not config.secondary_tiers else "(lookup order)"),
     ]
     lines += [f"  {i}. {describe_tier(t)}" for i, t in enumerate(config.secondary_tiers, 1)]
-    malloc = "glibc's thresholds set at start" if config.tune_malloc else "as it is"
-    lines.append(f"malloc:          {malloc} (tune_malloc)")
+    lines.append(f"malloc:          {malloc_settings.describe(config.tune_malloc)}")
     return "\n".join(lines + describe_services(config))
 
 

@@ -62,6 +62,14 @@ def operator_choice(environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def describe(tune: bool, where: str = "") -> str:
+    """What a configuration does to malloc, for ``kvtier config check``: set (``where``, if
+    given: in which process) or left as it is."""
+    if not tune:
+        return "as it is (tune_malloc)"
+    return f"glibc's thresholds set at start{where} (tune_malloc)"
+
+
 def apply() -> str:
     """Set the thresholds unless left alone (module doc); say what happened.
 

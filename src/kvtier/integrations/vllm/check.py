@@ -35,6 +35,7 @@ from kvtier.config.checks import physical_memory_bytes
 from kvtier.config.describe import human_bytes
 from kvtier.config.parser import VLLM_OUTER_KEYS
 from kvtier.config.schema import RuntimeConfig
+from kvtier.core import malloc_settings
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.check_tiers import KVTIER_TIERS, MODULE, TierCheck
 from kvtier.integrations.vllm.engine_config import PATH, engine_config, unknown_keys
@@ -298,15 +299,14 @@ class _Check:
             )
         self._idle_runtime(runtime)
         tiers = ", ".join(self.tiers.kvtier_tiers) or "none"
-        malloc = "as it is"
-        if runtime.tune_malloc and self.tiers.kvtier_tiers:
-            malloc = "glibc's thresholds set at start in the engine core process"
+        tuned = runtime.tune_malloc and bool(self.tiers.kvtier_tiers)  # no tiers: no runtime
+        malloc = malloc_settings.describe(tuned, " in the engine core process")
         return [
             f"kvtier runtime:  one per engine, for the kvtier tiers ({tiers})",
             f"metrics:         {metrics}",
             f"admin:           {admin}",
             f"slo guard:       {guard}",
-            f"malloc:          {malloc} (tune_malloc)",
+            f"malloc:          {malloc}",
             "kv events:       vLLM's own (--kv-events-config; not part of this JSON)",
         ]
 
