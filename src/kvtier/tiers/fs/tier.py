@@ -2,7 +2,8 @@
 
 Layout, atomic writes and verified reads are in ``files``; which chunks are on disk (LRU, the
 capacity bound) in ``shared.chunk_index``, recent misses in ``shared.misses``, the probes of
-unseen keys in ``probes``. This module ties them to the tier contract:
+unseen keys in ``probes``, deletions and the keys they removed in ``removals``. This module
+ties them to the tier contract:
 
 * ``lookup`` answers from memory for keys this instance wrote or has seen, and for misses less
   than ``negative_ttl_s`` old; any other key takes one ``stat`` (``probes``: on the caller's
@@ -46,8 +47,7 @@ import errno
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Literal
 
@@ -65,6 +65,7 @@ from kvtier.tiers.fs.namespace import SpaceGuard, warn_if_open, warn_if_read_onl
 from kvtier.tiers.fs.paths import NotRegularError, failure_reason
 from kvtier.tiers.fs.probes import Prober, probes_inline
 from kvtier.tiers.fs.reader import Read
+from kvtier.tiers.fs.removals import Removals
 from kvtier.tiers.fs.rows import o_direct_for
 from kvtier.tiers.fs.shared_bound import open_shared_bound
 from kvtier.tiers.shared import workers
@@ -78,8 +79,6 @@ from kvtier.tiers.shared.sealing import make_sealer
 
 log = logging.getLogger(__name__)
 
-#: How many removed keys ``take_removed`` remembers at most.
-MAX_REMOVED = 1 << 16
 #: A chunk's mtime records its last use (for a restart's scan and ``kvtier cache``) at most
 #: this often: a chunk read again and again costs one ``utime`` a minute, not one per read.
 USE_STAMP_S = 60.0
@@ -135,7 +134,9 @@ class FilesystemTier(PooledTier):
         self._misses = RecentMisses(config.negative_ttl_s)
         self._stamps = UseStamps(USE_STAMP_S)
         self._counters = Counters()
-        self._removed: deque[ChunkKey] = deque(maxlen=MAX_REMOVED)
+        self._removals = Removals(
+            self._files, self._index, self._shared, self._counters, self._file_bytes
+        )
         self.fault_hook: FaultHook | None = None
         self._closed = threading.Event()
         self._scanned = threading.Event()
@@ -208,7 +209,7 @@ class FilesystemTier(PooledTier):
 
     def take_removed(self) -> list[ChunkKey]:
         """Keys whose files this tier deleted (evicted or corrupt) since the last call."""
-        return [self._removed.popleft() for _ in range(len(self._removed))]
+        return self._removals.take()
 
     # -- stores -----------------------------------------------------------------------------
     def submit_store(self, job: TransferJob) -> None:
@@ -264,8 +265,8 @@ class FilesystemTier(PooledTier):
         victims = self._index.reserve(nbytes, link.parent if link is not None else None, key)
         if victims is None:
             return False
-        self._delete(victims, "evicted")
-        if not self._reserve_shared(nbytes, key):
+        self._removals.delete(victims, "evicted")
+        if not self._removals.reserve_shared(nbytes, key):
             self._index.release(nbytes, key)
             return False
         try:
@@ -322,7 +323,7 @@ class FilesystemTier(PooledTier):
         except IntegrityError as exc:
             log.warning("%s: deleted chunk %s: %s", self.name, key.hex()[:16], exc)
             self._index.discard(key)
-            self._removed.append(key)
+            self._removals.deleted_elsewhere(key)
             self._counters.add(f"integrity.{exc.reason}")
             return "corrupt"
         except NotRegularError:
@@ -334,7 +335,7 @@ class FilesystemTier(PooledTier):
             self._counters.add(f"load_failed.{failure_reason(exc)}")
             return "unreadable"
         victims = self._index.add(key, size, link.parent if link else None, since=mark)
-        self._delete(victims or [], "evicted")
+        self._removals.delete(victims or [], "evicted")
         self._counters.add_pair("loaded_chunks", "loaded_bytes", size)
         self._mark_used(key)
         return "loaded"
@@ -367,7 +368,7 @@ class FilesystemTier(PooledTier):
             return False
         if size != self._file_bytes:  # counted at a chunk's size: its load fails and deletes it
             self._counters.add("probe_wrong_size")
-        self._delete(victims, "evicted")
+        self._removals.delete(victims, "evicted")
         self._counters.add("probe_hits")
         return True
 
@@ -378,7 +379,7 @@ class FilesystemTier(PooledTier):
             if wrong := sum(1 for chunk in result.chunks if chunk[2] != nbytes):
                 self._counters.add("scan_wrong_size", wrong)  # their loads fail and delete them
             found = [(key, nbytes, parent) for _, key, _, parent in sorted(result.chunks)]
-            self._delete(self._index.merge_cold(found, self._scan_mark), "evicted")
+            self._removals.delete(self._index.merge_cold(found, self._scan_mark), "evicted")
             self._counters.add("scan_found_chunks", len(found))
             self._counters.add("scrubbed_tmp_files", result.stale_removed)
             for reason, count in result.skipped.items():
@@ -388,30 +389,6 @@ class FilesystemTier(PooledTier):
             self._counters.add(f"scan_failed.{failure_reason(exc)}")
         finally:
             self._scanned.set()
-
-    def _reserve_shared(self, nbytes: int, key: ChunkKey) -> bool:
-        """Room under ``root_dir_max_bytes`` (when set); own chunks it deleted are forgotten."""
-        if self._shared is None:
-            return True
-        own = self._shared.reserve(nbytes, key)
-        if own is None:
-            return False
-        for key in own:
-            self._index.discard(key)
-            self._removed.append(key)
-            self._counters.add("evicted_shared")
-        return True
-
-    def _delete(self, keys: Iterable[ChunkKey], reason: str) -> None:
-        for key in keys:
-            try:
-                if self._files.remove(key) and self._shared is not None:
-                    self._shared.release(self._file_bytes)
-            except OSError as exc:
-                self._counters.add(f"remove_failed.{failure_reason(exc)}")
-            self._index.deleted(key)  # a probe that stat'ed it before the unlink is a miss
-            self._removed.append(key)
-            self._counters.add(reason)
 
     def _hook(self, op: str, key: ChunkKey) -> None:
         if self.fault_hook is not None:
