@@ -31,7 +31,7 @@ start. Wrong credentials or a missing bucket at start raise ``TierError`` naming
 
 Thread safety: ``lookup``, ``submit_*`` and ``take_removed`` are called from the manager's thread;
 requests and deletes run on the tier's pools, the listing and sweeps on the upkeep thread;
-``_known``, ``_bound`` and ``_counters`` have their own locks.
+``_known``, ``_bound`` and ``_counters`` (a ``Counters``) have their own locks.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import threading
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -69,6 +67,7 @@ from kvtier.tiers.s3.upkeep import Upkeep
 from kvtier.tiers.shared import codec
 from kvtier.tiers.shared.answers import Answers
 from kvtier.tiers.shared.circuit import CircuitBreaker
+from kvtier.tiers.shared.counters import Counters
 from kvtier.tiers.shared.jobs import drain
 from kvtier.tiers.shared.lineage import read_link
 from kvtier.tiers.shared.sealing import make_sealer
@@ -100,8 +99,8 @@ class ObjectStoreTier(SecondaryTier):
         self._identity_doc = json.dumps(identity.describe(), indent=1, sort_keys=True).encode()
         self._client = ObjectClient(config)
         self._known = Answers(config.negative_ttl_s)
-        self._counters: Counter[str] = Counter()
-        self._counters_lock = threading.Lock()
+        self._counters = Counters()
+        self._count = self._counters.add
         self._results: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
         self._closed = False
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"{self.name}-io")
@@ -276,8 +275,7 @@ class ObjectStoreTier(SecondaryTier):
         self._breaker.record_success()
         self._known.found(key)
         tracker.wrote(key, len(body))
-        self._count("store_ok")
-        self._count("bytes_written", len(body))
+        self._counters.add_pair("store_ok", "bytes_written", len(body))
         return Outcome.OK
 
     def _make_room(self, nbytes: int, job: TransferJob, i: int) -> Outcome | None:
@@ -325,8 +323,7 @@ class ObjectStoreTier(SecondaryTier):
         if self._bound is not None:
             found = read_link(header)
             self._bound.used(key, found.parent if found else None)
-        self._count("load_ok")
-        self._count("bytes_read", size)
+        self._counters.add_pair("load_ok", "bytes_read", size)
         return Outcome.OK
 
     def _reject(self, key: ChunkKey, exc: IntegrityError) -> Outcome:
@@ -382,10 +379,8 @@ class ObjectStoreTier(SecondaryTier):
         self._client.delete(self._object_name(key))
 
     def stats(self) -> dict[str, int]:
-        with self._counters_lock:
-            counters = dict(self._counters)
         return {
-            **counters,
+            **self._counters.snapshot(),
             "circuit_state": self._breaker.state,
             "circuit_opened": self._breaker.num_opened,
             "circuit_probes": self._breaker.num_probes,
@@ -393,10 +388,6 @@ class ObjectStoreTier(SecondaryTier):
             **(self._bound.stats() if self._bound is not None else {}),
             "rebuild_done": int(self._upkeep is not None and self._upkeep.rebuilt.is_set()),
         }
-
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._counters_lock:
-            self._counters[name] += n
 
     def __repr__(self) -> str:
         return f"ObjectStoreTier(name={self.name!r}, bucket={self._client.bucket!r})"
