@@ -89,8 +89,7 @@ def run_admin(args: argparse.Namespace) -> int:
             print(json.dumps(_body(answer.read(MAX_ANSWER))))
         return 0
     except urllib.error.HTTPError as exc:
-        why = _body(exc.read(MAX_ANSWER)).get("error", exc.reason)
-        print(f"kvtier: error: {exc.code} {one_line(str(why))}", file=sys.stderr)
+        print(f"kvtier: error: {exc.code} {one_line(str(_refusal(exc)))}", file=sys.stderr)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         cause = getattr(exc, "reason", exc)
         print(f"kvtier: error: no answer from {args.url}: {one_line(str(cause))}", file=sys.stderr)
@@ -106,10 +105,19 @@ def _request(args: argparse.Namespace) -> urllib.request.Request:
     return urllib.request.Request(url, data=b"", method="POST")
 
 
+def _refusal(exc: urllib.error.HTTPError) -> Any:
+    """Why the endpoint refused: its JSON ``error``, else the HTTP reason (a proxy's or another
+    server's error page is not JSON)."""
+    try:
+        return _body(exc.read(MAX_ANSWER)).get("error", exc.reason)
+    except (ValueError, OSError):
+        return exc.reason
+
+
 def _body(data: bytes) -> dict[str, Any]:
     try:
         body = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
         raise ValueError("not an admin endpoint's answer (not JSON)") from None
     if not isinstance(body, dict):
         raise ValueError("not an admin endpoint's answer")

@@ -2,7 +2,8 @@
 
 ``run_gc`` with ``--every`` runs a round, then waits ``--every`` seconds, until SIGTERM or
 SIGINT: the signal ends the wait at once, or the round in progress between two deletions,
-and the command exits 0. Each round opens the target again (namespaces made since are seen).
+and the command exits 0. Each round opens the target again (namespaces made since are seen);
+a round whose target cannot be opened says why on stderr and is skipped, not the end.
 
 Thread safety: the main thread only (signal handlers are installed there).
 """
@@ -122,14 +123,26 @@ def run_gc(args: argparse.Namespace, store: Store[Any]) -> int:
     if args.every is None:
         return 0 if _gc_round(store, options, None) else 1
     stop = threading.Event()
+    found: Store[Any] | None = store
     with _stopping_on_signals(stop.set):
         while not stop.is_set():
-            _gc_round(store, options, stop)
+            if found is not None:
+                _gc_round(found, options, stop)
             if stop.wait(args.every):
                 break
-            store = reopen(args)
+            found = _reopened(args)
     print("kvtier cache gc: stopped", file=sys.stderr)
     return 0
+
+
+def _reopened(args: argparse.Namespace) -> Store[Any] | None:
+    """The target opened again for the next round; ``None``, its error said on stderr, when
+    it cannot be now (a mount or endpoint away for a while): the sidecar goes on."""
+    try:
+        return reopen(args)
+    except UsageError as exc:
+        print(f"kvtier: error: {one_line(str(exc))}", file=sys.stderr, flush=True)
+        return None
 
 
 def _gc_round(store: Store[Any], options: GcOptions, stop: threading.Event | None) -> bool:

@@ -147,7 +147,7 @@ def parse_tier(data: Any, path: str) -> TierConfig:
     if "module_path" in data:
         return _parse_external(data, path)
     kind = data.get("type")
-    if kind not in TIER_TYPES:
+    if not isinstance(kind, str) or kind not in TIER_TYPES:  # a list or object is unhashable
         known = ", ".join(sorted(TIER_TYPES))
         raise ConfigError(f"{path}.type: expected one of {known} (or a module_path), got {kind!r}")
     fields = {k: v for k, v in data.items() if k != "type"}

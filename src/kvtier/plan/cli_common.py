@@ -35,10 +35,10 @@ def byte_size(text: str) -> int:
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:
         raise argparse.ArgumentTypeError(f"expected bytes such as 16GiB or 500GB, got {text!r}")
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if not 0 <= value < 1 << 62:
+    value = float(match.group(1)) * _UNITS[unit]
+    if not 0 <= value < 1 << 62:  # also inf: digits past a float's range
         raise argparse.ArgumentTypeError(f"expected less than 2**62 bytes, got {text!r}")
-    return value
+    return int(value)
 
 
 #: Bad input to a command: reported by its parser (usage, error line, exit status 2).

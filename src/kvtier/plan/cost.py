@@ -122,8 +122,10 @@ def from_bench_json(base: Throughputs, path: str) -> Throughputs:
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or exc
         raise PlanInputError(f"bench JSON {path}: {reason}") from None
-    except (ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, ArithmeticError) as exc:
         raise PlanInputError(f"bench JSON {path}: not a kvtier bench result ({exc!r})") from None
+    except RecursionError:  # JSON nested deeper than the parser's recursion
+        raise PlanInputError(f"bench JSON {path}: not a kvtier bench result (too deep)") from None
     result = replace(base, prefill_tokens_per_s=prefill, source=f"bench JSON {path}")
     return replace(result, fs_read_bps=storage) if storage else result
 

@@ -218,7 +218,7 @@ def _mix(text: str) -> tuple[float, float, float]:
         shares = tuple(float(x) for x in text.split(","))
     except ValueError:
         shares = ()
-    finite = all(math.isfinite(x) and x >= 0 for x in shares)
+    finite = all(math.isfinite(x) and x >= 0 for x in shares) and math.isfinite(sum(shares))
     if len(shares) != 3 or not finite or sum(shares) <= 0:
         raise Usage(f"argument --mix: expected three shares such as 0.4,0.4,0.2, got {text!r}")
     return shares[0], shares[1], shares[2]

@@ -230,8 +230,8 @@ def request_fields(value: Any, chunk_tokens: int) -> tuple[float, int, int, byte
         return value.reason
     if not isinstance(value, dict):
         return "lines not a JSON object"
-    t = value.get("t")
-    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+    t = _time(value.get("t"))
+    if t is None:
         return "requests without a finite time t >= 0"
     output = value.get("output_tokens", 0)
     if type(output) is not int or not 0 <= output < 1 << 40:
@@ -244,7 +244,19 @@ def request_fields(value: Any, chunk_tokens: int) -> tuple[float, int, int, byte
         return "requests without chunks or tokens"
     if isinstance(parsed, str):
         return parsed
-    return float(t), parsed[0], output, parsed[1]
+    return t, parsed[0], output, parsed[1]
+
+
+def _time(t: Any) -> float | None:
+    """``t`` as a finite time of at least 0, else ``None`` (an integer too large for a float
+    is not one: ``math.isfinite`` would raise ``OverflowError`` on it)."""
+    if not isinstance(t, int | float) or isinstance(t, bool):
+        return None
+    try:
+        seconds = float(t)
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 def _chunk_keys(value: dict[str, Any], chunk_tokens: int) -> tuple[int, bytes] | str:

@@ -145,6 +145,8 @@ class _Check:
 
     # -- the wrapper -----------------------------------------------------------------------
     def _extra(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        if not isinstance(data, Mapping):  # JSON null, a number, a list...
+            raise ConfigError(f"configuration: expected a JSON object, got {type(data).__name__}")
         if "kv_connector_extra_config" not in data and "kv_connector" not in data:
             self.report.lines.append("connector:       (kv_connector_extra_config only)")
             return data
@@ -172,6 +174,8 @@ class _Check:
     def _spec(self, extra: Mapping[str, Any]) -> tuple[bool, str]:
         """(whether the spec reads ``secondary_tiers``, how to name it)."""
         name, module = extra.get("spec_name", "CPUOffloadingSpec"), extra.get("spec_module_path")
+        if not isinstance(name, str):  # a list or object is unhashable: no spec's name
+            raise ConfigError(f"{PATH}.spec_name: expected a spec's name, got {name!r}")
         if name in VLLM_SPECS:  # vLLM's registry is asked first, whatever spec_module_path says
             tiering, ours = VLLM_SPECS[name]
             if self.target == "vllm-cpu":
