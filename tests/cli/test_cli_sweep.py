@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,3 +242,31 @@ def test_gc_every_goes_on_when_the_target_cannot_be_opened_for_a_round(
     assert "cannot open the cache directory" in err and "Traceback" not in err
     assert out.count("gc: found 2 chunks") == 2  # the round before and the round after
     assert "kvtier cache gc: stopped" in err
+
+
+def test_an_identity_json_that_is_a_fifo_is_named_once_in_its_problem(tmp_path, capsys):
+    """``NotRegularError`` names the file already: the problem read "identity.json:
+    identity.json: not a regular file", on stderr and in ``ls --json``."""
+    cache = FsCache(tmp_path / "kv")
+    a = make_identity("org/a")
+    cache.write_chain(a, chain(a, 2))
+    path = cache.root / a.hexdigest / "identity.json"
+    path.unlink()
+    os.mkfifo(path)
+    code, out, err = run(capsys, "cache", "ls", str(cache.root), "--json")
+    assert code == 0, err
+    [found] = json.loads(out)["identities"]
+    assert found["identity_problem"] == "identity.json: not a regular file or directory"
+    assert "identity.json: not a regular file" in err and "identity.json: identity.json" not in err
+
+
+def test_gc_older_than_past_a_floats_range_is_a_usage_error(tmp_path, capsys):
+    """A duration of 400 digits was taken as infinite: ``gc`` ran and deleted nothing, where
+    ``--max-bytes`` of the same digits is refused."""
+    cache = FsCache(tmp_path / "kv")
+    a = make_identity("org/a")
+    cache.write_chain(a, chain(a, 2))
+    code, _, err = run(capsys, "cache", "gc", str(cache.root), "--older-than", f"{HUGE}s")
+    assert_error(code, err, "", status=2)
+    assert "expected a finite duration" in err
+    assert len(list(cache.root.rglob("*"))) > 2  # nothing deleted

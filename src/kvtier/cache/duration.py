@@ -20,7 +20,10 @@ def parse_duration(text: str) -> float:
     match = _DURATION.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"expected a duration such as 7d, 12h, 30m or 90s, got {text!r}")
-    return float(match[1]) * _UNITS[match[2]]
+    seconds = float(match[1]) * _UNITS[match[2]]
+    if not math.isfinite(seconds):  # digits past a float's range: no age is that old
+        raise ValueError(f"expected a finite duration, got {text!r}")
+    return seconds
 
 
 def parse_bytes(text: str) -> int:

@@ -131,8 +131,9 @@ class FsStore:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            problems.note("bad_identity", f"{where}/identity.json", why(exc))
-            return IdentityInfo(problem=f"identity.json: {why(exc)}")
+            reason = why(exc).removeprefix("identity.json: ")  # NotRegularError names it
+            problems.note("bad_identity", f"{where}/identity.json", reason)
+            return IdentityInfo(problem=f"identity.json: {reason}")
         info = parse_identity(raw)
         if info.problem is not None:
             problems.note(problem_kind(info), f"{where}/identity.json", info.problem)
