@@ -107,6 +107,25 @@ def test_plan_byte_sizes_past_a_floats_range_are_usage_errors(tmp_path, capsys, 
     assert_error(code, err, f"argument {flag}: expected less than 2**62 bytes")
 
 
+def test_plan_host_memory_of_zero_is_a_usage_error_not_this_machines(tmp_path, capsys):
+    """``--host-memory 0`` was planned as this machine's memory (``0 or physical``)."""
+    code, _, err = run(capsys, "plan", str(small_trace(tmp_path)), "--host-memory", "0")
+    assert_error(code, err, "argument --host-memory: expected more than 0 bytes")
+    out = tmp_path / "out"
+    code, _, err = run(
+        capsys,
+        "plan",
+        str(small_trace(tmp_path)),
+        "--host-memory",
+        "1",
+        "--no-chart",
+        "--output-dir",
+        str(out),
+    )  # the smallest host there is: planned as such, never as this machine's
+    assert code == 0, err
+    assert json.loads((out / "plan.json").read_text())["headroom"]["total"] == 1
+
+
 def test_trace_from_events_output_bound_past_a_floats_range_is_a_usage_error(tmp_path, capsys):
     capture = tmp_path / "capture.msgpack"
     capture.write_bytes(b"")

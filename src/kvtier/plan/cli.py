@@ -16,7 +16,14 @@ from typing import Any
 from kvtier.cli.common import add_model_shape, float_in, int_in
 from kvtier.cli.files import atomic_output, check_output
 from kvtier.layout import DTYPE_SIZES
-from kvtier.plan.cli_common import Usage, add_memory_budget, byte_size, command, out_of_memory
+from kvtier.plan.cli_common import (
+    Usage,
+    add_memory_budget,
+    byte_size,
+    command,
+    out_of_memory,
+    positive_byte_size,
+)
 from kvtier.plan.trace_cli import add_trace_commands
 
 
@@ -125,7 +132,7 @@ def _machine_arguments(plan: Any) -> None:
     )
     machine.add_argument(
         "--host-memory",
-        type=byte_size,
+        type=positive_byte_size,
         metavar="BYTES",
         help="host memory (default: this machine's)",
     )

@@ -41,6 +41,14 @@ def byte_size(text: str) -> int:
     return int(value)
 
 
+def positive_byte_size(text: str) -> int:
+    """``byte_size``, more than 0 (a host of no memory is no host, not "this machine's")."""
+    value = byte_size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected more than 0 bytes, got {text!r}")
+    return value
+
+
 #: Bad input to a command: reported by its parser (usage, error line, exit status 2).
 Usage = UsageError
 

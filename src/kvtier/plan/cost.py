@@ -192,7 +192,7 @@ def headroom(
     """The headroom of a host of ``total`` bytes (this machine's when ``None``)."""
     from kvtier.config.checks import physical_memory_bytes
 
-    memory = total or physical_memory_bytes() or 16 * GiB
+    memory = total if total is not None else physical_memory_bytes() or 16 * GiB
     os_bytes = max(GiB, memory // 20)
     cache = 0
     if with_storage_tier:
