@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from kvtier.errors import ConfigError
 from kvtier.layout import KVLayout
 
 
@@ -36,6 +37,19 @@ class CacheIdentity:
     revision: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
     fingerprint: str = ""
+
+    def __post_init__(self) -> None:
+        """``ConfigError`` for a field of the wrong type, here rather than at the first key."""
+        for name in ("model", "revision", "fingerprint"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"CacheIdentity.{name}: expected a string")
+        if not isinstance(self.layout, KVLayout):
+            raise ConfigError("CacheIdentity.layout: expected a KVLayout")
+        extra = self.extra
+        if not isinstance(extra, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in extra.items()
+        ):
+            raise ConfigError("CacheIdentity.extra: expected a mapping of strings to strings")
 
     def describe(self) -> dict[str, Any]:
         """A plain, human-readable description; written next to stored chunks.

@@ -51,15 +51,33 @@ def chunk_keys(
     caller vouches for them: after keys of another prefix come that prefix's continuations.
     ``InvalidKeyError`` for a known key that is not 32 bytes.
     """
-    tokens = np.ascontiguousarray(np.asarray(token_ids, dtype="<i8").reshape(-1))
+    tokens = token_array(token_ids)
     per_chunk = identity.layout.tokens_per_chunk
     raw = tokens.tobytes()
     stride = per_chunk * 8
     keys = list(known[: len(tokens) // per_chunk])
     if not all(isinstance(key, bytes) and len(key) == KEY_BYTES for key in keys):
         raise InvalidKeyError("chunk_keys: every known key must be 32 bytes")
+    keys = [key if type(key) is ChunkKey else ChunkKey(key) for key in keys]
     prev = keys[-1] if keys else chain_seed(identity, salt)
     for start in range(len(keys) * stride, (len(tokens) // per_chunk) * stride, stride):
         prev = hashlib.sha256(prev + raw[start : start + stride]).digest()
         keys.append(ChunkKey(prev))
     return keys
+
+
+def token_array(token_ids: Sequence[int] | Any) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """``token_ids`` as contiguous little-endian int64; ``InvalidKeyError`` for anything that
+    is not integers from -2**63 to 2**63 - 1 (a float such as 1.5 would be cut to 1, and a
+    uint64 past 2**63 would wrap: either would give another prompt's keys)."""
+    try:
+        given = np.asarray(token_ids)
+        kind = given.dtype.kind
+        if kind == "f" and not (np.isfinite(given).all() and (np.trunc(given) == given).all()):
+            raise ValueError("not integers")
+        if kind == "u" and given.size and given.max() > np.iinfo(np.int64).max:
+            raise ValueError("past 2**63 - 1")
+        tokens = given.astype("<i8", copy=False).reshape(-1)  # Python ints past int64 raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidKeyError(f"chunk_keys: token_ids must be integers ({exc})") from None
+    return np.ascontiguousarray(tokens)

@@ -60,7 +60,7 @@ def _positive(owner: str, name: str, value: object) -> None:
 
 
 def _dtype(owner: str, value: str) -> None:
-    if value not in DTYPE_SIZES:
+    if not isinstance(value, str) or value not in DTYPE_SIZES:
         known = ", ".join(sorted(DTYPE_SIZES))
         raise ConfigError(f"{owner}.dtype: expected one of {known}, got {value!r}")
 
@@ -108,9 +108,11 @@ class LayerGroup:
         for name, wanted in expected.items():
             if bool(getattr(self, name)) != wanted:
                 raise ConfigError(f"{owner}.{name}: {'required' if wanted else 'not allowed'}")
+        if self.kind == SLIDING:
+            _positive(owner, "window", self.window)
         if self.kind == SLIDING and self.window < 2:
             raise ConfigError(f"{owner}.window: expected at least 2 tokens, got {self.window}")
-        if any(not isinstance(n, int) or n < 0 for n in self.layers):
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in self.layers):
             raise ConfigError(f"{owner}.layers: expected layer indices, got {self.layers}")
         for dim in (*self.latent_dims, *(d for shape in self.state_shapes for d in shape)):
             _positive(owner, "latent_dims/state_shapes", dim)
@@ -172,6 +174,10 @@ class KVLayout:
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size", "blocks_per_chunk"):
             _positive("KVLayout", name, getattr(self, name))
         _dtype("KVLayout", self.dtype)
+        if not isinstance(self.groups, list | tuple) or not all(
+            isinstance(g, LayerGroup) for g in self.groups
+        ):
+            raise ConfigError("KVLayout.groups: expected a list of LayerGroup")
         object.__setattr__(self, "groups", tuple(self.groups))
         self._check_groups()
 

@@ -273,8 +273,61 @@ def _field_hints(cls: type[Any]) -> dict[str, tuple[tuple[Check, ...], bool]]:
     """Per field with checks: its checks, and whether it may be ``None``."""
     hints = typing.get_type_hints(cls, include_extras=True)
     fields = (f.name for f in dataclasses.fields(cls))
-    checked = {name: field_marks(hints[name]) + _choice_marks(hints[name]) for name in fields}
+    checked = {name: _declared_marks(hints[name], name) for name in fields}
     return {n: (marks, _is_optional(hints[n])) for n, marks in checked.items() if marks}
+
+
+def _declared_marks(hint: Any, name: str) -> tuple[Check, ...]:
+    """A field's marks, or where it declares none, what the parser checks of its type."""
+    marks = field_marks(hint) + _choice_marks(hint)
+    return marks or type_marks(_non_optional(hint), name)
+
+
+def _non_optional(hint: Any) -> Any:
+    members = [a for a in typing.get_args(hint) if a is not type(None)]
+    return members[0] if _is_optional(hint) and len(members) == 1 else hint
+
+
+def type_marks(hint: Any, name: str) -> tuple[Check, ...]:
+    """Checks of a hint without marks, as the parser applies them to JSON: a plain scalar's
+    ``default_marks``, a nested config's class, each item of a tuple (``secondary_tiers``)."""
+    if typing.get_origin(hint) is Annotated:
+        return marks_of(hint)
+    if typing.get_origin(hint) is tuple:
+        return (Items(type_marks(typing.get_args(hint)[0], name)),)
+    if getattr(hint, "_is_protocol", False):  # TierConfig: any tier entry's dataclass
+        return (Instance(object, "a tier entry", entry=True),)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return (Instance(hint, f"a {hint.__name__}"),)
+    return default_marks(hint, name)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A nested config: an instance of ``cls`` (with ``entry``, a tier entry's dataclass)."""
+
+    cls: type[Any]
+    expected: str
+    entry: bool = False
+
+    def check(self, value: Any, path: str) -> None:
+        entry = dataclasses.is_dataclass(value) and hasattr(value, "type_name")
+        if not isinstance(value, self.cls) or (self.entry and not entry):
+            raise ConfigError(f"{path}: expected {self.expected}, got {_kind(value)}")
+
+
+@dataclass(frozen=True)
+class Items:
+    """A list or tuple whose every item passes ``marks``."""
+
+    marks: tuple[Check, ...]
+
+    def check(self, value: Any, path: str) -> None:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{path}: expected a list, got {_kind(value)}")
+        for index, item in enumerate(value):
+            for mark in self.marks:
+                mark.check(item, f"{path}[{index}]")
 
 
 def _is_optional(hint: Any) -> bool:

@@ -108,11 +108,11 @@ class RuntimeConfig:
     tune_malloc: bool = True
 
     def __post_init__(self) -> None:
+        check_fields(self)  # first: the checks below read the values as their types
         if self.metrics_admin and self.metrics_port is None:
             raise ConfigError("metrics_admin: the admin endpoint is served on metrics_port; set it")
         if self.metrics_admin and not is_loopback(self.metrics_host):
             raise ConfigError("metrics_admin: only with a loopback metrics_host (127.0.0.1, ::1)")
-        check_fields(self)
 
 
 #: The keys of ``RuntimeConfig``, as they appear at the top of a configuration.

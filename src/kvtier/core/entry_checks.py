@@ -3,8 +3,8 @@
 ``serialized`` runs a method under the manager's lock (an ``RLock`` shared with a peer server's
 driver thread). ``engine_call`` also refuses a closed manager (``ClosedError``) and keys that
 are not a sequence of 32-byte ``ChunkKey`` (``InvalidKeyError``), so misuse raises in the
-caller's thread at the call, never later in a tier's thread. ``check_parent`` and
-``checked_timeout`` do the same for the other arguments a tier or a wait would trip over.
+caller's thread at the call, never later in a tier's thread. ``check_parent``, ``check_flag``
+and ``checked_timeout`` do the same for the other arguments a tier or a wait would trip over.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import numbers
 import threading
 from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+import numpy as np
 
 from kvtier.errors import ClosedError, InvalidArgumentError, InvalidKeyError, shown
 from kvtier.keys import KEY_BYTES, ChunkKey
@@ -83,6 +85,13 @@ def check_parent(where: str, parent: object) -> None:
         raise InvalidKeyError(
             f"{where}: parent must be None or the {KEY_BYTES}-byte ChunkKey before keys[0]"
         )
+
+
+def check_flag(where: str, name: str, value: object) -> None:
+    """``InvalidArgumentError`` unless ``value`` is ``True`` or ``False`` (a numpy bool too):
+    a truthy ``"false"`` passed as ``success`` would serve slots the engine never filled."""
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidArgumentError(f"{where}: {name} must be True or False, got {shown(value)}")
 
 
 def checked_timeout(where: str, timeout: object) -> float | None:

@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any
 from kvtier.config.schema import TieringConfig
 from kvtier.control.retention import Priority, prefix_length
 from kvtier.core.closing import CloseOnce
-from kvtier.core.entry_checks import check_parent, checked_timeout, engine_call, serialized
+from kvtier.core.entry_checks import (
+    check_flag,
+    check_parent,
+    checked_timeout,
+    engine_call,
+    serialized,
+)
 from kvtier.core.host_slots import ENGINE
 from kvtier.core.links import LinkBook
 from kvtier.core.parts import TierFactory, build_parts
@@ -135,6 +141,7 @@ class TieringManager(RuntimeControls):
         chunks and evict a prefix from its tail. Admission's drops are left out.
         """
         check_parent("prepare_store", parent)
+        check_flag("prepare_store", "operator", operator)
         asked = self._retention.asked(keys, priority, duration_s, operator, self.runtime)
         wanted, prefix = asked.by_key(keys), prefix_length(first_chunk, keys)
         offered = [k for k in wanted if k not in self.host]
@@ -153,7 +160,9 @@ class TieringManager(RuntimeControls):
         """The engine finished copying ``keys`` into their slots (or failed to).
 
         Only keys ``prepare_store`` reserved and not yet completed count, each once.
+        ``success`` is ``True`` or ``False`` (``InvalidArgumentError`` otherwise, nothing done).
         """
+        check_flag("complete_store", "success", success)
         own = [k for k in dict.fromkeys(keys) if self.host.writer_of(k) == ENGINE]
         self.host.complete_write(own, success)
         self._clock.stop("accelerator_to_host", own)
@@ -260,6 +269,8 @@ class TieringManager(RuntimeControls):
         ``priority``/``duration_s``: a new retention priority for the chunks in host memory: a
         request's (capped), or the ``operator``'s (``HostRetention.retain_each``).
         """
+        check_flag("touch", "hit", hit)
+        check_flag("touch", "operator", operator)
         asked = self._retention.asked(keys, priority, duration_s, operator, self.runtime)
         if hit:
             self._provenance.count_accelerator_hits(len(keys))

@@ -69,6 +69,11 @@ def build_parts(
 ) -> ManagerParts:
     """The parts of a manager (``TieringManager`` documents ``tiers`` and ``region``)."""
     try:
+        check_arguments(config, identity, tiers)
+    except ConfigError:  # the manager owns the tiers it is given, even when it cannot start
+        close_all([t for t in tiers or () if isinstance(t, SecondaryTier)])
+        raise
+    try:
         config.check_layout(identity.layout)
     except ConfigError as exc:  # the identity's layout decides the keys, so it wins
         log.warning("%s; chunks follow the cache identity's layout", exc)
@@ -98,6 +103,28 @@ def build_parts(
         region, host, runtime, provenance, events, slots, retention, promoter, Progress(built),
         clock, publisher, write_throughs,
     )  # fmt: skip
+
+
+def check_arguments(config: object, identity: object, tiers: object) -> None:
+    """``ConfigError`` for a manager's argument of the wrong type (a dict for the config), at
+    the call rather than as an ``AttributeError`` from the part that first reads it."""
+    if not isinstance(config, TieringConfig):
+        raise ConfigError(
+            f"config: expected a TieringConfig (TieringConfig.load, from_json or from_dict), "
+            f"got {type(config).__name__}"
+        )
+    if not isinstance(identity, CacheIdentity):
+        raise ConfigError(f"identity: expected a CacheIdentity, got {type(identity).__name__}")
+    if tiers is None:
+        return
+    if not isinstance(tiers, list | tuple):
+        raise ConfigError(f"tiers: expected a list, got {type(tiers).__name__}")
+    for index, tier in enumerate(tiers):
+        if not (isinstance(tier, SecondaryTier) or callable(tier)):
+            raise ConfigError(
+                f"tiers[{index}]: expected a SecondaryTier or a factory (region, identity) -> "
+                f"SecondaryTier, got {type(tier).__name__}"
+            )
 
 
 def build_tiers(

@@ -12,6 +12,7 @@ from kvtier.config.checks import (
     FilePath,
     PositiveBytes,
     Seconds,
+    Text,
     Threads,
     TierName,
     Timeout,
@@ -34,7 +35,7 @@ class ObjTierConfig:
     type_name: ClassVar[str] = "obj"
     bucket: str
     endpoint_override: Annotated[str, HttpUrl()] | None = None
-    prefix: str = "kvtier"
+    prefix: Annotated[str, Text(empty=True)] = "kvtier"  # "": the bucket's root
     region: str | None = None
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
