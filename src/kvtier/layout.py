@@ -54,6 +54,11 @@ KINDS = (FULL, SLIDING, LATENT, STATE)
 ATTENTION = (FULL, SLIDING)  # kinds whose pages are K and V per KV head
 
 
+#: The most layers a layout may have: far past any model's, and the default layer group lists
+#: every layer (a layout of 2**40 layers ran out of memory instead of being refused).
+MAX_LAYERS = 1 << 16
+
+
 def _positive(owner: str, name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{owner}.{name}: expected a positive integer, got {value!r}")
@@ -173,6 +178,8 @@ class KVLayout:
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size", "blocks_per_chunk"):
             _positive("KVLayout", name, getattr(self, name))
+        if self.num_layers > MAX_LAYERS:
+            raise ConfigError(f"KVLayout.num_layers: at most {MAX_LAYERS}, got {self.num_layers}")
         _dtype("KVLayout", self.dtype)
         if not isinstance(self.groups, list | tuple) or not all(
             isinstance(g, LayerGroup) for g in self.groups

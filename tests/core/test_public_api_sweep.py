@@ -215,6 +215,21 @@ def test_a_layout_of_the_wrong_types_is_a_config_error(fields):
         KVLayout(**{"num_layers": 2, "num_kv_heads": 2, "head_dim": 16, **fields})
 
 
+def test_a_layout_has_at_most_max_layers():
+    """2**40 layers ran out of memory listing them (the default layer group) instead of being
+    refused; the bound itself is a layout like any other."""
+    from kvtier.layout import MAX_LAYERS
+
+    with pytest.raises(ConfigError, match=r"KVLayout.num_layers: at most"):
+        KVLayout(num_layers=2**40, num_kv_heads=1, head_dim=1)
+    with pytest.raises(ConfigError, match=r"KVLayout.num_layers: at most"):
+        KVLayout(num_layers=MAX_LAYERS + 1, num_kv_heads=1, head_dim=1)
+    assert (
+        len(KVLayout(num_layers=MAX_LAYERS, num_kv_heads=1, head_dim=1).layer_groups[0].layers)
+        == MAX_LAYERS
+    )
+
+
 def test_bools_are_not_layer_indices():
     with pytest.raises(ConfigError, match="layers"):
         LayerGroup("full", (False, True))
