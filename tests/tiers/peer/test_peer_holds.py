@@ -3,7 +3,7 @@
 The serving manager runs in this process (its own driver thread answers peers) with 32 host
 slots of 256 KiB, all holding chunks. The hostile client is a raw DEALER on a thread of its own
 that shakes hands and then asks for every chunk again and again, never reading a reply: its
-replies stall in TCP, so every slot it is served stays held until its deadline.
+replies stall in TCP, and past the few the server queues for it they are dropped.
 """
 
 from __future__ import annotations
@@ -123,20 +123,26 @@ def test_a_hoarding_client_leaves_the_engine_slots_and_its_holds_expire(server):
             new = make_keys(IDENTITY, 4, seed=100 + round_)
             assert store(server, new), f"prepare_store found no slots (round {round_})"
             time.sleep(0.1)
-        # Its holds end at their deadline, and it gets no more while its replies are unread.
+        # Its holds end: at their deadline while its replies stall unread (it then gets no
+        # more), or at once when a reply past those queued for it is dropped. It never holds
+        # more than its budget, a quarter of the slots; the engine keeps the rest.
         wait_for(
             lambda: held_slots(server) == 0,
             timeout=HOLD_TIMEOUT_S + 20,
-            what="the hoarder's holds expiring",
+            what="the hoarder's holds ending",
         )
         asked = hoarder.sent
         wait_for(lambda: hoarder.sent > asked + 50, timeout=20, what="the hoarder asking more")
-        assert held_slots(server) == 0, "a renewed FETCH took slots again"
-        assert store(server, make_keys(IDENTITY, SLOTS, seed=7)), "every slot is the engine's"
+        assert held_slots(server) <= SLOTS // 4, "the hoarder held past its budget"
+        engine = make_keys(IDENTITY, SLOTS - SLOTS // 4, seed=7)
+        assert store(server, engine), "the slots past the budget are the engine's"
     finally:
         hoarder.stop()
     stats = server.peer_server.stats()
-    assert stats["holds_expired"] >= 1 and stats["fetch_refused_stalled"] >= 1
+    # Its held replies were dropped past its queue of unread replies (their holds released at
+    # once), or stalled in that queue until their deadline (then it was refused).
+    stalled = stats.get("holds_expired", 0) >= 1 and stats.get("fetch_refused_stalled", 0) >= 1
+    assert stalled or stats.get("replies_dropped_backlog", 0) >= 1, stats
 
 
 def test_fetches_past_a_clients_budget_are_served_unpinned(server):

@@ -50,6 +50,7 @@ from kvtier.errors import IntegrityError
 from kvtier.identity import CacheIdentity
 from kvtier.keys import ChunkKey
 from kvtier.region import HostRegion
+from kvtier.telemetry.logs import ThrottledLog
 from kvtier.tiers.peer import protocol as proto
 from kvtier.tiers.peer.config import ServeConfig
 from kvtier.tiers.peer.server_holds import PeerHolds, Replies
@@ -118,6 +119,7 @@ class PeerServer:
         self._replies = Replies()
         self._counters: Counter[str] = Counter()
         self._counters_lock = threading.Lock()
+        self._warn = ThrottledLog(log)  # what a peer can repeat at will is logged sparingly
         self._driver: threading.Thread | None = None
         self._jobs_pending = False  # the manager had tier jobs out at the last step
         self._thread = threading.Thread(target=self._run, name="kvtier-peer-server", daemon=True)
@@ -298,8 +300,9 @@ class PeerServer:
             self._submit(_Work(op, list(message.keys), peer, message.req_id, client=client))
 
     def _handshake(self, peer: bytes, hello: proto.Hello, user: bytes | None) -> None:
-        """Admit ``peer`` if its protocol and cache identity match; its holds count against
-        its CURVE key's budget (``user``), or its connection's without CURVE."""
+        """Admit ``peer`` if its protocol and cache identity match, else refuse it (and end
+        an admission it had); its holds count against its CURVE key's budget (``user``), or
+        its connection's without CURVE."""
         reason = ""
         if hello.version != proto.PROTOCOL_VERSION:
             reason = f"protocol version {hello.version}, this server's is {proto.PROTOCOL_VERSION}"
@@ -308,9 +311,10 @@ class PeerServer:
                 f"cache identity {hello.identity.hex()[:16]}… differs from this server's "
                 f"{self._digest.hex()[:16]}… (another model, revision or KV layout)"
             )
-        if reason:
+        if reason:  # a connection admitted before is not any more
+            self._clients.pop(peer, None)
             self._count("refused_handshakes")
-            log.warning("peer server: refused a peer: %s", reason)
+            self._warn.warning("refused", "peer server: refused a peer: %s", reason)
         else:
             self._clients[peer] = b"key:" + user if user else b"connection:" + peer
             self._clients.move_to_end(peer)

@@ -22,7 +22,9 @@ per peer; the manager's thread only queues commands and reads answers:
   through to this tier, and a store submitted anyway fails without leaving this process.
 * ``hint(keys, host, port)``: an orchestrator's guess of which instance holds a prefix. Lookups
   of those keys ask that peer only, and loads prefer it. A peer not in the config is connected
-  (up to ``MAX_PEERS``) and from then on asked like the configured ones.
+  (up to ``MAX_PEERS``) and from then on asked like the configured ones. A hint that cannot
+  name a peer (a host that is not a non-empty string, a port outside 1-65535) is dropped
+  (``hints_dropped_bad_address``).
 
 A slow or dead peer costs at most ``timeout_s``: its requests then fail (misses), and it is
 reconnected in the background (see ``link``).
@@ -148,7 +150,8 @@ class PeerTier(SecondaryTier):
         return {**dict(self._counters), **self._answers.sizes()}
 
     def close(self) -> None:
-        """Stop the I/O thread and join it; jobs still out finish as failed."""
+        """Stop the I/O thread and join it; jobs still out, or submitted from now on, finish
+        as failed."""
         self._stop.set()
         self._transport.wake()
         self._thread.join()
@@ -157,6 +160,8 @@ class PeerTier(SecondaryTier):
     def _command(self, op: str, arg: Any) -> None:
         self._commands.put((op, arg))
         self._transport.wake()
+        if self._stop.is_set():  # closed: the I/O thread may have drained its last command
+            self._fail_leftovers()
 
     # -- I/O thread --------------------------------------------------------------------------
     def _run(self) -> None:
@@ -175,7 +180,8 @@ class PeerTier(SecondaryTier):
         self._fail_leftovers()
 
     def _fail_leftovers(self) -> None:
-        """Jobs submitted while closing finish as failed, so each still reports once."""
+        """Jobs submitted while closing or after finish as failed, so each still reports once
+        (any thread: each command is taken off the queue once)."""
         while True:
             try:
                 op, arg = self._commands.get_nowait()
@@ -228,6 +234,9 @@ class PeerTier(SecondaryTier):
 
     def _on_hint(self, arg: tuple[list[ChunkKey], str, int]) -> None:
         keys, host, port = arg
+        if not _is_address(host, port):
+            self._counters["hints_dropped_bad_address"] += 1
+            return
         if self._link(host, port) is None:
             self._counters["hints_dropped_too_many_peers"] += 1
             return
@@ -371,6 +380,11 @@ def _client_transport(config: P2PTierConfig) -> Transport:
     if config.curve_secret_key_file and config.curve_server_key_file:
         curve = client_keys(config.curve_secret_key_file, config.curve_server_key_file)
     return transport_for(config.transport, client=curve)
+
+
+def _is_address(host: object, port: object) -> bool:
+    """Whether ``host:port`` may name a peer: a host name or address, and a TCP port."""
+    return isinstance(host, str) and bool(host) and type(port) is int and 0 < port < 1 << 16
 
 
 def _batches(items: list[Any], size: int) -> list[list[Any]]:

@@ -41,6 +41,15 @@ class _Tracked:
         return bool(self._tracker.done)
 
 
+class _Dropped:
+    """The receipt of a reply that was never queued: nothing reads its buffers."""
+
+    done = True
+
+
+_NOT_SENT = _Dropped()
+
+
 class ZmqListener:
     """A ROUTER listener with its ``ConnectionBounds``; see the module docstring."""
 
@@ -60,6 +69,9 @@ class ZmqListener:
     def send(self, peer: bytes, frames: Sequence[Buffer]) -> SendReceipt:
         """Queue one message; its receipt is done once libzmq no longer reads ``frames``.
 
+        A client with ``SNDHWM`` replies queued, all unread, gets no more: the reply is dropped
+        (``replies_dropped_backlog``), and the client's request times out.
+
         Frames below the socket's copy threshold are copied as they are queued (pyzmq does so
         for ``copy=False`` too), so only the longer ones are sent zero-copy and tracked.
         """
@@ -67,8 +79,12 @@ class ZmqListener:
         parts = [zmq.Frame(f, track=True) if _nbytes(f) >= threshold else f for f in frames]
         try:
             self.socket.send_multipart([peer, *parts], flags=zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError as exc:  # a full queue drops the reply; the client times out
+        except zmq.Again:  # the client does not read: its queue is full (``SNDHWM``)
+            self._counters["replies_dropped_backlog"] += 1
+            return _NOT_SENT
+        except zmq.ZMQError as exc:  # gone (``ROUTER_MANDATORY``); the client times out
             log.debug("peer server: reply dropped (%s)", exc)
+            return _NOT_SENT
         return _Tracked(zmq.MessageTracker(*[p for p in parts if isinstance(p, zmq.Frame)]))
 
     def recv(self) -> tuple[bytes, list[memoryview], bytes | None] | None:

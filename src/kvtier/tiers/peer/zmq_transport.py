@@ -17,6 +17,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from kvtier.errors import ConfigError
 from kvtier.tiers.peer.curve_keys import CurveClient, CurveServer
+from kvtier.tiers.peer.protocol import MAX_IN_FLIGHT
 from kvtier.tiers.peer.transport import (
     FRAME_MARGIN_BYTES,
     KEEPALIVE_IDLE_S,
@@ -35,6 +36,12 @@ from kvtier.tiers.peer.wake_pipe import WakePipe
 from kvtier.tiers.peer.zmq_listener import ZmqListener
 
 log = logging.getLogger(__name__)
+
+
+#: Replies a listener queues for one client: twice as many as a kvtier client has requests out,
+#: because libzmq learns that queued replies left only some at a time (it counts every
+#: (hwm + 1) // 2 taken), so a queue of exactly that many drops honest clients' replies.
+SEND_QUEUE_MESSAGES = 2 * MAX_IN_FLIGHT
 
 
 class _Dealer:
@@ -89,6 +96,19 @@ class _Dealer:
         self._transport.forget(self._socket)
 
 
+class _Unreachable:
+    """The channel of an address that cannot be connected to: sends fail, nothing arrives."""
+
+    def send(self, frames: Sequence[Buffer]) -> bool:
+        return False
+
+    def recv(self, place: Place | None = None) -> list[memoryview] | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
 class ZmqTransport:
     """ZeroMQ over TCP; see the module docstring. Owns its context and every socket in it."""
 
@@ -106,7 +126,8 @@ class ZmqTransport:
         self._poller.register(self._wakes.fd, zmq.POLLIN)
 
     def connect(self, host: str, port: int, limits: MessageLimits) -> Channel:
-        """Only ``limits.max_frame_bytes`` is enforced (by libzmq), on every frame."""
+        """Only ``limits.max_frame_bytes`` is enforced (by libzmq), on every frame. An address
+        libzmq refuses gives a closed channel (its sends fail), as an unresolved name does."""
         socket = self._socket(zmq.DEALER, limits.max_frame_bytes)
         socket.setsockopt(zmq.RECONNECT_IVL, 100)
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
@@ -114,12 +135,21 @@ class ZmqTransport:
             socket.curve_secretkey = self._curve_client.secret_key
             socket.curve_publickey = self._curve_client.public_key
             socket.curve_serverkey = self._curve_client.server_key
-        socket.connect(f"tcp://{_bracket(host)}:{port}")
+        try:
+            socket.connect(f"tcp://{_bracket(host)}:{port}")
+        except zmq.ZMQError as exc:  # an address libzmq cannot parse: nothing to connect to
+            log.warning("peer %s:%s: cannot connect (%s)", host, port, exc)
+            self.forget(socket)
+            return _Unreachable()
         return _Dealer(self, socket)
 
     def listen(self, host: str, port: int, limits: MessageLimits) -> Listener:
         socket = self._socket(zmq.ROUTER, limits.max_frame_bytes)
         socket.setsockopt(zmq.RCVHWM, RECV_QUEUE_MESSAGES)
+        # A client that does not read gets ``SEND_QUEUE_MESSAGES`` replies queued; a reply past
+        # them is dropped and counted (``ZmqListener.send``).
+        socket.setsockopt(zmq.SNDHWM, SEND_QUEUE_MESSAGES)
+        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if self._curve_server is not None:
             self._start_auth(self._curve_server)
             socket.curve_server = True
