@@ -23,7 +23,7 @@ import urllib.request
 from typing import Any
 
 from kvtier.cli.common import float_in, one_line
-from kvtier.control.tier_switches import MAX_REASON
+from kvtier.control.tier_switches import MAX_REASON, is_reason
 
 #: Answers larger than this are not an admin endpoint's.
 MAX_ANSWER = 1 << 20
@@ -42,9 +42,9 @@ def base_url(text: str) -> str:
 
 
 def reason(text: str) -> str:
-    """An argparse type: a switch's reason, 1 to ``MAX_REASON`` characters."""
-    if not 0 < len(text) <= MAX_REASON:
-        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_REASON} characters")
+    """An argparse type: a switch's reason, 1 to ``MAX_REASON`` printable characters."""
+    if not is_reason(text):
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_REASON} printable characters")
     return text
 
 

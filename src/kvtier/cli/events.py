@@ -21,17 +21,33 @@ Once the ZeroMQ handshake with the publisher has succeeded (so the subscription 
 one line ``kvtier events: subscribed to ENDPOINT`` goes to stderr. A batch that cannot be
 decoded or described is skipped with a warning on stderr; the command goes on with the next.
 Batch numbers that skip print ``! missed batches A..B``; numbers that go back (a publisher that
-restarted counts from 0 again) print ``! publisher restarted (seq LAST -> SEQ)``.
+restarted counts from 0 again) print ``! publisher restarted (seq LAST -> SEQ)``. A lost
+connection prints ``kvtier events: lost the connection to ENDPOINT (...); connecting again``.
+
+What a publisher can make this command buffer is bounded by frame (``MAX_FRAME_BYTES``: a larger
+frame drops the connection unread, and the command connects again) and by queued message
+(``MAX_QUEUED``). libzmq does not bound the number of frames of one message
+(see ``kvtier.tiers.peer.connection_bounds``): a hostile publisher can still grow it that way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
 #: Longest part of a decoder's complaint repeated in a warning.
 MAX_REASON_CHARS = 200
+#: Largest frame taken from a publisher (libzmq's ``MAXMSGSIZE``): a larger one drops the
+#: connection before it is buffered, and the subscriber connects again. kvtier's largest batch
+#: (100,000 events) is about 25 MiB.
+MAX_FRAME_BYTES = 64 << 20
+#: Whole messages libzmq queues for this command (``RCVHWM``); more are dropped (and printed
+#: as missed batches) while the terminal does not keep up.
+MAX_QUEUED = 16
 
 #: vLLM's event type -> the verb a line starts with.
 VERBS = {"BlockStored": "stored", "BlockRemoved": "removed", "AllBlocksCleared": "cleared"}
@@ -48,10 +64,8 @@ def follow(endpoint: str, topic: str, timeout_s: float | None) -> int:
     from kvtier.cli.common import UsageError
 
     context = zmq.Context()
-    socket = context.socket(zmq.SUB)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt_string(zmq.SUBSCRIBE, topic)
-    monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    socket = _subscriber(context, topic)
+    monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
     wait_ms = None if timeout_s is None else int(timeout_s * 1000)
     try:
         socket.connect(endpoint)
@@ -59,7 +73,7 @@ def follow(endpoint: str, topic: str, timeout_s: float | None) -> int:
             _say(f"no publisher answered at {endpoint} within {timeout_s:g} s")
             return 1
         _say(f"subscribed to {endpoint}")
-        _print_batches(socket, wait_ms)
+        _print_batches(socket, monitor, endpoint, wait_ms)
     except zmq.ZMQError as exc:
         raise UsageError(f"argument --connect: cannot connect to {endpoint} ({exc})") from None
     except KeyboardInterrupt:
@@ -70,20 +84,72 @@ def follow(endpoint: str, topic: str, timeout_s: float | None) -> int:
     return 0
 
 
+def _subscriber(context: Any, topic: str) -> Any:
+    """A SUB socket on ``topic``, bounded in what a publisher can make it buffer."""
+    import zmq
+
+    socket = context.socket(zmq.SUB)
+    bounds = ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, MAX_FRAME_BYTES), (zmq.RCVHWM, MAX_QUEUED))
+    for option, value in bounds:
+        socket.setsockopt(option, value)
+    socket.setsockopt_string(zmq.SUBSCRIBE, topic)
+    return socket
+
+
 def _connected(monitor: Any, wait_ms: int | None) -> bool:
-    """Wait for the handshake event the monitor reports; ``False`` after ``wait_ms`` without."""
+    """Wait for a handshake the monitor reports; ``False`` after ``wait_ms`` without one."""
+    deadline = _deadline(wait_ms)
+    while monitor.poll(_left_ms(deadline)):
+        if _event(monitor) == "HANDSHAKE_SUCCEEDED":
+            return True
+    return False
+
+
+def _print_batches(socket: Any, monitor: Any, endpoint: str, wait_ms: int | None) -> None:
+    """Print batches until ``wait_ms`` pass without one; connect again whenever the
+    connection is lost."""
+    import zmq
+
+    poller = zmq.Poller()
+    poller.register(socket, zmq.POLLIN)
+    poller.register(monitor, zmq.POLLIN)
+    expected: int | None = None
+    deadline = _deadline(wait_ms)
+    while ready := dict(poller.poll(_left_ms(deadline))):
+        if monitor in ready and _event(monitor) == "DISCONNECTED":
+            _reconnect(socket, endpoint)
+        if socket in ready:
+            expected = show_batch(socket.recv_multipart(), expected)
+            deadline = _deadline(wait_ms)
+
+
+def _reconnect(socket: Any, endpoint: str) -> None:
+    """Connect ``socket`` to ``endpoint`` anew: libzmq does not after a protocol error (a frame
+    over ``MAX_FRAME_BYTES``), only after the publisher went away."""
+    import zmq
+
+    why = f"the publisher left, or sent a frame over {MAX_FRAME_BYTES >> 20} MiB"
+    _say(f"lost the connection to {endpoint} ({why}); connecting again")
+    with contextlib.suppress(zmq.ZMQError):  # no longer connected at all
+        socket.disconnect(endpoint)
+    socket.connect(endpoint)
+
+
+def _event(monitor: Any) -> str:
+    """The name of the next event the monitor reports (``DISCONNECTED``, ...)."""
+    import zmq
     from zmq.utils.monitor import recv_monitor_message
 
-    if not monitor.poll(wait_ms):
-        return False
-    recv_monitor_message(monitor)  # the only event it was asked to report
-    return True
+    return str(zmq.Event(recv_monitor_message(monitor)["event"]).name)
 
 
-def _print_batches(socket: Any, wait_ms: int | None) -> None:
-    expected: int | None = None
-    while socket.poll(wait_ms):
-        expected = show_batch(socket.recv_multipart(), expected)
+def _deadline(wait_ms: int | None) -> float | None:
+    return None if wait_ms is None else time.monotonic() + wait_ms / 1000
+
+
+def _left_ms(deadline: float | None) -> int | None:
+    """Milliseconds to ``deadline`` (0 once past it; ``None``: no deadline)."""
+    return None if deadline is None else max(0, math.ceil((deadline - time.monotonic()) * 1000))
 
 
 def show_batch(frames: list[bytes], expected: int | None) -> int | None:

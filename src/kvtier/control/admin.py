@@ -11,7 +11,8 @@ neither.
 * ``GET /admin/tiers``: ``{"enabled": [...], "disabled": [...]}``;
 * ``POST /admin/tiers/<name>/disable[?reason=TEXT]`` and ``POST /admin/tiers/<name>/enable``:
   ``{"tier": name, "enabled": bool, "changed": bool}``; 404 for a tier that does not exist,
-  400 for a reason that is not 1 to 64 characters (default ``admin``), 503 once closed.
+  400 for a reason that is not 1 to 64 printable characters (default ``admin``; ``?reason=``
+  is empty), 503 once closed.
   ``<name>`` is the tier's name, percent-encoded as UTF-8 (``kvtier admin`` sends these).
 
 Runs on a metrics server thread; the manager's methods take its lock.
@@ -101,7 +102,8 @@ def _path(environ: WSGIEnvironment) -> str:
 
 def _reason(environ: WSGIEnvironment) -> str:
     """The ``reason`` query parameter of a disable (``admin`` when absent)."""
-    query = urllib.parse.parse_qs(str(environ.get("QUERY_STRING", "")), max_num_fields=4)
+    query_string = str(environ.get("QUERY_STRING", ""))  # ?reason= is an empty reason: 400
+    query = urllib.parse.parse_qs(query_string, keep_blank_values=True, max_num_fields=4)
     return query.get("reason", ["admin"])[-1]
 
 

@@ -36,14 +36,20 @@ class TierSwitch(NamedTuple):
 
 def check_switch(name: object, reason: object) -> None:
     """``InvalidArgumentError`` unless ``name`` is a string and ``reason`` a non-empty string
-    of at most ``MAX_REASON`` characters: the reason becomes a metric label, and one of
-    another type would break every later scrape."""
+    of at most ``MAX_REASON`` printable characters: the reason becomes a metric label (one of
+    another type would break every later scrape) and a log line (a newline in it, sent over
+    the admin endpoint, would forge log lines)."""
     if not isinstance(name, str):
         raise InvalidArgumentError(f"name: expected a tier's name (a string), got {name!r}")
-    if not isinstance(reason, str) or not 0 < len(reason) <= MAX_REASON:
+    if not is_reason(reason):
         raise InvalidArgumentError(
-            f"reason: expected a string of 1 to {MAX_REASON} characters, got {reason!r:.80}"
+            f"reason: expected 1 to {MAX_REASON} printable characters, got {reason!r:.80}"
         )
+
+
+def is_reason(reason: object) -> bool:
+    """Whether ``reason`` is a switch's reason: 1 to ``MAX_REASON`` printable characters."""
+    return isinstance(reason, str) and 0 < len(reason) <= MAX_REASON and reason.isprintable()
 
 
 class TierControl:

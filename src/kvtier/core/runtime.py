@@ -173,7 +173,7 @@ class Runtime:
         Its jobs in flight still finish (or fail) safely. Returns whether anything changed.
         A tier switched by hand is never switched back on by the SLO guard. ``ClosedError``
         once closed; ``InvalidArgumentError`` for a ``name`` that is not a string or a
-        ``reason`` that is not a string of 1 to 64 characters (it labels
+        ``reason`` that is not a string of 1 to 64 printable characters (it labels
         ``kvtier_tier_disabled_total``); ``KVTierError`` for no such tier.
         """
         return self._switch_by_hand(name, False, reason)

@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import enum
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvtier.keys import ChunkKey
+
+if TYPE_CHECKING:
+    from kvtier.tiers.peer.connection_bounds import ConnectionBounds
 
 
 class EventKind(enum.Enum):
@@ -203,8 +206,19 @@ def encode_batch(events: list[KVEvent], tokens_per_chunk: int, ts: float) -> byt
     return payload
 
 
+#: Subscribers connected at once; a connection beyond it is cut off at once (each one is a file
+#: descriptor of the serving process, and libzmq has no bound of its own).
+MAX_SUBSCRIBERS = 256
+#: Bytes a subscriber may send (its handshake and subscriptions) before it is cut off.
+MAX_SUBSCRIBER_BYTES = 1 << 20
+
+
 class EventPublisher:
     """A ZeroMQ PUB socket sending event batches; never blocks (drops at the high-water mark).
+
+    At most ``MAX_SUBSCRIBERS`` connections, each sending at most ``MAX_SUBSCRIBER_BYTES``, are
+    kept (``connections_dropped`` counts the others by reason); a thread of its own watches them
+    (``kvtier.tiers.peer.connection_bounds``, Linux only).
 
     Thread safety: call from one thread (the manager's).
     """
@@ -212,13 +226,15 @@ class EventPublisher:
     def __init__(self, endpoint: str, topic: str = "", hwm: int = 100_000) -> None:
         import zmq
 
-        self._zmq = zmq
+        self._zmq, self._guard = zmq, None
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.PUB)
-        self._socket.setsockopt(zmq.SNDHWM, hwm)
-        self._socket.setsockopt(zmq.LINGER, 0)
+        for option, value in ((zmq.SNDHWM, hwm), (zmq.LINGER, 0), (zmq.MAXMSGSIZE, 1 << 16)):
+            self._socket.setsockopt(option, value)
+        self.connections_dropped: Counter[str] = Counter()
         try:
             self._socket.bind(endpoint)
+            self._guard = self._bound()
         except BaseException:
             self.close()
             raise
@@ -249,9 +265,21 @@ class EventPublisher:
             self.dropped_batches += 1
         self._batch_seq += 1
 
+    def _bound(self) -> ConnectionBounds:
+        """The guard that cuts off subscribers beyond the bounds, watching the socket's accepts."""
+        from kvtier.tiers.peer.connection_bounds import ConnectionBounds
+
+        monitor = self._socket.get_monitor_socket(self._zmq.EVENT_ACCEPTED)
+        counts = self.connections_dropped
+        return ConnectionBounds(
+            monitor, MAX_SUBSCRIBER_BYTES, counts, MAX_SUBSCRIBERS, owner="kv events"
+        )
+
     def close(self) -> None:
-        self._socket.close()
-        self._context.term()
+        if self._guard is not None:
+            self._guard.close()
+            self._socket.disable_monitor()
+        self._context.destroy(linger=0)
 
 
 def decode_batch(payload: bytes) -> tuple[float, list[dict[str, Any]]]:

@@ -72,14 +72,17 @@ class ConnectionBounds:
         limit_bytes: int,
         counters: Counter[str],
         max_connections: int = MAX_CONNECTIONS,
+        owner: str = "peer server",
     ) -> None:
-        self.limit_bytes, self._monitor = limit_bytes, monitor
+        """``owner`` names the listener in log lines and the guard's thread."""
+        self.limit_bytes, self._monitor, self._owner = limit_bytes, monitor, owner
         self._counters, self._max_connections = counters, max_connections
         self._connections: dict[int, _Connection] = {}
         self._closing: list[socket.socket] = []  # duplicates to close once no longer polled
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._blind = not SUPPORTED  # deliveries cannot be told apart: never cut a runaway
-        self._thread = threading.Thread(target=self._run, name="kvtier-peer-guard", daemon=True)
+        thread_name = f"kvtier-{owner.replace(' ', '-')}-guard"
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
         self._thread.start()
 
     # -- any thread --------------------------------------------------------------------------
@@ -89,8 +92,9 @@ class ConnectionBounds:
             if fd < 0 and not self._blind:
                 self._blind = True
                 log.warning(
-                    "peer server: libzmq does not name connections (ZMQ_SRCFD); "
-                    "unfinished messages are not bounded"
+                    "%s: libzmq does not name connections (ZMQ_SRCFD); "
+                    "unfinished messages are not bounded",
+                    self._owner,
                 )
             connection = self._connections.get(fd)
             if connection is not None:
@@ -203,7 +207,8 @@ class ConnectionBounds:
             pending = read - connection.mark
         if pending > self.limit_bytes:
             log.warning(
-                "peer server: dropped a connection that sent %d bytes without ending a message",
+                "%s: dropped a connection that sent %d bytes without ending a message",
+                self._owner,
                 pending,
             )
             self.drop(fd, "runaway")
