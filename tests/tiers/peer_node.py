@@ -172,3 +172,12 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def rss_mib(pid: int) -> int:
+    """The resident memory of process ``pid`` (a node's), in MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) // 1024
+    raise AssertionError("no VmRSS")

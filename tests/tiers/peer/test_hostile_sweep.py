@@ -48,7 +48,7 @@ from tests.conftest import (
     wait_for,
 )
 from tests.tiers.peer.hostile_client import connect as zmtp_connect
-from tests.tiers.peer_node import PeerNode
+from tests.tiers.peer_node import PeerNode, rss_mib
 
 IDENTITY = CacheIdentity(model="test/model", revision="r1", layout=SMALL_LAYOUT)
 OTHER = CacheIdentity(model="other/model", revision="r1", layout=SMALL_LAYOUT)
@@ -286,13 +286,13 @@ def test_a_client_that_never_reads_cannot_grow_a_zeromq_server_without_bound():
         sock = zmtp_connect(node.port)
         sock.sendall(zmtp_frame(proto.hello(1, IDENTITY.digest)))
         time.sleep(0.5)
-        before = _rss_mib(pid)
+        before = rss_mib(pid)
         request = zmtp_frame(proto.keyed(proto.FETCH, 2, make_keys(IDENTITY, 1024)))
         sock.settimeout(10)
         for _ in range(100):
             sock.sendall(request)
         time.sleep(3.0)  # the server answers them all
-        grown = _rss_mib(pid) - before
+        grown = rss_mib(pid) - before
         assert grown < 256, f"one non-reading client grew the server by {grown} MiB"
     finally:
         if sock is not None:
@@ -305,14 +305,6 @@ def zmtp_frame(data: bytes) -> bytes:
     if len(data) < 256:
         return bytes([0, len(data)]) + data
     return b"\x02" + struct.pack(">Q", len(data)) + data
-
-
-def _rss_mib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) // 1024
-    raise AssertionError("no VmRSS")
 
 
 # -- hostile servers ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from kvtier.tiers.peer.tcp_wire import GREETING
 from kvtier.tiers.peer.tier import PeerTier
 from kvtier.tiers.peer.transport import MessageLimits
 from tests.conftest import SMALL_LAYOUT, make_keys
-from tests.tiers.peer_node import PeerNode
+from tests.tiers.peer_node import PeerNode, rss_mib
 
 LIMITS = MessageLimits(max_frame_bytes=1000, max_frames=4, max_message_bytes=2000)
 
@@ -99,14 +99,6 @@ def test_a_connection_that_fails_while_its_reply_is_sent_is_forgotten(monkeypatc
 
 
 # -- 2. a client that never reads its replies -------------------------------------------------
-def _rss_mib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) // 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_client_that_never_reads_cannot_grow_the_servers_memory_without_bound():
     """A client handshakes, then sends FETCHes of 1024 stored keys (35 KB each) and never
@@ -133,12 +125,12 @@ def test_a_client_that_never_reads_cannot_grow_the_servers_memory_without_bound(
         sock.settimeout(5)
         assert sock.recv(8) == GREETING  # and the hello reply follows; we stop reading now
         time.sleep(0.5)
-        before = _rss_mib(pid)
+        before = rss_mib(pid)
         request = message(proto.keyed(proto.FETCH, 2, keys))
         for _ in range(40):
             sock.sendall(request)
         time.sleep(2.0)  # the server answers them all
-        grown = _rss_mib(pid) - before
+        grown = rss_mib(pid) - before
         assert grown < 64, f"one non-reading client grew the server by {grown} MiB"
     finally:
         if sock is not None:
