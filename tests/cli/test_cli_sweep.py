@@ -18,21 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.cli.main import main
 from kvtier.plan.trace_read import read_trace
 from tests.cache.cache_tree import FsCache, chain, make_identity
+from tests.cli_run import run
 
 HUGE = "9" * 400  # digits past a float's range: float() gives inf, int(inf) raises
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """``main(argv)``: its exit status, stdout and stderr (``SystemExit`` becomes a status)."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_error(code: int, err: str, message: str, status: int = 2) -> None:

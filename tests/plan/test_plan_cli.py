@@ -12,17 +12,9 @@ from kvtier.cli.main import main
 from kvtier.config import TieringConfig
 from kvtier.integrations.vllm import check
 from kvtier.integrations.vllm.engine_config import engine_config
+from tests.cli_run import run
 
 MODULE = "kvtier.integrations.vllm"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_synth_plan_and_emitted_config(

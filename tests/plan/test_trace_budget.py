@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.cli.main import main
 from kvtier.plan import analysis
 from kvtier.plan.budget import (
     MIN_MEMORY_BUDGET,
@@ -24,6 +23,7 @@ from kvtier.plan.budget import (
 )
 from kvtier.plan.synth import LINE_KEYS, SynthSpec, size_problem, write
 from kvtier.plan.trace_read import TraceError, read_trace
+from tests.cli_run import run
 from tests.plan.helpers import peak_rss
 
 MiB = 1 << 20
@@ -43,15 +43,6 @@ def sized(length: int, t: float = 5.0) -> str:
     """A valid request line exactly ``length`` bytes long."""
     bare = request(t, 7)
     return request(t, 7, pad=length - len(bare))
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_planning_a_trace_of_huge_lines_holds_one_line_at_a_time(tmp_path: Path) -> None:
